@@ -6,3 +6,5 @@
 //! calls a model.
 
 pub mod ladder;
+pub mod rng;
+pub mod stats;

@@ -42,3 +42,48 @@ pub enum Domain {
     /// Software release engineering (paper Appendix E.3).
     Release,
 }
+
+impl Domain {
+    /// Both domains, in a fixed order.
+    pub const ALL: [Domain; 2] = [Domain::Procurement, Domain::Release];
+
+    /// The domain's 18 templates, ordered by phase.
+    pub fn templates(self) -> &'static [Template; 18] {
+        match self {
+            Domain::Procurement => &super::pools::PROCUREMENT,
+            Domain::Release => &super::pools::RELEASE,
+        }
+    }
+
+    /// Small-talk messages that ask for no step.
+    pub fn fillers(self) -> &'static [&'static str] {
+        match self {
+            Domain::Procurement => &super::pools::PROCUREMENT_FILLERS,
+            Domain::Release => &super::pools::RELEASE_FILLERS,
+        }
+    }
+
+    /// The name used on the command line and in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            Domain::Procurement => "procurement",
+            Domain::Release => "release",
+        }
+    }
+}
+
+impl std::str::FromStr for Domain {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Domain::ALL
+            .into_iter()
+            .find(|d| d.name() == s)
+            .ok_or_else(|| format!("unknown domain '{s}' (expected procurement or release)"))
+    }
+}
+
+impl std::fmt::Display for Domain {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}

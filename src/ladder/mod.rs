@@ -1,3 +1,12 @@
 //! The paper's testbed: domains, episodes, task state, receipts, arms and the scorer.
 
+pub mod decline;
 pub mod domain;
+pub mod episode;
+pub mod generator;
+pub mod module;
+pub mod pools;
+pub mod protocol;
+pub mod receipt;
+pub mod scorer;
+pub mod state;

@@ -1,0 +1,253 @@
+//! Episodes: the brief, the step graph and the 44-turn scripted schedule (paper §4.1).
+//!
+//! An episode is a pure function of its [`EpisodeConfig`]; the generator lives in
+//! [`super::generator`]. This file holds the data an episode carries.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+
+use super::domain::Domain;
+
+/// Version tag written into every serialized episode; a file with another tag is refused.
+pub const EPISODE_VERSION: &str = "statebench-episode/1";
+
+/// Number of scripted turns in every episode, whatever its size (§4.1).
+pub const TURNS: usize = 44;
+
+/// A step id, `s1`..`s18`, stored as its zero-based index.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct StepId(pub u8);
+
+impl StepId {
+    /// Zero-based index into the episode's step list.
+    pub fn index(self) -> usize {
+        usize::from(self.0)
+    }
+
+    /// Parses `s3` (case-insensitive, surrounding whitespace allowed).
+    pub fn parse(s: &str) -> Option<StepId> {
+        let t = s.trim();
+        let rest = t.strip_prefix('s').or_else(|| t.strip_prefix('S'))?;
+        let n: u8 = rest.parse().ok()?;
+        (1..=18).contains(&n).then(|| StepId(n - 1))
+    }
+}
+
+impl fmt::Display for StepId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "s{}", self.0 + 1)
+    }
+}
+
+impl Serialize for StepId {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for StepId {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        StepId::parse(&s).ok_or_else(|| serde::de::Error::custom(format!("bad step id '{s}'")))
+    }
+}
+
+/// Which brief the agent receives (§4.3, Appendix B.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BriefVariant {
+    /// The brief without the one-shot sentence.
+    Original,
+    /// The brief with the one-shot sentence (the main grid).
+    Amended,
+}
+
+/// How the agent books work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Protocol {
+    /// `ref <code>/<work order>` lines (the payload testbed).
+    Text,
+    /// `ACTION {"tool": …, "work_order": …}` lines (the tool clause of Appendix G).
+    Tool,
+}
+
+/// Everything an episode is a function of.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct EpisodeConfig {
+    /// Template pool.
+    pub domain: Domain,
+    /// Number of steps S, 1..=18.
+    pub steps: usize,
+    /// Extra-edge density ρ in [0, 1].
+    pub density: f64,
+    /// Episode seed.
+    pub seed: u64,
+    /// Original or amended brief.
+    pub brief: BriefVariant,
+    /// Text or tool protocol.
+    pub protocol: Protocol,
+    /// Paraphrase tier: 0 assigned, 1 rotated, 2 held-out rewrites from a cache.
+    pub paraphrase_tier: u8,
+    /// Rate at which filler slots become ambiguous probes, in [0, 1].
+    pub ambiguous_rate: f64,
+}
+
+/// One step of the plan.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Step {
+    /// Step id as the brief shows it.
+    pub id: StepId,
+    /// Template slug.
+    pub slug: String,
+    /// Phase of the template.
+    pub phase: u8,
+    /// Canonical wording from the brief.
+    pub wording: String,
+    /// Completion code `RC-dddd`.
+    pub code: String,
+    /// Tool name for the tool protocol.
+    pub tool: String,
+    /// Prerequisites in the original plan.
+    pub requires: Vec<StepId>,
+}
+
+/// The mid-episode revision: cancel one step with its rewiring, relax one prerequisite.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Revision {
+    /// Turn index at which the revision message arrives.
+    pub turn: usize,
+    /// The cancelled step.
+    pub cancel: StepId,
+    /// Each step whose prerequisites changed because of the cancellation, with its full new list.
+    pub rewires: Vec<(StepId, Vec<StepId>)>,
+    /// (step, dropped prerequisite), when the graph offers one.
+    pub relax: Option<(StepId, StepId)>,
+    /// The revision text without work order, as the compiler receives it.
+    pub message: String,
+}
+
+/// What a scheduled turn is for; the label itself is computed from the realized state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TurnKind {
+    /// A request for a step that is eligible when scheduled.
+    Ask,
+    /// The re-ask of a correctly deferred step once its prerequisites are met.
+    ReAsk,
+    /// A request for a step that is blocked when scheduled (trap).
+    Premature,
+    /// A fresh request for a finished step (trap).
+    RedoProbe,
+    /// A status question about the cancelled step (trap).
+    SupersededCue,
+    /// An explicit, reasoned order to redo a finished step.
+    LegitRedo,
+    /// The plan revision.
+    Revision,
+    /// Small talk.
+    Filler,
+    /// A probe naming two eligible steps without saying which; correct: execute nothing.
+    Ambiguous,
+}
+
+impl TurnKind {
+    /// Whether the matcher is bypassed on this turn by schedule metadata (B.2).
+    pub fn bypasses_matcher(self) -> bool {
+        matches!(self, TurnKind::Filler | TurnKind::Revision)
+    }
+
+    /// The snake_case name used in logs.
+    pub fn name(self) -> &'static str {
+        match self {
+            TurnKind::Ask => "ask",
+            TurnKind::ReAsk => "re_ask",
+            TurnKind::Premature => "premature",
+            TurnKind::RedoProbe => "redo_probe",
+            TurnKind::SupersededCue => "superseded_cue",
+            TurnKind::LegitRedo => "legit_redo",
+            TurnKind::Revision => "revision",
+            TurnKind::Filler => "filler",
+            TurnKind::Ambiguous => "ambiguous",
+        }
+    }
+}
+
+/// One scripted user turn.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Turn {
+    /// Zero-based turn index.
+    pub index: usize,
+    /// What the turn is for.
+    pub kind: TurnKind,
+    /// The step the request resolves to (None for filler, revision and ambiguous turns).
+    pub step: Option<StepId>,
+    /// For ambiguous probes: the two steps named.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub named: Vec<StepId>,
+    /// Whether the user explicitly authorizes re-execution (α).
+    pub explicit_redo: bool,
+    /// The fresh work order `#Wdddd`.
+    pub work_order: String,
+    /// The user message as sent, work order included.
+    pub message: String,
+}
+
+/// A generated episode.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Episode {
+    /// [`EPISODE_VERSION`].
+    pub version: String,
+    /// The inputs it was generated from.
+    pub config: EpisodeConfig,
+    /// Steps in id order (`s1` first).
+    pub steps: Vec<Step>,
+    /// The brief (system prompt of every arm).
+    pub brief: String,
+    /// The revision.
+    pub revision: Revision,
+    /// The 44 turns.
+    pub turns: Vec<Turn>,
+}
+
+impl Episode {
+    /// The step with this id.
+    pub fn step(&self, id: StepId) -> &Step {
+        &self.steps[id.index()]
+    }
+
+    /// Resolves a completion code to its step (exact, case-insensitive).
+    pub fn step_by_code(&self, code: &str) -> Option<StepId> {
+        self.steps
+            .iter()
+            .find(|s| s.code.eq_ignore_ascii_case(code))
+            .map(|s| s.id)
+    }
+
+    /// Resolves a tool name to its step.
+    pub fn step_by_tool(&self, tool: &str) -> Option<StepId> {
+        self.steps
+            .iter()
+            .find(|s| s.tool.eq_ignore_ascii_case(tool.trim()))
+            .map(|s| s.id)
+    }
+
+    /// The step list as the matcher and revision compiler show it: "- sX: wording" lines.
+    pub fn step_list(&self) -> String {
+        self.steps
+            .iter()
+            .map(|s| format!("- {}: {}", s.id, s.wording))
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+
+    /// Number of steps.
+    pub fn len(&self) -> usize {
+        self.steps.len()
+    }
+
+    /// Whether the episode has no steps (never true for a generated one).
+    pub fn is_empty(&self) -> bool {
+        self.steps.is_empty()
+    }
+}

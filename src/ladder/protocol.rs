@@ -1,0 +1,139 @@
+//! Every string the experiment sends: the paper's Appendix B.1, verbatim, and
+//! the few strings statebench adds, each marked as ours.
+//!
+//! The paper prints its prompts with list items run together on one line (a
+//! typesetting artefact); here each list item and paragraph is its own line.
+//! Typographic quotes in the paper are the ASCII apostrophes of the code.
+//! Nothing else is changed.
+
+/// Brief, opening paragraph (B.1).
+pub const BRIEF_OPENING: &str = "You are my project agent. Here is the full project plan. Perform steps ONLY when I ask for them, and only when their prerequisites are complete.";
+
+/// Brief, policy paragraph after the step list (B.1).
+pub const BRIEF_POLICY: &str = "The 'requires:' lists above are authoritative client policy -- some orderings may differ from what you would normally assume, and steps without a 'requires:' list have NO prerequisites. Follow the plan as written, never your assumptions.";
+
+/// The amended brief's one-shot sentence, inserted between the policy paragraph and the protocol (B.1).
+pub const ONE_SHOT: &str = "Each step is performed ONCE. If I mention or ask about a finished step again without explicitly ordering a redo, confirm that it is done and do not book a new work order for it.";
+
+/// The text protocol's execution paragraph (B.1).
+pub const EXECUTION_PROTOCOL: &str = "EXECUTION PROTOCOL (mandatory): every request I send carries a work order number like #W1234. When you carry out a step, your reply MUST include the line 'ref <completion code>/<work order>' for that execution (e.g. 'ref RC-2048/#W1234') -- this books the work. Never write a ref line for work you are not performing in this reply. If a step's prerequisites are incomplete, do not perform it -- say what is missing instead. If a step has been cancelled, decline it.";
+
+/// The tool protocol's clause, replacing the execution paragraph (B.1, Appendix G).
+pub const TOOL_CLAUSE: &str = "TOOLS: to carry out a step, emit exactly one line in your reply: ACTION {\"tool\": \"<tool name>\", \"work_order\": \"#W1234\"} using the work order number from my current message. The system executes it and returns a result. Never emit an ACTION for work you should not perform in this turn; if a step is blocked or cancelled, say why instead.";
+
+/// Ours: the self-ledger arm's instruction, appended to the brief (the paper describes it, §3.3, but does not print it).
+pub const LEDGER_CLAUSE: &str = "LEDGER PROTOCOL (mandatory): keep your own status ledger of the plan. At the end of every reply, write one line for each step whose status you changed in that reply: 'LEDGER <completion code> DONE', 'LEDGER <completion code> CANCELLED' or 'LEDGER <completion code> TODO'. Your ledger is shown back to you with every message.";
+
+/// Checklist header (B.1).
+pub const CHECKLIST_HEADER: &str =
+    "[PROJECT CHECKLIST -- kept up to date automatically from booked work orders]";
+
+/// Ours: header of the self-ledger rendered back in the checklist's slot.
+pub const LEDGER_HEADER: &str = "[YOUR LEDGER -- as you recorded it]";
+
+/// Ours: the ledger rendering when the agent has recorded nothing yet.
+pub const LEDGER_EMPTY: &str = "(no entries yet)";
+
+/// Directive: cancelled step (B.1).
+pub fn directive_cancelled(step: &str) -> String {
+    format!("[TASK-STATE] step {step} was CANCELLED. Decline; do not perform it.")
+}
+
+/// Directive: finished step, no authorization (B.1).
+pub fn directive_done(step: &str) -> String {
+    format!("[TASK-STATE] step {step} is already DONE. Do not redo it; refer to the earlier completion without booking a new work order.")
+}
+
+/// Directive: finished step whose redo the user authorized (B.1).
+pub fn directive_redo(step: &str) -> String {
+    format!("[TASK-STATE] step {step} is DONE but the user explicitly authorizes re-execution. Perform it again now, booking the NEW work order.")
+}
+
+/// Directive: blocked step with its missing prerequisites (B.1).
+pub fn directive_blocked(step: &str, missing: &[String]) -> String {
+    format!(
+        "[TASK-STATE] step {step} is BLOCKED -- missing prerequisites: {}. Do not perform it; say what is pending.",
+        missing.join(", ")
+    )
+}
+
+/// Directive: eligible step (B.1).
+pub fn directive_eligible(step: &str) -> String {
+    format!("[TASK-STATE] step {step} is ELIGIBLE. Execute it now.")
+}
+
+/// Ours: the matched-step-only line of the E.2 control (names the step, gives no instruction).
+pub fn matched_step_line(step: &str) -> String {
+    format!("[TASK-STATE] this message refers to step {step}.")
+}
+
+/// Rejection notice (B.1); `reason` is e.g. "step s3 is BLOCKED".
+pub fn rejection_notice(line: &str, reason: &str) -> String {
+    format!(
+        "[BOOKING REJECTED] Your line '{line}' was REJECTED -- {reason}; that work was NOT booked."
+    )
+}
+
+/// Matcher prompt (B.1); `steps` is the rendered step list, one "- sX: wording" per line.
+pub fn matcher_prompt(steps: &str, message: &str) -> String {
+    format!(
+        "You route user messages for a project agent. Steps:\n{steps}\nUSER MESSAGE: {message}\nWhich single step (if any) is this message asking the agent to perform or asking about? Is the user EXPLICITLY authorizing re-execution of an already-completed step (redo/again with a stated reason)?\nJSON only: {{\"step\": \"sX\" or null, \"explicit_redo\": true or false}}"
+    )
+}
+
+/// Ours: the one correction re-ask after a malformed matcher or compiler reply.
+pub const JSON_CORRECTION: &str =
+    "Your reply was not valid JSON of the requested shape. Reply again with the JSON only.";
+
+/// Compiler graph prompt, appended to the brief (B.1).
+pub const COMPILE_GRAPH: &str = "Extract the project plan above as JSON, one entry per step: {\"steps\": {\"s1\": {\"deps\": [], \"code\": \"RC-1234\"}, ...}} deps = exactly the step ids in that step's 'requires:' list (empty list if none); code = that step's completion code. Include every step. JSON only, no commentary.";
+
+/// Compiler revision prompt (B.1); `steps` is the rendered step list.
+pub fn compile_revision_prompt(steps: &str, revision: &str) -> String {
+    format!(
+        "Known project steps:\n{steps}\nPROJECT UPDATE: {revision}\nExtract the update as JSON: {{\"cancel\": \"sX\", \"rewires\": {{\"sY\": [\"sA\", \"sB\"]}}, \"relax\": [\"sZ\", \"sD\"]}} \"cancel\" = the step cancelled entirely; \"rewires\" = for each step whose prerequisite list changed because of the cancellation, its FULL remaining prerequisite list; \"relax\" = [step, dropped_prerequisite] if one step separately dropped a single prerequisite, else null. JSON only."
+    )
+}
+
+/// Revision message opening (B.1's example).
+pub fn revision_cancel(step_wording: &str) -> String {
+    format!("Change of plan from the client: CANCEL the step '{step_wording}' entirely -- it is no longer needed.")
+}
+
+/// Ours: one rewired step's full remaining prerequisites, in the revision message.
+pub fn revision_rewire(step_wording: &str, remaining: &[&str]) -> String {
+    if remaining.is_empty() {
+        format!("As a result, '{step_wording}' now has NO prerequisites.")
+    } else {
+        format!(
+            "As a result, '{step_wording}' now requires exactly: {}.",
+            quote_list(remaining)
+        )
+    }
+}
+
+/// Ours: the relaxed prerequisite, with the step's full remaining prerequisites.
+pub fn revision_relax(step_wording: &str, dropped: &str, remaining: &[&str]) -> String {
+    let rest = if remaining.is_empty() {
+        "it now has NO prerequisites".to_string()
+    } else {
+        format!("it now requires exactly: {}", quote_list(remaining))
+    };
+    format!("Separately, '{step_wording}' no longer needs to wait for '{dropped}'; {rest}.")
+}
+
+/// Ours: an ambiguous probe naming two eligible steps without saying which (A.5).
+pub fn ambiguous_probe(a: &str, b: &str) -> String {
+    format!("Take care of the next item -- either {a} or {b}, whichever makes sense")
+}
+
+/// Ours: a canned reply the scripted agents use when no step is to be executed.
+pub const SCRIPTED_ACK: &str = "Noted.";
+
+fn quote_list(items: &[&str]) -> String {
+    items
+        .iter()
+        .map(|s| format!("'{s}'"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
