@@ -6,5 +6,6 @@
 //! calls a model.
 
 pub mod ladder;
+pub mod report;
 pub mod rng;
 pub mod stats;

@@ -309,6 +309,20 @@ pub fn score(ep: &Episode, executed: &[Vec<StepId>]) -> EpisodeScore {
     }
 }
 
+/// The labels along the perfect agent's path (it executes exactly what each label asks).
+pub fn perfect_labels(ep: &Episode) -> Vec<Label> {
+    let mut truth = Truth::new(ep);
+    ep.turns
+        .iter()
+        .map(|t| {
+            let label = truth.open(ep, t);
+            let ex: Vec<StepId> = label.executes().into_iter().collect();
+            truth.close(t, &ex);
+            label
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -316,14 +330,9 @@ mod tests {
     use crate::ladder::generator::{config, generate};
 
     fn perfect_executions(ep: &Episode) -> Vec<Vec<StepId>> {
-        let mut truth = Truth::new(ep);
-        ep.turns
+        perfect_labels(ep)
             .iter()
-            .map(|t| {
-                let ex: Vec<StepId> = truth.open(ep, t).executes().into_iter().collect();
-                truth.close(t, &ex);
-                ex
-            })
+            .map(|l| l.executes().into_iter().collect())
             .collect()
     }
 

@@ -1,0 +1,193 @@
+//! Scoring replies produced elsewhere (another harness, an API): the replies
+//! are replayed turn by turn through an arm with the oracle matcher and
+//! compiler, so a gated arm's verdicts are recomputed exactly.
+
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use super::agent::{Agent, Message, Oracle, Reply};
+use super::arm::Arm;
+use super::episode::{Episode, EPISODE_VERSION};
+use super::module::{Compiler, OracleCompiler, OracleMatcher};
+use super::runner::{run_episode, Compiled, EpisodeRecord, RunOptions, TurnRecord};
+use super::scorer::Label;
+
+/// Errors reading an episode or a replies file.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplayError {
+    /// I/O.
+    #[error("{path}: {cause}")]
+    Io {
+        /// File.
+        path: String,
+        /// Cause.
+        cause: String,
+    },
+    /// Bad content at a line.
+    #[error("{path}:{line}: {cause}")]
+    Line {
+        /// File.
+        path: String,
+        /// One-based line.
+        line: usize,
+        /// Cause.
+        cause: String,
+    },
+    /// Episode written by another format version.
+    #[error("{path}: episode version '{found}' is not '{EPISODE_VERSION}' (regenerate it with `statebench ladder episode --json`)")]
+    Version {
+        /// File.
+        path: String,
+        /// Version found.
+        found: String,
+    },
+    /// Turn coverage problems.
+    #[error("{path}: {cause}")]
+    Coverage {
+        /// File.
+        path: String,
+        /// Cause.
+        cause: String,
+    },
+    /// An arm that cannot be replayed.
+    #[error("arm {0} re-prompts the agent within a turn; recorded replies cannot answer that (score it live)")]
+    Arm(Arm),
+}
+
+/// What `ladder episode --json` writes: the episode and the perfect agent's labels.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct EpisodeFile {
+    /// The episode.
+    #[serde(flatten)]
+    pub episode: Episode,
+    /// Ground-truth labels along the perfect agent's path.
+    #[serde(default)]
+    pub perfect_labels: Vec<Label>,
+}
+
+/// Reads an episode file, checking its version.
+pub fn read_episode(path: &Path) -> Result<Episode, ReplayError> {
+    let p = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ReplayError::Io {
+        path: p.clone(),
+        cause: e.to_string(),
+    })?;
+    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ReplayError::Line {
+        path: p.clone(),
+        line: e.line(),
+        cause: e.to_string(),
+    })?;
+    let found = v
+        .get("version")
+        .and_then(|x| x.as_str())
+        .unwrap_or("(none)");
+    if found != EPISODE_VERSION {
+        return Err(ReplayError::Version {
+            path: p,
+            found: found.to_string(),
+        });
+    }
+    let f: EpisodeFile = serde_json::from_value(v).map_err(|e| ReplayError::Line {
+        path: p.clone(),
+        line: 1,
+        cause: e.to_string(),
+    })?;
+    Ok(f.episode)
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplyLine {
+    turn: usize,
+    reply: String,
+}
+
+/// Reads a replies file: one `{"turn": i, "reply": "…"}` line per turn, every turn exactly once.
+pub fn read_replies(path: &Path, turns: usize) -> Result<Vec<String>, ReplayError> {
+    let p = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|e| ReplayError::Io {
+        path: p.clone(),
+        cause: e.to_string(),
+    })?;
+    let mut out: Vec<Option<String>> = vec![None; turns];
+    for (i, line) in text.lines().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let bad = |cause: String| ReplayError::Line {
+            path: p.clone(),
+            line: i + 1,
+            cause,
+        };
+        let r: ReplyLine = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+        if r.turn >= turns {
+            return Err(bad(format!(
+                "turn {} is past the episode's last turn {}",
+                r.turn,
+                turns - 1
+            )));
+        }
+        if out[r.turn].is_some() {
+            return Err(bad(format!("turn {} appears twice", r.turn)));
+        }
+        out[r.turn] = Some(r.reply);
+    }
+    let missing: Vec<String> = out
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.is_none())
+        .map(|(i, _)| i.to_string())
+        .collect();
+    if !missing.is_empty() {
+        return Err(ReplayError::Coverage {
+            path: p,
+            cause: format!("no reply for turn(s) {}", missing.join(", ")),
+        });
+    }
+    Ok(out.into_iter().flatten().collect())
+}
+
+/// Plays recorded replies back, one per turn.
+struct Recorded<'a>(&'a [String]);
+
+impl Agent for Recorded<'_> {
+    fn name(&self) -> String {
+        "recorded".into()
+    }
+    fn reply(&mut self, _m: &[Message], o: &Oracle) -> Reply {
+        Reply {
+            text: self.0[o.turn.index].clone(),
+            ..Default::default()
+        }
+    }
+}
+
+/// Scores recorded replies on an arm.
+pub fn score_replies(
+    ep: &Episode,
+    replies: &[String],
+    arm: Arm,
+) -> Result<(EpisodeRecord, Vec<TurnRecord>), ReplayError> {
+    if arm.same_turn_notice() {
+        return Err(ReplayError::Arm(arm));
+    }
+    let compiled = arm.uses_module().then(|| {
+        let mut c = OracleCompiler;
+        let (graph, a) = c.compile_graph(ep);
+        let (revision, b) = c.compile_revision(ep);
+        Compiled {
+            graph,
+            revision,
+            cost: vec![a, b],
+        }
+    });
+    Ok(run_episode(
+        ep,
+        arm,
+        &mut Recorded(replies),
+        &mut OracleMatcher,
+        compiled.as_ref(),
+        &RunOptions::default(),
+    ))
+}
