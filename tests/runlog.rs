@@ -1,0 +1,140 @@
+//! Run directories: append-only logs, resume after a crash without losing,
+//! duplicating or changing an episode, torn last lines, configuration checks.
+
+use std::fs;
+use std::path::Path;
+
+use statebench::ladder::agent::{Agent, Scripted};
+use statebench::ladder::arm::Arm;
+use statebench::ladder::cell::{run_cell, CellConfig, CellError, Parts};
+use statebench::ladder::domain::Domain;
+use statebench::ladder::episode::{BriefVariant, Protocol};
+use statebench::ladder::module::{OracleCompiler, OracleMatcher};
+use statebench::ladder::runlog::{read_run, read_turns, RunLogError};
+use statebench::ladder::runner::{EpisodeRecord, RunOptions};
+
+fn cfg(agent: Scripted) -> CellConfig {
+    CellConfig {
+        domain: Domain::Procurement,
+        steps: 8,
+        density: 0.15,
+        brief: BriefVariant::Amended,
+        protocol: Protocol::Text,
+        paraphrase_tier: 0,
+        ambiguous_rate: 0.0,
+        seed_start: 100,
+        episodes: 12,
+        arms: vec![Arm::Raw, Arm::Checklist, Arm::Directive, Arm::Enforce],
+        agent: agent.name(),
+        matcher: "oracle".into(),
+        compiler: "oracle".into(),
+        options: RunOptions::default(),
+    }
+}
+
+fn run(c: &CellConfig, dir: &Path) -> Result<statebench::ladder::cell::CellProgress, CellError> {
+    let mut agent: Scripted = c.agent.trim_start_matches("scripted:").parse().unwrap();
+    let parts = Parts {
+        agent: &mut agent,
+        matcher: &mut OracleMatcher,
+        compiler: &mut OracleCompiler,
+        model: serde_json::json!({ "agent": c.agent }),
+    };
+    run_cell(c, parts, None, dir, false)
+}
+
+/// Episode records without the fields that measure time.
+fn stable(mut v: Vec<EpisodeRecord>) -> Vec<String> {
+    v.sort_by_key(|r| (r.seed, r.arm));
+    v.into_iter()
+        .map(|mut r| {
+            r.wall_s = 0.0;
+            serde_json::to_string(&r).unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn killed_and_resumed_cell_equals_an_uninterrupted_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (full, cut) = (tmp.path().join("full"), tmp.path().join("cut"));
+    let c = cfg(Scripted::AlwaysBook);
+    let p = run(&c, &full).unwrap();
+    assert_eq!((p.ran, p.skipped), (48, 0));
+
+    // A crash: the run had written 17 episode lines and was mid-way through
+    // the 18th episode's turn lines and its episode line.
+    fs::create_dir_all(&cut).unwrap();
+    fs::copy(full.join("manifest.json"), cut.join("manifest.json")).unwrap();
+    let eps = fs::read_to_string(full.join("episodes.jsonl")).unwrap();
+    let lines: Vec<&str> = eps.lines().collect();
+    let mut kept = lines[..17].join("\n") + "\n";
+    kept.push_str(&lines[17][..40]);
+    fs::write(cut.join("episodes.jsonl"), kept).unwrap();
+    let turns = fs::read_to_string(full.join("turns.jsonl")).unwrap();
+    let tl: Vec<&str> = turns.lines().collect();
+    let mut tkept = tl[..17 * 44 + 10].join("\n") + "\n";
+    tkept.push_str(&tl[17 * 44 + 10][..25]);
+    fs::write(cut.join("turns.jsonl"), tkept).unwrap();
+
+    // Reading a crashed directory ignores the torn line.
+    assert_eq!(read_run(&cut).unwrap().episodes.len(), 17);
+
+    let p = run(&c, &cut).unwrap();
+    assert_eq!((p.ran, p.skipped), (31, 17));
+    let a = read_run(&full).unwrap().episodes;
+    let b = read_run(&cut).unwrap().episodes;
+    assert_eq!(b.len(), 48, "no episode lost or duplicated");
+    assert_eq!(stable(a), stable(b), "no episode changed");
+    // Turn lines of the unfinished attempt are ignored; each finished episode has its 44.
+    assert_eq!(read_turns(&cut).unwrap().len(), 48 * 44);
+
+    // A third run has nothing to do.
+    let p = run(&c, &cut).unwrap();
+    assert_eq!((p.ran, p.skipped), (0, 48));
+}
+
+#[test]
+fn resuming_with_another_configuration_is_refused() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = cfg(Scripted::Perfect);
+    run(&c, tmp.path()).unwrap();
+    let mut other = c.clone();
+    other.density = 0.3;
+    let err = run(&other, tmp.path()).unwrap_err();
+    match &err {
+        CellError::Log(RunLogError::ConfigMismatch { key, .. }) => {
+            assert_eq!(key, "config.density")
+        }
+        e => panic!("unexpected error {e}"),
+    }
+    let msg = err.to_string();
+    assert!(
+        msg.contains("config.density") && !msg.contains('\n'),
+        "{msg}"
+    );
+}
+
+#[test]
+fn bad_configuration_touches_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("never");
+    let mut c = cfg(Scripted::Perfect);
+    c.steps = 19;
+    assert!(matches!(run(&c, &dir), Err(CellError::Gen(_))));
+    assert!(!dir.exists());
+}
+
+#[test]
+fn corrupt_middle_line_is_an_error_with_its_line_number() {
+    let tmp = tempfile::tempdir().unwrap();
+    let c = cfg(Scripted::Perfect);
+    run(&c, tmp.path()).unwrap();
+    let path = tmp.path().join("episodes.jsonl");
+    let text = fs::read_to_string(&path).unwrap();
+    let mut lines: Vec<String> = text.lines().map(String::from).collect();
+    lines[3] = "{not json".into();
+    fs::write(&path, lines.join("\n") + "\n").unwrap();
+    let err = read_run(tmp.path()).unwrap_err().to_string();
+    assert!(err.contains("episodes.jsonl:4:"), "{err}");
+}

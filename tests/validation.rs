@@ -1,0 +1,182 @@
+//! The paper's validation suites (Appendix A.1) as tests: the scripted perfect
+//! agent scores every episode on every arm; behind a corrupted module it
+//! fails; a memoryless always-book policy scores 1.00 behind state-bound
+//! enforcement with the generator's graph and fails on the raw rung.
+
+use statebench::ladder::agent::Scripted;
+use statebench::ladder::arm::Arm;
+use statebench::ladder::domain::Domain;
+use statebench::ladder::episode::{Episode, Protocol};
+use statebench::ladder::generator::{config, generate};
+use statebench::ladder::module::{Compiler, OracleCompiler, OracleMatcher, Refusal};
+use statebench::ladder::runner::{run_episode, Compiled, EpisodeRecord, RunOptions};
+
+fn compiled(ep: &Episode) -> Compiled {
+    let mut c = OracleCompiler;
+    let (graph, a) = c.compile_graph(ep);
+    let (revision, b) = c.compile_revision(ep);
+    Compiled {
+        graph,
+        revision,
+        cost: vec![a, b],
+    }
+}
+
+fn run(ep: &Episode, arm: Arm, agent: Scripted, opts: RunOptions) -> EpisodeRecord {
+    let mut agent = agent;
+    run_episode(
+        ep,
+        arm,
+        &mut agent,
+        &mut OracleMatcher,
+        Some(&compiled(ep)),
+        &opts,
+    )
+    .0
+}
+
+#[test]
+fn perfect_agent_scores_every_episode_on_every_arm() {
+    let grid = [(5, 0.15), (10, 0.15), (15, 0.15), (18, 0.15), (15, 0.3)];
+    for domain in Domain::ALL {
+        for (s, rho) in grid {
+            for seed in 100..120 {
+                for protocol in [Protocol::Text, Protocol::Tool] {
+                    let mut c = config(domain, s, rho, seed);
+                    c.protocol = protocol;
+                    c.ambiguous_rate = 0.15;
+                    let ep = generate(&c, None).unwrap();
+                    for arm in Arm::ALL {
+                        let r = run(&ep, arm, Scripted::Perfect, RunOptions::default());
+                        assert!(
+                            r.primary.strict && r.decline_aware.strict,
+                            "{domain} S={s} rho={rho} seed={seed} {protocol:?} {arm}: {:?}",
+                            r.primary.channels
+                        );
+                        assert_eq!(r.primary.turns_correct, 44);
+                        assert_eq!(r.refused, 0);
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn perfect_agent_behind_a_corrupted_module_fails() {
+    let mut ok = 0;
+    for seed in 100..115 {
+        let ep = generate(&config(Domain::Procurement, 15, 0.3, seed), None).unwrap();
+        let opts = RunOptions {
+            corrupt: Some(0.05),
+            ..Default::default()
+        };
+        let r = run(&ep, Arm::Enforce, Scripted::Perfect, opts);
+        assert!(!r.corruptions.is_empty());
+        ok += u32::from(r.primary.strict);
+    }
+    assert_eq!(
+        ok, 0,
+        "perfect agent behind a corrupted gate: {ok}/15 strict"
+    );
+}
+
+#[test]
+fn corruption_rate_zero_is_harmless() {
+    let ep = generate(&config(Domain::Procurement, 15, 0.3, 100), None).unwrap();
+    let opts = RunOptions {
+        corrupt: Some(0.0),
+        ..Default::default()
+    };
+    assert!(
+        run(&ep, Arm::Enforce, Scripted::Perfect, opts)
+            .primary
+            .strict
+    );
+}
+
+#[test]
+fn always_book_is_perfect_behind_the_gate_and_fails_raw() {
+    let n = 200;
+    let (mut gate, mut raw) = (0, 0);
+    for seed in 100..100 + n {
+        let ep = generate(&config(Domain::Procurement, 10, 0.15, seed), None).unwrap();
+        gate += u32::from(
+            run(
+                &ep,
+                Arm::Enforce,
+                Scripted::AlwaysBook,
+                RunOptions::default(),
+            )
+            .primary
+            .strict,
+        );
+        raw += u32::from(
+            run(&ep, Arm::Raw, Scripted::AlwaysBook, RunOptions::default())
+                .primary
+                .strict,
+        );
+    }
+    assert_eq!(gate, n as u32, "always-book behind state-bound enforcement");
+    assert!(
+        f64::from(raw) / n as f64 <= 0.05,
+        "always-book raw: {raw}/{n}"
+    );
+}
+
+#[test]
+fn gate_admits_unrequested_bookings_on_ambiguous_probes_but_request_bound_refuses_them() {
+    let mut c = config(Domain::Procurement, 10, 0.15, 100);
+    c.ambiguous_rate = 1.0;
+    let ep = generate(&c, None).unwrap();
+    let state = run(
+        &ep,
+        Arm::Enforce,
+        Scripted::AlwaysBook,
+        RunOptions::default(),
+    );
+    assert!(state.primary.channels.unrequested > 0);
+    let (request, turns) = run_episode(
+        &ep,
+        Arm::EnforceRequest,
+        &mut Scripted::AlwaysBook,
+        &mut OracleMatcher,
+        Some(&compiled(&ep)),
+        &RunOptions::default(),
+    );
+    assert_eq!(request.primary.channels.unrequested, 0);
+    let not_requested = turns
+        .iter()
+        .flat_map(|t| &t.bookings)
+        .filter(|b| matches!(b.refusal, Some(Refusal::NotRequested { .. })))
+        .count();
+    assert!(not_requested > 0);
+}
+
+#[test]
+fn refused_bookings_are_logged_and_silent_ones_counted() {
+    let ep = generate(&config(Domain::Release, 10, 0.15, 100), None).unwrap();
+    let next = run(
+        &ep,
+        Arm::Enforce,
+        Scripted::AlwaysBook,
+        RunOptions::default(),
+    );
+    assert!(
+        next.refused >= 4,
+        "redo probes, premature asks, cue: {}",
+        next.refused
+    );
+    // "On it. ref …" carries no refusal language: every refusal is silent.
+    assert_eq!(next.silent_refusals, next.refused);
+    // Same-turn notice: the visible reply is the re-prompted acknowledgement.
+    let same = run(
+        &ep,
+        Arm::EnforceSameTurn,
+        Scripted::AlwaysBook,
+        RunOptions::default(),
+    );
+    assert_eq!(same.refused, next.refused);
+    assert_eq!(same.silent_refusals, 0);
+    assert_eq!(same.agent_calls, 44 + same.refused);
+}
