@@ -5,4 +5,7 @@
 //! arm → agent → receipts → task state → scorer → log line. The scorer never
 //! calls a model.
 
+pub mod backend;
+pub mod cli_engine;
+pub mod engine;
 pub mod ladder;
