@@ -173,6 +173,10 @@ TOKENIZER_TEXTS = [
     "Math: ∑ᵢ xᵢ² ≤ ∞, α+β=γ, √2 ≈ 1.41421356",
     "Mixed 中文 and English and 123 数字",
     "\u00a0non-breaking\u2009thin\u200bzero-width",
+    # decomposed (NFD) accents: the GGUF tokenizer applies no NFC normalization
+    # (transformers' GGUF conversion and llama.cpp alike), whereas Qwen's
+    # tokenizer.json has an NFC normalizer.
+    "cafe\u0301 nai\u0308ve A\u030angstro\u0308m",
     # code
     RUST_SNIPPET,
     PY_SNIPPET,
