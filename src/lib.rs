@@ -5,6 +5,9 @@
 //! arm → agent → receipts → task state → scorer → log line. The scorer never
 //! calls a model.
 
+pub mod backend;
+pub mod cli_engine;
+pub mod engine;
 pub mod ladder;
 pub mod report;
 pub mod rng;

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use statebench::cli_engine;
 use statebench::ladder::agent::Scripted;
 use statebench::ladder::arm::Arm;
 use statebench::ladder::cell::{run_cell, CellConfig, Parts};
@@ -32,6 +33,19 @@ enum Command {
     /// The paper's testbed: episodes, cells, reports, scoring.
     #[command(subcommand)]
     Ladder(LadderCommand),
+    /// Generate one reply with the in-process engine and print its accounting.
+    Generate(cli_engine::GenerateArgs),
+    /// Manage model files.
+    #[command(subcommand)]
+    Model(ModelCommand),
+    /// Measure prefill, batched decode and growing-conversation cost.
+    Bench(cli_engine::BenchArgs),
+}
+
+#[derive(Subcommand)]
+enum ModelCommand {
+    /// Fetch the default model (runs models/fetch.sh).
+    Fetch,
 }
 
 #[derive(Subcommand)]
@@ -202,6 +216,9 @@ fn run(cli: Cli) -> Result<()> {
             LadderCommand::Report(a) => report_cmd(a),
             LadderCommand::Score(a) => score(a),
         },
+        Command::Generate(a) => cli_engine::generate(a),
+        Command::Model(ModelCommand::Fetch) => cli_engine::model_fetch(),
+        Command::Bench(a) => cli_engine::bench(a),
     }
 }
 

@@ -12,36 +12,7 @@ use super::protocol as p;
 use super::scorer::Label;
 use super::state::TaskState;
 
-/// Who speaks a message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Role {
-    /// The system prompt.
-    System,
-    /// The user (and everything delivered in the user role: checklists, directives, notices).
-    User,
-    /// The agent.
-    Assistant,
-}
-
-/// One chat message.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Message {
-    /// Speaker.
-    pub role: Role,
-    /// Text.
-    pub content: String,
-}
-
-impl Message {
-    /// A message.
-    pub fn new(role: Role, content: impl Into<String>) -> Self {
-        Message {
-            role,
-            content: content.into(),
-        }
-    }
-}
+pub use crate::backend::{Message, Role};
 
 /// What scripted agents may read besides the prompt.
 #[derive(Debug, Clone, Copy)]

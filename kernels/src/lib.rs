@@ -1,0 +1,15 @@
+//! CPU compute kernels for the statebench engine.
+//!
+//! Every kernel here has a reduction order that is fixed by the shapes of the
+//! model alone: an output element is always produced by one dot product whose
+//! summation order does not depend on how many rows are in the batch, where a
+//! prompt was split between cache and prefill, or how many threads run. That is
+//! what makes a request's tokens bit-identical alone or batched, cached or cold.
+
+pub mod attention;
+pub mod matmul;
+pub mod ops;
+
+pub use attention::attend;
+pub use matmul::{Matrix, MatrixError, WeightData};
+pub use ops::{dot_f32, rms_norm, rope_neox, silu_mul, RopeTable};

@@ -1,0 +1,311 @@
+//! Matrix × batch-of-rows products for float and GGML-quantized weights.
+//!
+//! A weight matrix has `rows` output features, each a row of `cols` inputs.
+//! `y[b][r] = dot(w[r], x[b])`, where each dot product is one call with a fixed
+//! order. Work is split over output rows only, and the loop is weights-outer so
+//! a batch of activation rows reuses each weight row while it is in cache.
+
+use candle_core::quantized::k_quants::{
+    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType,
+};
+use candle_core::quantized::GgmlDType;
+use rayon::prelude::*;
+
+use crate::ops::dot_f32;
+
+/// Why a weight matrix could not be built.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MatrixError {
+    /// The GGML type has no kernel here.
+    UnsupportedType(String),
+    /// The byte length or shape does not fit the type's block layout.
+    BadShape(String),
+}
+
+impl std::fmt::Display for MatrixError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::UnsupportedType(t) => write!(f, "unsupported weight type {t}"),
+            Self::BadShape(s) => write!(f, "bad weight shape: {s}"),
+        }
+    }
+}
+
+impl std::error::Error for MatrixError {}
+
+/// Weight storage, one variant per supported element or block format.
+pub enum WeightData {
+    /// Plain f32.
+    F32(Vec<f32>),
+    /// GGML Q4_0.
+    Q4_0(Vec<BlockQ4_0>),
+    /// GGML Q4_1.
+    Q4_1(Vec<BlockQ4_1>),
+    /// GGML Q5_0.
+    Q5_0(Vec<BlockQ5_0>),
+    /// GGML Q5_1.
+    Q5_1(Vec<BlockQ5_1>),
+    /// GGML Q8_0.
+    Q8_0(Vec<BlockQ8_0>),
+    /// GGML Q4_K.
+    Q4K(Vec<BlockQ4K>),
+    /// GGML Q5_K.
+    Q5K(Vec<BlockQ5K>),
+    /// GGML Q6_K.
+    Q6K(Vec<BlockQ6K>),
+}
+
+/// A weight matrix of `rows` output features by `cols` input features.
+pub struct Matrix {
+    rows: usize,
+    cols: usize,
+    data: WeightData,
+}
+
+fn blocks_from_bytes<T: GgmlType>(bytes: &[u8], n_blocks: usize) -> Result<Vec<T>, MatrixError> {
+    let size = std::mem::size_of::<T>();
+    if bytes.len() != n_blocks * size {
+        return Err(MatrixError::BadShape(format!(
+            "{} bytes for {n_blocks} blocks of {size}",
+            bytes.len()
+        )));
+    }
+    let mut v: Vec<T> = (0..n_blocks).map(|_| T::zeros()).collect();
+    // SAFETY: the block types are `repr(C)` plain data (f16 and byte arrays),
+    // every bit pattern is valid, and the lengths were checked above.
+    unsafe {
+        std::ptr::copy_nonoverlapping(bytes.as_ptr(), v.as_mut_ptr() as *mut u8, bytes.len());
+    }
+    Ok(v)
+}
+
+impl Matrix {
+    /// A float matrix from row-major data.
+    pub fn from_f32(rows: usize, cols: usize, data: Vec<f32>) -> Result<Self, MatrixError> {
+        if data.len() != rows * cols {
+            return Err(MatrixError::BadShape(format!(
+                "{} values for {rows}x{cols}",
+                data.len()
+            )));
+        }
+        Ok(Self {
+            rows,
+            cols,
+            data: WeightData::F32(data),
+        })
+    }
+
+    /// A matrix from raw GGML bytes of type `dtype` (rows of `cols` elements).
+    pub fn from_ggml(
+        dtype: GgmlDType,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+    ) -> Result<Self, MatrixError> {
+        let bs = dtype.block_size();
+        if !cols.is_multiple_of(bs) {
+            return Err(MatrixError::BadShape(format!(
+                "row length {cols} is not a multiple of the {dtype:?} block size {bs}"
+            )));
+        }
+        let nb = rows * cols / bs;
+        let data = match dtype {
+            GgmlDType::F32 => {
+                if bytes.len() != rows * cols * 4 {
+                    return Err(MatrixError::BadShape(format!(
+                        "{} bytes for {rows}x{cols} f32",
+                        bytes.len()
+                    )));
+                }
+                WeightData::F32(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect(),
+                )
+            }
+            GgmlDType::F16 => WeightData::F32(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+            ),
+            GgmlDType::BF16 => WeightData::F32(
+                bytes
+                    .chunks_exact(2)
+                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .collect(),
+            ),
+            GgmlDType::Q4_0 => WeightData::Q4_0(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q4_1 => WeightData::Q4_1(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q5_0 => WeightData::Q5_0(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q5_1 => WeightData::Q5_1(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q8_0 => WeightData::Q8_0(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q4K => WeightData::Q4K(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q5K => WeightData::Q5K(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q6K => WeightData::Q6K(blocks_from_bytes(bytes, nb)?),
+            other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
+        };
+        if let WeightData::F32(v) = &data {
+            if v.len() != rows * cols {
+                return Err(MatrixError::BadShape(format!(
+                    "{} values for {rows}x{cols}",
+                    v.len()
+                )));
+            }
+        }
+        Ok(Self { rows, cols, data })
+    }
+
+    /// Output features.
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Input features.
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Name of the storage format.
+    pub fn type_name(&self) -> &'static str {
+        match &self.data {
+            WeightData::F32(_) => "F32",
+            WeightData::Q4_0(_) => "Q4_0",
+            WeightData::Q4_1(_) => "Q4_1",
+            WeightData::Q5_0(_) => "Q5_0",
+            WeightData::Q5_1(_) => "Q5_1",
+            WeightData::Q8_0(_) => "Q8_0",
+            WeightData::Q4K(_) => "Q4_K",
+            WeightData::Q5K(_) => "Q5_K",
+            WeightData::Q6K(_) => "Q6_K",
+        }
+    }
+
+    /// Dequantizes row `r` into `out` (used for embedding lookups).
+    pub fn row_f32(&self, r: usize, out: &mut [f32]) {
+        let c = self.cols;
+        fn deq<T: GgmlType>(w: &[T], r: usize, c: usize, out: &mut [f32]) {
+            let bpr = c / T::BLCK_SIZE;
+            T::to_float(&w[r * bpr..(r + 1) * bpr], &mut out[..c]);
+        }
+        match &self.data {
+            WeightData::F32(w) => out[..c].copy_from_slice(&w[r * c..(r + 1) * c]),
+            WeightData::Q4_0(w) => deq(w, r, c, out),
+            WeightData::Q4_1(w) => deq(w, r, c, out),
+            WeightData::Q5_0(w) => deq(w, r, c, out),
+            WeightData::Q5_1(w) => deq(w, r, c, out),
+            WeightData::Q8_0(w) => deq(w, r, c, out),
+            WeightData::Q4K(w) => deq(w, r, c, out),
+            WeightData::Q5K(w) => deq(w, r, c, out),
+            WeightData::Q6K(w) => deq(w, r, c, out),
+        }
+    }
+
+    /// The whole matrix as row-major f32.
+    pub fn to_f32(&self) -> Vec<f32> {
+        let mut out = vec![0f32; self.rows * self.cols];
+        for (r, row) in out.chunks_exact_mut(self.cols).enumerate() {
+            self.row_f32(r, row);
+        }
+        out
+    }
+
+    /// `y[b * rows + r] = dot(w[r], x[b * cols ..])` for `n` rows of `x`.
+    pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
+        assert_eq!(x.len(), n * self.cols, "matmul input length");
+        assert_eq!(y.len(), n * self.rows, "matmul output length");
+        match &self.data {
+            WeightData::F32(w) => matmul_f32(w, self.rows, self.cols, x, n, y),
+            WeightData::Q4_0(w) => matmul_q(w, self.rows, self.cols, x, n, y),
+            WeightData::Q4_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
+            WeightData::Q5_0(w) => matmul_q(w, self.rows, self.cols, x, n, y),
+            WeightData::Q5_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
+            WeightData::Q8_0(w) => matmul_q(w, self.rows, self.cols, x, n, y),
+            WeightData::Q4K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
+            WeightData::Q5K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
+            WeightData::Q6K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
+        }
+    }
+}
+
+/// Output rows per parallel task: enough work per task, several tasks per thread.
+const ROWS_PER_TASK: usize = 32;
+
+/// Raw output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint indices (distinct output rows `r`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// Pointer to element `i`; a method so closures capture the whole wrapper.
+    fn at(self, i: usize) -> *mut f32 {
+        // SAFETY: callers pass indices inside the output slice.
+        unsafe { self.0.add(i) }
+    }
+}
+
+fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+    let out = OutPtr(y.as_mut_ptr());
+    let tasks = rows.div_ceil(ROWS_PER_TASK);
+    (0..tasks).into_par_iter().for_each(|t| {
+        for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
+            let wr = &w[r * cols..(r + 1) * cols];
+            for b in 0..n {
+                let v = dot_f32(wr, &x[b * cols..(b + 1) * cols]);
+                // SAFETY: `b * rows + r < n * rows == y.len()`, and only the task
+                // owning row `r` writes it.
+                unsafe { *out.at(b * rows + r) = v };
+            }
+        }
+    });
+}
+
+fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+    let bpr = cols / T::BLCK_SIZE;
+    let xbpr = cols / T::VecDotType::BLCK_SIZE;
+    // Quantize each activation row on its own; a row's quantization never
+    // depends on the other rows.
+    let mut xq: Vec<T::VecDotType> = (0..n * xbpr).map(|_| T::VecDotType::zeros()).collect();
+    xq.par_chunks_mut(xbpr)
+        .zip(x.par_chunks(cols))
+        .for_each(|(q, r)| T::VecDotType::from_float(r, q));
+    let out = OutPtr(y.as_mut_ptr());
+    let tasks = rows.div_ceil(ROWS_PER_TASK);
+    (0..tasks).into_par_iter().for_each(|t| {
+        for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
+            let wr = &w[r * bpr..(r + 1) * bpr];
+            for b in 0..n {
+                let v = T::vec_dot(cols, wr, &xq[b * xbpr..(b + 1) * xbpr]);
+                // SAFETY: as in `matmul_f32`.
+                unsafe { *out.at(b * rows + r) = v };
+            }
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batched_rows_equal_single_rows() {
+        let (rows, cols) = (70, 64);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 97) as f32 / 97.0 - 0.5)
+            .collect();
+        let m = Matrix::from_f32(rows, cols, w).unwrap();
+        let x: Vec<f32> = (0..5 * cols)
+            .map(|i| ((i * 31) % 13) as f32 / 13.0 - 0.5)
+            .collect();
+        let mut y = vec![0f32; 5 * rows];
+        m.matmul(&x, 5, &mut y);
+        for b in 0..5 {
+            let mut y1 = vec![0f32; rows];
+            m.matmul(&x[b * cols..(b + 1) * cols], 1, &mut y1);
+            assert_eq!(y1, y[b * rows..(b + 1) * rows]);
+        }
+    }
+}

@@ -1,0 +1,119 @@
+//! Element-wise and per-row operations: dot product, RMSNorm, RoPE, SwiGLU.
+
+/// Lanes of the fixed-order f32 dot product; wide enough for AVX-512 to vectorise.
+const LANES: usize = 16;
+
+/// Dot product of two equal-length f32 slices with a fixed summation order:
+/// sixteen interleaved partial sums, then a fixed pairwise tree, then the tail.
+#[inline]
+pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
+    let n = a.len().min(b.len());
+    let (a, b) = (&a[..n], &b[..n]);
+    let mut acc = [0f32; LANES];
+    let chunks = n / LANES;
+    for c in 0..chunks {
+        let xa = &a[c * LANES..c * LANES + LANES];
+        let xb = &b[c * LANES..c * LANES + LANES];
+        for l in 0..LANES {
+            acc[l] = xa[l].mul_add(xb[l], acc[l]);
+        }
+    }
+    let mut width = LANES;
+    while width > 1 {
+        width /= 2;
+        for l in 0..width {
+            acc[l] += acc[l + width];
+        }
+    }
+    let mut sum = acc[0];
+    for i in chunks * LANES..n {
+        sum = a[i].mul_add(b[i], sum);
+    }
+    sum
+}
+
+/// RMSNorm of one row in place: `x * rsqrt(mean(x²) + eps) * weight`.
+pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
+    let ss = dot_f32(x, x);
+    let scale = 1.0 / (ss / x.len() as f32 + eps).sqrt();
+    for (v, w) in x.iter_mut().zip(weight) {
+        *v = (*v * scale) * w;
+    }
+}
+
+/// `gate <- silu(gate) * up`, the SwiGLU activation.
+pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    for (g, u) in gate.iter_mut().zip(up) {
+        let s = *g / (1.0 + (-*g).exp());
+        *g = s * u;
+    }
+}
+
+/// Precomputed cos/sin for rotary position embeddings ("rotate half" layout).
+pub struct RopeTable {
+    half: usize,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+    max_pos: usize,
+}
+
+impl RopeTable {
+    /// Builds the table for `max_pos` positions; angles are computed in f32 the
+    /// way the reference implementation does, so logits agree closely.
+    pub fn new(head_dim: usize, theta: f32, max_pos: usize) -> Self {
+        let half = head_dim / 2;
+        let inv_freq: Vec<f32> = (0..half)
+            .map(|i| 1.0 / theta.powf((2 * i) as f32 / head_dim as f32))
+            .collect();
+        let mut cos = Vec::with_capacity(max_pos * half);
+        let mut sin = Vec::with_capacity(max_pos * half);
+        for p in 0..max_pos {
+            for f in &inv_freq {
+                let a = p as f32 * f;
+                cos.push(a.cos());
+                sin.push(a.sin());
+            }
+        }
+        Self {
+            half,
+            cos,
+            sin,
+            max_pos,
+        }
+    }
+
+    /// Number of positions the table covers.
+    pub fn max_pos(&self) -> usize {
+        self.max_pos
+    }
+}
+
+/// Applies RoPE in place to `n_heads` consecutive heads of one row at `pos`.
+pub fn rope_neox(x: &mut [f32], n_heads: usize, pos: usize, table: &RopeTable) {
+    let half = table.half;
+    let cos = &table.cos[pos * half..pos * half + half];
+    let sin = &table.sin[pos * half..pos * half + half];
+    for h in 0..n_heads {
+        let head = &mut x[h * 2 * half..(h + 1) * 2 * half];
+        for i in 0..half {
+            let x0 = head[i];
+            let x1 = head[i + half];
+            head[i] = x0 * cos[i] - x1 * sin[i];
+            head[i + half] = x1 * cos[i] + x0 * sin[i];
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn dot_matches_naive_closely() {
+        let a: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+        let b: Vec<f32> = (0..37).map(|i| (i as f32 * 0.11).cos()).collect();
+        let naive: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
+        assert!((dot_f32(&a, &b) - naive).abs() < 1e-5);
+    }
+}

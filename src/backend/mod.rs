@@ -1,0 +1,240 @@
+//! The one interface studies call: chat requests in, replies with token
+//! accounting out, many conversations driven at once through `submit`/`step`.
+
+use std::path::PathBuf;
+
+/// Who wrote a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Instructions that frame the conversation.
+    System,
+    /// The user (for statebench: the episode's operator).
+    User,
+    /// The model.
+    Assistant,
+}
+
+impl Role {
+    /// The role's name as chat templates spell it.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::System => "system",
+            Role::User => "user",
+            Role::Assistant => "assistant",
+        }
+    }
+}
+
+/// One message of a conversation.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Message {
+    /// Author.
+    pub role: Role,
+    /// Text.
+    pub content: String,
+}
+
+impl Message {
+    /// A message with the given role and text.
+    pub fn new(role: Role, content: impl Into<String>) -> Self {
+        Self {
+            role,
+            content: content.into(),
+        }
+    }
+}
+
+/// A chat request: the whole conversation so far plus generation settings.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ChatRequest {
+    /// Full message list; the engine renders it with the model's chat template.
+    pub messages: Vec<Message>,
+    /// Most tokens to generate.
+    pub max_tokens: usize,
+    /// Extra stop strings; the reply is cut before the first one found.
+    pub stop: Vec<String>,
+    /// Thinking mode (Qwen3 `enable_thinking`); ignored by templates without it.
+    pub thinking: bool,
+    /// 0 is greedy (ties to the lowest token id); above 0 samples.
+    pub temperature: f32,
+    /// Seed of this request's own sampler.
+    pub seed: u64,
+}
+
+impl ChatRequest {
+    /// A greedy request for the given messages and token budget.
+    pub fn greedy(messages: Vec<Message>, max_tokens: usize) -> Self {
+        Self {
+            messages,
+            max_tokens,
+            stop: Vec::new(),
+            thinking: false,
+            temperature: 0.0,
+            seed: 0,
+        }
+    }
+}
+
+/// Token accounting of one call (SPEC contract 5).
+#[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Usage {
+    /// Tokens of the rendered prompt.
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV entries were reused from the session's cache.
+    pub cached_tokens: usize,
+    /// Tokens generated (including the stop token, if one ended the reply).
+    pub completion_tokens: usize,
+    /// Wall time of the forward step that prefilled the uncached prompt tokens.
+    pub prefill_secs: f64,
+    /// Wall time of the decode steps this request took part in.
+    pub decode_secs: f64,
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum Finish {
+    /// An end-of-turn token or a stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+/// A finished reply.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct ChatReply {
+    /// The answer, with any thinking block removed.
+    pub content: String,
+    /// The thinking block's text, when the model produced one.
+    pub reasoning: Option<String>,
+    /// Why generation ended.
+    pub finish: Finish,
+    /// Token accounting.
+    pub usage: Usage,
+    /// Generated token ids (including the stop token, if any).
+    pub tokens: Vec<u32>,
+}
+
+/// What model a backend serves, for run manifests.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ModelIdentity {
+    /// Model name from the file metadata or directory.
+    pub name: String,
+    /// Where the weights were loaded from.
+    pub source: String,
+    /// sha256 of the weight file(s), hex.
+    pub weights_sha256: String,
+    /// Architecture (`qwen2`, `qwen3`).
+    pub architecture: String,
+    /// Storage format (e.g. `gguf Q4_K_M mix`, `safetensors bf16`).
+    pub format: String,
+}
+
+/// A conversation whose KV cache the backend keeps between calls.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SessionId(pub u64);
+
+/// One submitted request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RequestId(pub u64);
+
+/// Everything that can go wrong, each a one-line message with a hint.
+#[derive(Debug, thiserror::Error)]
+pub enum BackendError {
+    /// A file the model needs is absent.
+    #[error("{path}: file not found ({hint})")]
+    MissingFile {
+        /// The missing path.
+        path: PathBuf,
+        /// What to do about it.
+        hint: String,
+    },
+    /// A weight file is truncated or not in the expected format.
+    #[error("{path}: corrupt or truncated weights: {cause} (re-fetch or re-export the file)")]
+    CorruptWeights {
+        /// The bad file.
+        path: PathBuf,
+        /// What was wrong.
+        cause: String,
+    },
+    /// The files describe something this engine cannot run.
+    #[error("{path}: unsupported model: {cause} (supported: qwen2 / qwen3 dense; F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K)")]
+    Unsupported {
+        /// The file that says so.
+        path: PathBuf,
+        /// What is unsupported.
+        cause: String,
+    },
+    /// The tokenizer could not be built or failed on input.
+    #[error("tokenizer: {0} (check tokenizer.json or the GGUF tokenizer metadata)")]
+    Tokenizer(String),
+    /// The chat template could not be parsed or rendered.
+    #[error("chat template: {0} (check the template shipped with the model)")]
+    Template(String),
+    /// The prompt plus its token budget exceed the model's context.
+    #[error("context overflow: {prompt_tokens} prompt tokens + {max_tokens} max tokens > context {context} (shorten the conversation or lower max_tokens)")]
+    ContextOverflow {
+        /// Tokens of the rendered prompt.
+        prompt_tokens: usize,
+        /// Requested generation budget.
+        max_tokens: usize,
+        /// Model context length.
+        context: usize,
+    },
+    /// The request could never fit in the KV-memory budget.
+    #[error("request needs {needed_bytes} bytes of KV cache, budget is {budget_bytes} (raise the KV budget or lower max_tokens)")]
+    ExceedsKvBudget {
+        /// Bytes the request would need at its longest.
+        needed_bytes: usize,
+        /// The configured budget.
+        budget_bytes: usize,
+    },
+    /// The session id is not open.
+    #[error("unknown session {0:?} (open one with open_session)")]
+    UnknownSession(SessionId),
+    /// The session already has a request in flight.
+    #[error("session {0:?} already has a request in flight (wait for its reply)")]
+    SessionBusy(SessionId),
+    /// A request asked for something malformed.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// An I/O error on a named file.
+    #[error("{path}: {cause}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The OS error.
+        cause: String,
+    },
+}
+
+/// Requests that finished during one `step`, each with its reply or error.
+pub type Finished = Vec<(RequestId, Result<ChatReply, BackendError>)>;
+
+/// A chat backend: open conversations, submit requests, step until replies arrive.
+pub trait Backend {
+    /// Opens a new, empty conversation.
+    fn open_session(&mut self) -> SessionId;
+    /// Closes a conversation and frees its cache.
+    fn close_session(&mut self, s: SessionId);
+    /// Queues a request on a session; it runs on later `step` calls.
+    fn submit(&mut self, s: SessionId, req: ChatRequest) -> Result<RequestId, BackendError>;
+    /// Advances every live request by one token; returns the requests that finished.
+    fn step(&mut self) -> Result<Finished, BackendError>;
+    /// Whether any request is queued or running.
+    fn has_pending(&self) -> bool;
+    /// Submits one request and steps until it finishes. Other requests keep
+    /// running; their replies are dropped, so don't mix this with `submit`.
+    fn chat(&mut self, s: SessionId, req: ChatRequest) -> Result<ChatReply, BackendError> {
+        let id = self.submit(s, req)?;
+        loop {
+            for (rid, result) in self.step()? {
+                if rid == id {
+                    return result;
+                }
+            }
+        }
+    }
+    /// What model this backend serves.
+    fn model_id(&self) -> ModelIdentity;
+}
