@@ -6,14 +6,15 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use statebench::backend::served::Served;
 use statebench::cli_engine;
+use statebench::engine::{Engine, EngineOptions};
 use statebench::ladder::agent::Scripted;
 use statebench::ladder::arm::Arm;
-use statebench::ladder::cell::{run_cell, CellConfig, Parts};
+use statebench::ladder::cell::{run_cell, CellConfig, CellParts, Source};
 use statebench::ladder::domain::Domain;
 use statebench::ladder::episode::{BriefVariant, EpisodeConfig, Protocol, StepId};
 use statebench::ladder::generator::{generate, ParaphraseCache};
-use statebench::ladder::module::{OracleCompiler, OracleMatcher};
 use statebench::ladder::replay::{read_episode, read_replies, score_replies, EpisodeFile};
 use statebench::ladder::runlog::read_run;
 use statebench::ladder::runner::RunOptions;
@@ -33,6 +34,8 @@ enum Command {
     /// The paper's testbed: episodes, cells, reports, scoring.
     #[command(subcommand)]
     Ladder(LadderCommand),
+    /// Quick start: a small live ladder on the default model (procurement, S=5, four arms).
+    Run(RunArgs),
     /// Generate one reply with the in-process engine and print its accounting.
     Generate(cli_engine::GenerateArgs),
     /// Manage model files.
@@ -141,13 +144,49 @@ struct EpisodeArgs {
     json: bool,
 }
 
+/// Which agent runs the episodes.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum AgentArg {
+    /// The scripted perfect agent (replays ground truth).
+    Perfect,
+    /// The memoryless policy that books every request.
+    AlwaysBook,
+    /// The model given by --model (default: the default GGUF).
+    Model,
+}
+
+/// How a cell's model parts run.
+#[derive(Args)]
+struct LiveArgs {
+    /// A .gguf file, a safetensors directory or a Hugging Face id (default: the default GGUF, fetched if missing).
+    #[arg(long)]
+    model: Option<String>,
+    /// Matcher: oracle (scripted step) or model. Default: model with --agent model, else oracle.
+    #[arg(long, value_enum)]
+    matcher: Option<Source>,
+    /// Compiler: oracle (generator's graph) or model. Default: model with --agent model, else oracle.
+    #[arg(long, value_enum)]
+    compiler: Option<Source>,
+    /// Thinking regime (Qwen3 enable_thinking) with the paper's thinking budgets.
+    #[arg(long)]
+    think: bool,
+    /// Episode-arms in flight at once; their model calls are batched together.
+    #[arg(long, default_value_t = 32)]
+    live: usize,
+    /// Compute threads of the engine.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+}
+
 #[derive(Args)]
 struct CellArgs {
     #[command(flatten)]
     spec: EpisodeSpec,
-    /// Scripted agent: perfect or always-book.
-    #[arg(long, default_value = "perfect")]
-    agent: Scripted,
+    /// Agent: perfect, always-book or model.
+    #[arg(long, value_enum, default_value = "perfect")]
+    agent: AgentArg,
+    #[command(flatten)]
+    live: LiveArgs,
     /// Comma-separated arms, in ladder order (adjacent arms are contrasted).
     #[arg(
         long,
@@ -173,6 +212,22 @@ struct CellArgs {
     /// No progress bar.
     #[arg(long)]
     quiet: bool,
+}
+
+/// The quick start: a small live ladder on the default model.
+#[derive(Args)]
+struct RunArgs {
+    /// Episodes per arm.
+    #[arg(long, default_value_t = 4)]
+    episodes: u64,
+    /// Number of steps S.
+    #[arg(long, default_value_t = 5)]
+    steps: usize,
+    /// Run directory.
+    #[arg(long, default_value = "runs/quickstart")]
+    out: PathBuf,
+    #[command(flatten)]
+    live: LiveArgs,
 }
 
 #[derive(Args)]
@@ -216,6 +271,7 @@ fn run(cli: Cli) -> Result<()> {
             LadderCommand::Report(a) => report_cmd(a),
             LadderCommand::Score(a) => score(a),
         },
+        Command::Run(a) => quickstart(a),
         Command::Generate(a) => cli_engine::generate(a),
         Command::Model(ModelCommand::Fetch) => cli_engine::model_fetch(),
         Command::Bench(a) => cli_engine::bench(a),
@@ -279,6 +335,42 @@ fn episode(a: EpisodeArgs) -> Result<()> {
     emit(&out)
 }
 
+/// Loads the served model when any part needs it.
+fn serve_model(live: &LiveArgs) -> Result<(Served, serde_json::Value)> {
+    let spec = cli_engine::resolve_model(&live.model)?;
+    let opts = EngineOptions {
+        threads: live.threads,
+        ..EngineOptions::default()
+    };
+    let engine = Engine::load(&spec, opts)?;
+    let served = Served::spawn(Box::new(engine));
+    let id = serde_json::to_value(served.model_id())?;
+    Ok((served, id))
+}
+
+/// Runs a cell and prints its report.
+fn run_and_report(
+    cfg: &CellConfig,
+    parts: &CellParts,
+    cache: Option<&ParaphraseCache>,
+    out: &std::path::Path,
+    live: usize,
+    quiet: bool,
+) -> Result<()> {
+    let started = std::time::Instant::now();
+    let p = run_cell(cfg, parts, cache, out, live, !quiet)
+        .with_context(|| format!("cell {}", out.display()))?;
+    eprintln!(
+        "{}: ran {} episode-arms in {:.1} s, {} already finished",
+        out.display(),
+        p.ran,
+        started.elapsed().as_secs_f64(),
+        p.skipped
+    );
+    let run = read_run(out)?;
+    emit(&report::render(&report::build(&[run]), Format::Text))
+}
+
 fn cell(a: CellArgs) -> Result<()> {
     if let Some(e) = a.corrupt {
         if !(0.0..=1.0).contains(&e) {
@@ -290,7 +382,38 @@ fn cell(a: CellArgs) -> Result<()> {
     }
     let cache = a.spec.cache()?;
     let base = a.spec.config(a.seed_start);
-    let mut agent = a.agent;
+    // Fail on a bad configuration before loading a model.
+    statebench::ladder::generator::validate(&base)?;
+    let scripted = match a.agent {
+        AgentArg::Perfect => Some(Scripted::Perfect),
+        AgentArg::AlwaysBook => Some(Scripted::AlwaysBook),
+        AgentArg::Model => None,
+    };
+    let default = if scripted.is_some() {
+        Source::Oracle
+    } else {
+        Source::Model
+    };
+    let matcher = a.live.matcher.unwrap_or(default);
+    let compiler = a.live.compiler.unwrap_or(default);
+    let needs_model = scripted.is_none() || matcher == Source::Model || compiler == Source::Model;
+    let (served, model) = if needs_model {
+        let (s, id) = serve_model(&a.live)?;
+        (Some(s), id)
+    } else {
+        (None, serde_json::Value::Null)
+    };
+    let agent_name = match scripted {
+        Some(s) => statebench::ladder::agent::Agent::name(&s),
+        None => format!(
+            "model:{}",
+            model.get("name").and_then(|v| v.as_str()).unwrap_or("?")
+        ),
+    };
+    let source_name = |s: Source| match s {
+        Source::Oracle => "oracle".to_string(),
+        Source::Model => "model".to_string(),
+    };
     let cfg = CellConfig {
         domain: base.domain,
         steps: base.steps,
@@ -302,30 +425,63 @@ fn cell(a: CellArgs) -> Result<()> {
         seed_start: a.seed_start,
         episodes: a.episodes,
         arms: a.arms.clone(),
-        agent: statebench::ladder::agent::Agent::name(&agent),
-        matcher: "oracle".into(),
-        compiler: "oracle".into(),
+        agent: agent_name.clone(),
+        matcher: source_name(matcher),
+        compiler: source_name(compiler),
+        thinking: a.live.think,
         options: RunOptions {
             bypass_matcher: !a.no_bypass,
             corrupt: a.corrupt,
         },
     };
-    let parts = Parts {
-        agent: &mut agent,
-        matcher: &mut OracleMatcher,
-        compiler: &mut OracleCompiler,
-        model: serde_json::json!({ "agent": cfg.agent }),
+    let parts = CellParts {
+        scripted,
+        matcher,
+        compiler,
+        client: served.as_ref().map(|s| s.client()),
+        thinking: a.live.think,
+        model: if needs_model {
+            model
+        } else {
+            serde_json::json!({ "agent": agent_name })
+        },
     };
-    let p = run_cell(&cfg, parts, cache.as_ref(), &a.out, !a.quiet)
-        .with_context(|| format!("cell {}", a.out.display()))?;
-    eprintln!(
-        "{}: ran {} episode-arms, {} already finished",
-        a.out.display(),
-        p.ran,
-        p.skipped
-    );
-    let run = read_run(&a.out)?;
-    emit(&report::render(&report::build(&[run]), Format::Text))
+    run_and_report(&cfg, &parts, cache.as_ref(), &a.out, a.live.live, a.quiet)
+}
+
+fn quickstart(a: RunArgs) -> Result<()> {
+    let (served, model) = serve_model(&a.live)?;
+    let name = model
+        .get("name")
+        .and_then(|v| v.as_str())
+        .unwrap_or("?")
+        .to_string();
+    let cfg = CellConfig {
+        domain: Domain::Procurement,
+        steps: a.steps,
+        density: 0.15,
+        brief: BriefVariant::Amended,
+        protocol: Protocol::Text,
+        paraphrase_tier: 0,
+        ambiguous_rate: 0.0,
+        seed_start: 100,
+        episodes: a.episodes,
+        arms: vec![Arm::Raw, Arm::Checklist, Arm::Directive, Arm::Enforce],
+        agent: format!("model:{name}"),
+        matcher: "model".into(),
+        compiler: "model".into(),
+        thinking: a.live.think,
+        options: RunOptions::default(),
+    };
+    let parts = CellParts {
+        scripted: None,
+        matcher: Source::Model,
+        compiler: Source::Model,
+        client: Some(served.client()),
+        thinking: a.live.think,
+        model,
+    };
+    run_and_report(&cfg, &parts, None, &a.out, a.live.live, false)
 }
 
 fn report_cmd(a: ReportArgs) -> Result<()> {

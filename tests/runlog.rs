@@ -6,10 +6,9 @@ use std::path::Path;
 
 use statebench::ladder::agent::{Agent, Scripted};
 use statebench::ladder::arm::Arm;
-use statebench::ladder::cell::{run_cell, CellConfig, CellError, Parts};
+use statebench::ladder::cell::{run_cell, CellConfig, CellError, CellParts};
 use statebench::ladder::domain::Domain;
 use statebench::ladder::episode::{BriefVariant, Protocol};
-use statebench::ladder::module::{OracleCompiler, OracleMatcher};
 use statebench::ladder::runlog::{read_run, read_turns, RunLogError};
 use statebench::ladder::runner::{EpisodeRecord, RunOptions};
 
@@ -28,19 +27,15 @@ fn cfg(agent: Scripted) -> CellConfig {
         agent: agent.name(),
         matcher: "oracle".into(),
         compiler: "oracle".into(),
+        thinking: false,
         options: RunOptions::default(),
     }
 }
 
 fn run(c: &CellConfig, dir: &Path) -> Result<statebench::ladder::cell::CellProgress, CellError> {
-    let mut agent: Scripted = c.agent.trim_start_matches("scripted:").parse().unwrap();
-    let parts = Parts {
-        agent: &mut agent,
-        matcher: &mut OracleMatcher,
-        compiler: &mut OracleCompiler,
-        model: serde_json::json!({ "agent": c.agent }),
-    };
-    run_cell(c, parts, None, dir, false)
+    let agent: Scripted = c.agent.trim_start_matches("scripted:").parse().unwrap();
+    // Several workers, so completion order differs from seed order.
+    run_cell(c, &CellParts::scripted(agent), None, dir, 3, false)
 }
 
 /// Episode records without the fields that measure time.

@@ -1,6 +1,8 @@
 //! The one interface studies call: chat requests in, replies with token
 //! accounting out, many conversations driven at once through `submit`/`step`.
 
+pub mod served;
+
 use std::path::PathBuf;
 
 /// Who wrote a message.

@@ -29,23 +29,10 @@ pub struct Oracle<'a> {
     pub reprompt: bool,
 }
 
-/// Token and time accounting of one agent call.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
-pub struct Usage {
-    /// Prompt tokens.
-    pub prompt_tokens: u64,
-    /// Prompt tokens served from the cache.
-    pub cached_tokens: u64,
-    /// Completion tokens.
-    pub completion_tokens: u64,
-    /// Prefill seconds.
-    pub prefill_secs: f64,
-    /// Decode seconds.
-    pub decode_secs: f64,
-}
+pub use crate::backend::Usage;
 
 impl Usage {
-    /// Adds another call's usage.
+    /// Adds another call's accounting (sums over a turn, an episode, an arm).
     pub fn add(&mut self, o: &Usage) {
         self.prompt_tokens += o.prompt_tokens;
         self.cached_tokens += o.cached_tokens;

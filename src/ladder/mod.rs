@@ -8,6 +8,7 @@ pub mod decline;
 pub mod domain;
 pub mod episode;
 pub mod generator;
+pub mod live;
 pub mod module;
 pub mod pools;
 pub mod protocol;

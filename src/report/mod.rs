@@ -178,9 +178,9 @@ fn summarize(arm: Arm, eps: &[&EpisodeRecord]) -> ArmSummary {
         acc.refused += u64::from(e.refused);
         acc.silent_refusals += u64::from(e.silent_refusals);
         acc.wall_s += e.wall_s;
-        prefill_tok += e.usage.prompt_tokens - e.usage.cached_tokens;
+        prefill_tok += (e.usage.prompt_tokens - e.usage.cached_tokens) as u64;
         prefill_s += e.usage.prefill_secs;
-        decode_tok += e.usage.completion_tokens;
+        decode_tok += e.usage.completion_tokens as u64;
         decode_s += e.usage.decode_secs;
         turns_ok += u64::from(e.primary.turns_correct);
         turns += u64::from(e.turns);

@@ -1,0 +1,472 @@
+//! Model-backed agent, matcher and compiler: the B.1 prompts sent to the
+//! agent model through a served backend, with the paper's budgets (Table 6).
+//!
+//! Budgets: reply 400 tokens (no-think) or 2,500 (thinking), doubled up to
+//! 12,000 while a thinking reply comes back with empty content; on context
+//! overflow the budget is halved, never below 512 (a budget already at or
+//! below 512 gives up and the turn is scored as an empty reply). Matcher 200
+//! / 2,500, compiler 3,000 / 6,000. Temperature 0.
+
+use serde_json::Value;
+
+use super::agent::{Agent, Message, Oracle, Reply, Role, Usage};
+use super::episode::{Episode, StepId, Turn};
+use super::module::{CallCost, CompiledGraph, CompiledRevision, Compiler, Match, Matcher};
+use super::protocol as p;
+use crate::backend::served::{Client, ServedSession};
+use crate::backend::{BackendError, ChatReply, ChatRequest};
+
+/// Token budgets of one regime.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Budgets {
+    /// Reply budget.
+    pub reply: usize,
+    /// Ceiling of the empty-thinking doubling.
+    pub reply_ceiling: usize,
+    /// Floor of the overflow halving.
+    pub overflow_floor: usize,
+    /// Matcher budget.
+    pub matcher: usize,
+    /// Compiler budget.
+    pub compiler: usize,
+}
+
+impl Budgets {
+    /// The paper's budgets for a regime.
+    pub fn for_regime(thinking: bool) -> Self {
+        Budgets {
+            reply: if thinking { 2500 } else { 400 },
+            reply_ceiling: 12_000,
+            overflow_floor: 512,
+            matcher: if thinking { 2500 } else { 200 },
+            compiler: if thinking { 6000 } else { 3000 },
+        }
+    }
+}
+
+/// One greedy call with the doubling and halving rules; returns the reply
+/// (or the error that ended it) and the summed usage of every attempt.
+fn call(
+    session: &ServedSession,
+    messages: Vec<Message>,
+    budget: usize,
+    b: &Budgets,
+    thinking: bool,
+) -> (Result<ChatReply, BackendError>, Usage) {
+    let mut usage = Usage::default();
+    let mut max = budget;
+    loop {
+        let req = ChatRequest {
+            messages: messages.clone(),
+            max_tokens: max,
+            stop: Vec::new(),
+            thinking,
+            temperature: 0.0,
+            seed: 0,
+        };
+        match session.chat(req) {
+            Ok(r) => {
+                usage.add(&r.usage);
+                if thinking && r.content.trim().is_empty() && max < b.reply_ceiling {
+                    max = (max * 2).min(b.reply_ceiling);
+                    continue;
+                }
+                return (Ok(r), usage);
+            }
+            Err(BackendError::ContextOverflow { .. }) if max > b.overflow_floor => {
+                max = (max / 2).max(b.overflow_floor);
+            }
+            Err(e) => return (Err(e), usage),
+        }
+    }
+}
+
+/// The agent under test: the arm's messages sent to the model.
+pub struct ModelAgent {
+    session: ServedSession,
+    thinking: bool,
+    budgets: Budgets,
+    name: String,
+}
+
+impl ModelAgent {
+    /// An agent on a fresh conversation of the served model.
+    pub fn new(client: &Client, thinking: bool, name: String) -> Result<Self, BackendError> {
+        Ok(ModelAgent {
+            session: client.open()?,
+            thinking,
+            budgets: Budgets::for_regime(thinking),
+            name,
+        })
+    }
+}
+
+impl Agent for ModelAgent {
+    fn name(&self) -> String {
+        self.name.clone()
+    }
+
+    fn reply(&mut self, messages: &[Message], _oracle: &Oracle) -> Reply {
+        let (r, usage) = call(
+            &self.session,
+            messages.to_vec(),
+            self.budgets.reply,
+            &self.budgets,
+            self.thinking,
+        );
+        match r {
+            Ok(r) => Reply {
+                text: r.content,
+                usage,
+                error: None,
+            },
+            Err(e) => Reply {
+                text: String::new(),
+                usage,
+                error: Some(e.to_string()),
+            },
+        }
+    }
+}
+
+/// The first balanced `{…}` object in a reply, parsed.
+pub fn first_json_object(text: &str) -> Option<Value> {
+    let bytes = text.as_bytes();
+    let mut start = 0;
+    while let Some(off) = text[start..].find('{') {
+        let s = start + off;
+        let (mut depth, mut in_str, mut esc) = (0i32, false, false);
+        for (i, &c) in bytes.iter().enumerate().skip(s) {
+            if in_str {
+                match c {
+                    _ if esc => esc = false,
+                    b'\\' => esc = true,
+                    b'"' => in_str = false,
+                    _ => {}
+                }
+                continue;
+            }
+            match c {
+                b'"' => in_str = true,
+                b'{' => depth += 1,
+                b'}' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        if let Ok(v) = serde_json::from_str(&text[s..=i]) {
+                            return Some(v);
+                        }
+                        break;
+                    }
+                }
+                _ => {}
+            }
+        }
+        start = s + 1;
+    }
+    None
+}
+
+fn step_of(v: &Value, n: usize) -> Result<Option<StepId>, String> {
+    match v {
+        Value::Null => Ok(None),
+        Value::String(s) if s.eq_ignore_ascii_case("null") || s.is_empty() => Ok(None),
+        Value::String(s) => match StepId::parse(s) {
+            Some(id) if id.index() < n => Ok(Some(id)),
+            _ => Err(format!("'{s}' is not a step of this plan")),
+        },
+        other => Err(format!("step must be a string or null, got {other}")),
+    }
+}
+
+/// Parses the matcher's JSON: `{"step": "sX" or null, "explicit_redo": bool}`.
+pub fn parse_match(text: &str, n: usize) -> Result<(Option<StepId>, bool), String> {
+    let v = first_json_object(text).ok_or("no JSON object in the reply")?;
+    let step = step_of(v.get("step").ok_or("missing \"step\"")?, n)?;
+    let redo = match v.get("explicit_redo") {
+        Some(Value::Bool(b)) => *b,
+        Some(other) => return Err(format!("explicit_redo must be true or false, got {other}")),
+        None => return Err("missing \"explicit_redo\"".into()),
+    };
+    Ok((step, redo))
+}
+
+/// Asks once, and once more with the correction if the reply does not parse.
+fn ask_json<T>(
+    session: &ServedSession,
+    prompt: String,
+    budget: usize,
+    b: &Budgets,
+    thinking: bool,
+    parse: impl Fn(&str) -> Result<T, String>,
+) -> (Option<T>, CallCost) {
+    let mut cost = CallCost::default();
+    let mut messages = vec![Message::new(Role::User, prompt)];
+    for attempt in 0..2 {
+        let (r, usage) = call(session, messages.clone(), budget, b, thinking);
+        cost.calls += 1;
+        cost.prompt_tokens += usage.prompt_tokens as u64;
+        cost.completion_tokens += usage.completion_tokens as u64;
+        let text = match r {
+            Ok(r) => r.content,
+            Err(e) => {
+                cost.error = Some(e.to_string());
+                return (None, cost);
+            }
+        };
+        match parse(&text) {
+            Ok(v) => {
+                cost.error = None;
+                return (Some(v), cost);
+            }
+            Err(e) => {
+                cost.error = Some(format!("attempt {}: {e}", attempt + 1));
+                messages.push(Message::new(Role::Assistant, text));
+                messages.push(Message::new(Role::User, p::JSON_CORRECTION));
+            }
+        }
+    }
+    (None, cost)
+}
+
+/// The model-backed matcher (B.1 prompt, JSON validated, one correction re-ask).
+pub struct ModelMatcher {
+    session: ServedSession,
+    thinking: bool,
+    budgets: Budgets,
+}
+
+impl ModelMatcher {
+    /// A matcher on its own conversation (its prompt prefix is reused across turns).
+    pub fn new(client: &Client, thinking: bool) -> Result<Self, BackendError> {
+        Ok(ModelMatcher {
+            session: client.open()?,
+            thinking,
+            budgets: Budgets::for_regime(thinking),
+        })
+    }
+}
+
+impl Matcher for ModelMatcher {
+    fn name(&self) -> String {
+        "model".into()
+    }
+
+    fn resolve(&mut self, ep: &Episode, turn: &Turn) -> Match {
+        let prompt = p::matcher_prompt(&ep.step_list(), &turn.message);
+        let n = ep.len();
+        let (r, cost) = ask_json(
+            &self.session,
+            prompt,
+            self.budgets.matcher,
+            &self.budgets,
+            self.thinking,
+            |t| parse_match(t, n),
+        );
+        // A reply that never parses resolves to no step.
+        let (step, explicit_redo) = r.unwrap_or((None, false));
+        Match {
+            step,
+            explicit_redo,
+            cost,
+        }
+    }
+}
+
+/// Parses the graph compiler's JSON into a plan over the episode's step ids;
+/// missing steps keep no prerequisites and an empty code (errors flow into
+/// the module uncorrected).
+pub fn parse_graph(text: &str, n: usize) -> Result<CompiledGraph, String> {
+    let v = first_json_object(text).ok_or("no JSON object in the reply")?;
+    let steps = v
+        .get("steps")
+        .and_then(Value::as_object)
+        .ok_or("missing \"steps\" object")?;
+    let mut g = CompiledGraph {
+        requires: vec![Vec::new(); n],
+        codes: vec![String::new(); n],
+    };
+    for (k, entry) in steps {
+        let Some(id) = StepId::parse(k).filter(|id| id.index() < n) else {
+            continue;
+        };
+        if let Some(deps) = entry.get("deps").and_then(Value::as_array) {
+            let mut d: Vec<StepId> = deps
+                .iter()
+                .filter_map(Value::as_str)
+                .filter_map(StepId::parse)
+                .filter(|u| u.index() < n)
+                .collect();
+            d.sort();
+            d.dedup();
+            g.requires[id.index()] = d;
+        }
+        if let Some(code) = entry.get("code").and_then(Value::as_str) {
+            g.codes[id.index()] = code.trim().to_string();
+        }
+    }
+    Ok(g)
+}
+
+/// Parses the revision compiler's JSON.
+pub fn parse_revision(text: &str, n: usize) -> Result<CompiledRevision, String> {
+    let v = first_json_object(text).ok_or("no JSON object in the reply")?;
+    let cancel = step_of(v.get("cancel").unwrap_or(&Value::Null), n)?;
+    let mut rewires = Vec::new();
+    if let Some(obj) = v.get("rewires").and_then(Value::as_object) {
+        for (k, list) in obj {
+            let Some(w) = StepId::parse(k).filter(|w| w.index() < n) else {
+                continue;
+            };
+            let mut deps: Vec<StepId> = list
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(Value::as_str)
+                        .filter_map(StepId::parse)
+                        .filter(|u| u.index() < n)
+                        .collect()
+                })
+                .unwrap_or_default();
+            deps.sort();
+            deps.dedup();
+            rewires.push((w, deps));
+        }
+    }
+    rewires.sort();
+    let relax = match v.get("relax") {
+        Some(Value::Array(a)) if a.len() == 2 => match (step_of(&a[0], n)?, step_of(&a[1], n)?) {
+            (Some(w), Some(u)) => Some((w, u)),
+            _ => None,
+        },
+        _ => None,
+    };
+    Ok(CompiledRevision {
+        cancel,
+        rewires,
+        relax,
+    })
+}
+
+/// The model-backed compiler (B.1 graph and revision prompts).
+pub struct ModelCompiler {
+    client: Client,
+    thinking: bool,
+    budgets: Budgets,
+}
+
+impl ModelCompiler {
+    /// A compiler on the served model.
+    pub fn new(client: &Client, thinking: bool) -> Self {
+        ModelCompiler {
+            client: client.clone(),
+            thinking,
+            budgets: Budgets::for_regime(thinking),
+        }
+    }
+
+    fn ask<T>(
+        &self,
+        prompt: String,
+        parse: impl Fn(&str) -> Result<T, String>,
+    ) -> (Option<T>, CallCost) {
+        match self.client.open() {
+            Ok(session) => ask_json(
+                &session,
+                prompt,
+                self.budgets.compiler,
+                &self.budgets,
+                self.thinking,
+                parse,
+            ),
+            Err(e) => (
+                None,
+                CallCost {
+                    error: Some(e.to_string()),
+                    ..Default::default()
+                },
+            ),
+        }
+    }
+}
+
+impl Compiler for ModelCompiler {
+    fn name(&self) -> String {
+        "model".into()
+    }
+
+    fn compile_graph(&mut self, ep: &Episode) -> (CompiledGraph, CallCost) {
+        let n = ep.len();
+        let prompt = format!("{}\n\n{}", ep.brief, p::COMPILE_GRAPH);
+        let (g, cost) = self.ask(prompt, |t| parse_graph(t, n));
+        let g = g.unwrap_or(CompiledGraph {
+            requires: vec![Vec::new(); n],
+            codes: vec![String::new(); n],
+        });
+        (g, cost)
+    }
+
+    fn compile_revision(&mut self, ep: &Episode) -> (CompiledRevision, CallCost) {
+        let n = ep.len();
+        let prompt = p::compile_revision_prompt(&ep.step_list(), &ep.revision.message);
+        let (r, cost) = self.ask(prompt, |t| parse_revision(t, n));
+        (r.unwrap_or_default(), cost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matcher_json_is_validated() {
+        assert_eq!(
+            parse_match(
+                "```json\n{\"step\": \"s3\", \"explicit_redo\": false}\n```",
+                5
+            ),
+            Ok((Some(StepId(2)), false))
+        );
+        assert_eq!(
+            parse_match("{\"step\": null, \"explicit_redo\": true}", 5),
+            Ok((None, true))
+        );
+        assert!(parse_match("{\"step\": \"s9\", \"explicit_redo\": false}", 5).is_err());
+        assert!(parse_match("{\"step\": \"s1\"}", 5).is_err());
+        assert!(parse_match("s1, no redo", 5).is_err());
+        assert!(parse_match("{\"step\": \"s1\", \"explicit_redo\": \"no\"}", 5).is_err());
+    }
+
+    #[test]
+    fn graph_json_flows_errors_in_uncorrected() {
+        let g = parse_graph(
+            "Here: {\"steps\": {\"s1\": {\"deps\": [], \"code\": \"RC-1111\"}, \"s2\": {\"deps\": [\"s1\", \"s9\"], \"code\": \"RC-2222\"}, \"s7\": {}}}",
+            3,
+        )
+        .unwrap();
+        assert_eq!(g.requires, vec![vec![], vec![StepId(0)], vec![]]);
+        assert_eq!(g.codes, vec!["RC-1111", "RC-2222", ""]);
+        assert!(parse_graph("{\"plan\": 1}", 3).is_err());
+    }
+
+    #[test]
+    fn revision_json() {
+        let r = parse_revision(
+            "{\"cancel\": \"s2\", \"rewires\": {\"s3\": [\"s1\"]}, \"relax\": [\"s4\", \"s1\"]}",
+            4,
+        )
+        .unwrap();
+        assert_eq!(r.cancel, Some(StepId(1)));
+        assert_eq!(r.rewires, vec![(StepId(2), vec![StepId(0)])]);
+        assert_eq!(r.relax, Some((StepId(3), StepId(0))));
+        let r =
+            parse_revision("{\"cancel\": \"s2\", \"rewires\": {}, \"relax\": null}", 4).unwrap();
+        assert_eq!(r.relax, None);
+    }
+
+    #[test]
+    fn json_object_with_braces_in_strings() {
+        let v = first_json_object("x {\"a\": \"}{\", \"b\": {\"c\": 1}} y").unwrap();
+        assert_eq!(v["b"]["c"], 1);
+        assert!(first_json_object("{broken").is_none());
+    }
+}
