@@ -61,6 +61,26 @@ enum LadderCommand {
     Report(ReportArgs),
     /// Score replies produced elsewhere against an episode.
     Score(ScoreArgs),
+    /// Write held-out (tier-2) rewrites of every ask, premature and redo wording with a model.
+    Paraphrase(ParaphraseArgs),
+}
+
+#[derive(Args)]
+struct ParaphraseArgs {
+    /// Output cache file (the --paraphrase-cache of tier 2).
+    #[arg(long)]
+    out: PathBuf,
+    /// Domains to rewrite (default: both).
+    #[arg(long, value_delimiter = ',', default_value = "procurement,release")]
+    domains: Vec<Domain>,
+    /// Sampling temperature.
+    #[arg(long, default_value_t = 0.7)]
+    temperature: f32,
+    /// Base seed of the sampler.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    #[command(flatten)]
+    live: LiveArgs,
 }
 
 /// The inputs an episode is a function of.
@@ -270,6 +290,7 @@ fn run(cli: Cli) -> Result<()> {
             LadderCommand::Cell(a) => cell(a),
             LadderCommand::Report(a) => report_cmd(a),
             LadderCommand::Score(a) => score(a),
+            LadderCommand::Paraphrase(a) => paraphrase(a),
         },
         Command::Run(a) => quickstart(a),
         Command::Generate(a) => cli_engine::generate(a),
@@ -447,6 +468,30 @@ fn cell(a: CellArgs) -> Result<()> {
         },
     };
     run_and_report(&cfg, &parts, cache.as_ref(), &a.out, a.live.live, a.quiet)
+}
+
+fn paraphrase(a: ParaphraseArgs) -> Result<()> {
+    let (served, model) = serve_model(&a.live)?;
+    let name = model
+        .get("name")
+        .and_then(|v| v.as_str())
+        .unwrap_or("?")
+        .to_string();
+    let opts = statebench::ladder::paraphrase::RewriteOptions {
+        temperature: a.temperature,
+        seed: a.seed,
+        live: a.live.live,
+    };
+    let cache = statebench::ladder::paraphrase::rewrite(&served.client(), &name, &a.domains, opts)
+        .map_err(|e| anyhow::anyhow!("paraphrase: {e}"))?;
+    let text = serde_json::to_string_pretty(&cache)? + "\n";
+    std::fs::write(&a.out, text).with_context(|| format!("writing {}", a.out.display()))?;
+    eprintln!(
+        "{}: {} templates x 3 families x 3 rewrites by {name}",
+        a.out.display(),
+        cache.templates.len()
+    );
+    Ok(())
 }
 
 fn quickstart(a: RunArgs) -> Result<()> {

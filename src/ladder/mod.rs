@@ -10,6 +10,7 @@ pub mod episode;
 pub mod generator;
 pub mod live;
 pub mod module;
+pub mod paraphrase;
 pub mod pools;
 pub mod protocol;
 pub mod receipt;

@@ -98,6 +98,28 @@ pub struct ArmSummary {
     /// Explicit-redo precision and recall, when a matcher ran.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub redo_precision_recall: Option<[f64; 2]>,
+    /// Compile accuracy against the generator, for module arms (paper Table 5).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compile: Option<CompileSummary>,
+}
+
+/// Compile accuracy over a cell's episodes (paper Table 5).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CompileSummary {
+    /// Compiled episodes.
+    pub episodes: u64,
+    /// Fraction of steps whose dependency set matches exactly.
+    pub deps: f64,
+    /// Fraction of steps whose completion code matches.
+    pub codes: f64,
+    /// Fraction of episodes with the cancelled step right.
+    pub cancel: f64,
+    /// Fraction with the rewires right.
+    pub rewire: f64,
+    /// Fraction with the relaxed prerequisite right.
+    pub relax: f64,
+    /// Episodes the ground-truth-free validator flags.
+    pub flagged: u64,
 }
 
 /// An adjacent-rung contrast.
@@ -163,7 +185,20 @@ fn summarize(arm: Arm, eps: &[&EpisodeRecord]) -> ArmSummary {
     let (mut agree, mut scored, mut tp, mut fp, mut fneg) = (0, 0, 0, 0, 0);
     let (mut prefill_tok, mut prefill_s, mut decode_tok, mut decode_s) = (0u64, 0.0, 0u64, 0.0);
     let (mut turns_ok, mut turns) = (0u64, 0u64);
+    let mut comp = CompileSummary::default();
+    let (mut deps_ok, mut codes_ok, mut steps) = (0u64, 0u64, 0u64);
+    let (mut cancel_ok, mut rewire_ok, mut relax_ok) = (0u64, 0u64, 0u64);
     for e in eps {
+        if let Some(c) = &e.compile {
+            comp.episodes += 1;
+            deps_ok += u64::from(c.deps_correct);
+            codes_ok += u64::from(c.codes_correct);
+            steps += u64::from(c.steps);
+            cancel_ok += u64::from(c.cancel_correct);
+            rewire_ok += u64::from(c.rewire_correct);
+            relax_ok += u64::from(c.relax_correct);
+            comp.flagged += u64::from(!e.defects.is_empty());
+        }
         channels.merge(&e.primary.channels);
         for (k, o) in &e.directives {
             let x = obedience.entry(*k).or_default();
@@ -208,6 +243,11 @@ fn summarize(arm: Arm, eps: &[&EpisodeRecord]) -> ArmSummary {
         0.0
     };
     acc.turn_accuracy = ratio(turns_ok, turns);
+    comp.deps = ratio(deps_ok, steps);
+    comp.codes = ratio(codes_ok, steps);
+    comp.cancel = ratio(cancel_ok, comp.episodes);
+    comp.rewire = ratio(rewire_ok, comp.episodes);
+    comp.relax = ratio(relax_ok, comp.episodes);
     let (lo, hi) = wilson(strict, n);
     let (dlo, dhi) = wilson(da, n);
     ArmSummary {
@@ -234,6 +274,7 @@ fn summarize(arm: Arm, eps: &[&EpisodeRecord]) -> ArmSummary {
                 ratio(u64::from(tp), u64::from(tp + fneg)),
             ]
         }),
+        compile: (comp.episodes > 0).then_some(comp),
     }
 }
 
@@ -497,6 +538,84 @@ fn accounting_table(c: &CellReport) -> Table {
     }
 }
 
+fn gate_table(c: &CellReport) -> Table {
+    let kinds = [
+        DirectiveKind::Cancelled,
+        DirectiveKind::Done,
+        DirectiveKind::Blocked,
+    ];
+    let ob = |a: &ArmSummary, k: DirectiveKind| match a.obedience.get(&k) {
+        Some(o) if o.issued > 0 => format!(
+            "{}/{} ({:.3})",
+            o.obeyed,
+            o.issued,
+            f64::from(o.obeyed) / f64::from(o.issued)
+        ),
+        _ => "-".into(),
+    };
+    Table {
+        head: [
+            "arm",
+            "obeyed CANCELLED",
+            "obeyed DONE",
+            "obeyed BLOCKED",
+            "matcher agreement",
+            "redo precision",
+            "redo recall",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: c
+            .arms
+            .iter()
+            .filter(|a| a.matcher_agreement.is_some())
+            .map(|a| {
+                let pr = a.redo_precision_recall.unwrap_or([0.0, 0.0]);
+                let mut r = vec![a.arm.clone()];
+                r.extend(kinds.iter().map(|k| ob(a, *k)));
+                r.push(format!("{:.3}", a.matcher_agreement.unwrap_or(0.0)));
+                r.push(format!("{:.3}", pr[0]));
+                r.push(format!("{:.3}", pr[1]));
+                r
+            })
+            .collect(),
+    }
+}
+
+fn compile_table(c: &CellReport) -> Table {
+    Table {
+        head: [
+            "arm",
+            "episodes",
+            "deps",
+            "codes",
+            "cancel",
+            "rewire",
+            "relax",
+            "validator flags",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: c
+            .arms
+            .iter()
+            .filter_map(|a| a.compile.as_ref().map(|x| (a, x)))
+            .map(|(a, x)| {
+                vec![
+                    a.arm.clone(),
+                    x.episodes.to_string(),
+                    format!("{:.3}", x.deps),
+                    format!("{:.3}", x.codes),
+                    format!("{:.3}", x.cancel),
+                    format!("{:.3}", x.rewire),
+                    format!("{:.3}", x.relax),
+                    x.flagged.to_string(),
+                ]
+            })
+            .collect(),
+    }
+}
+
 /// Renders the report.
 pub fn render(r: &Report, format: Format) -> String {
     match format {
@@ -564,6 +683,11 @@ pub fn render(r: &Report, format: Format) -> String {
                     ),
                     ("Error channels (primary scoring)", channel_table(c)),
                     ("Per-arm accounting", accounting_table(c)),
+                    ("Directive obedience and matcher (gate arms)", gate_table(c)),
+                    (
+                        "Compile accuracy against the generator (module arms)",
+                        compile_table(c),
+                    ),
                 ];
                 if md {
                     let _ = writeln!(s, "### {title}\n");

@@ -1,0 +1,166 @@
+//! Held-out phrasings (paper A.5): every ask, premature and redo wording
+//! rewritten by a model, written to the tier-2 cache the generator reads.
+//!
+//! Rewrite k of a family rewrites the template's wording k, so tier 2 keeps
+//! tier 0's assignment. Sampling is seeded per (template, family, k,
+//! attempt); a rewrite that is empty, repeats another wording of the family
+//! or carries a work order is drawn again, at most four times.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use super::agent::{Message, Role};
+use super::domain::{Domain, Template};
+use super::generator::{ParaphraseCache, Rewrites, CACHE_VERSION};
+use super::protocol as p;
+use crate::backend::served::Client;
+use crate::backend::ChatRequest;
+
+/// Rewriter settings.
+#[derive(Debug, Clone, Copy)]
+pub struct RewriteOptions {
+    /// Sampling temperature (the paper: 0.7).
+    pub temperature: f32,
+    /// Base seed.
+    pub seed: u64,
+    /// Requests in flight at once.
+    pub live: usize,
+}
+
+const FAMILIES: [&str; 3] = ["ask", "premature", "redo"];
+const ATTEMPTS: u64 = 4;
+
+fn family(t: &Template, f: &str) -> [&'static str; 3] {
+    match f {
+        "ask" => t.asks,
+        "premature" => t.premature,
+        _ => t.redo_probes,
+    }
+}
+
+/// Cleans a model reply into a single request line, or None if unusable.
+pub fn clean(reply: &str) -> Option<String> {
+    let line = reply.lines().map(str::trim).find(|l| !l.is_empty())?;
+    let line = line
+        .strip_prefix("Request:")
+        .or_else(|| line.strip_prefix("Rewritten request:"))
+        .unwrap_or(line)
+        .trim();
+    let line = line.trim_matches(|c| matches!(c, '"' | '\'' | '`' | '“' | '”' | '*'));
+    let line = line.trim_end_matches(['.', '!', ' ']).trim();
+    let ok = !line.is_empty() && line.len() <= 300 && !line.contains('#');
+    ok.then(|| line.to_string())
+}
+
+/// Writes the rewrites of every template of `domains` through the served model.
+pub fn rewrite(
+    client: &Client,
+    model_name: &str,
+    domains: &[Domain],
+    opts: RewriteOptions,
+) -> Result<ParaphraseCache, String> {
+    let jobs: Vec<(&Template, &str)> = domains
+        .iter()
+        .flat_map(|d| d.templates().iter())
+        .flat_map(|t| FAMILIES.iter().map(move |f| (t, *f)))
+        .collect();
+    let out: Mutex<BTreeMap<String, Rewrites>> = Mutex::new(BTreeMap::new());
+    let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let next = AtomicUsize::new(0);
+    let work = || loop {
+        let i = next.fetch_add(1, Ordering::SeqCst);
+        let Some(&(t, f)) = jobs.get(i) else { return };
+        match rewrite_family(client, t, f, opts, i as u64) {
+            Ok(v) => {
+                let mut m = out.lock().expect("rewrites lock");
+                let r = m.entry(t.slug.to_string()).or_default();
+                match f {
+                    "ask" => r.ask = v,
+                    "premature" => r.premature = v,
+                    _ => r.redo = v,
+                }
+            }
+            Err(e) => errors.lock().expect("errors lock").push(e),
+        }
+    };
+    std::thread::scope(|s| {
+        for _ in 0..opts.live.max(1).min(jobs.len()) {
+            s.spawn(work);
+        }
+    });
+    let errors = errors.into_inner().expect("errors lock");
+    if let Some(e) = errors.first() {
+        return Err(format!("{e} ({} families failed)", errors.len()));
+    }
+    Ok(ParaphraseCache {
+        version: CACHE_VERSION.to_string(),
+        model: model_name.to_string(),
+        templates: out.into_inner().expect("rewrites lock"),
+    })
+}
+
+fn rewrite_family(
+    client: &Client,
+    t: &Template,
+    f: &str,
+    opts: RewriteOptions,
+    job: u64,
+) -> Result<Vec<String>, String> {
+    let session = client.open().map_err(|e| e.to_string())?;
+    let originals = family(t, f);
+    let mut got: Vec<String> = Vec::new();
+    for (k, wording) in originals.iter().enumerate() {
+        let mut found = None;
+        for attempt in 0..ATTEMPTS {
+            let req = ChatRequest {
+                messages: vec![Message::new(
+                    Role::User,
+                    p::paraphrase_prompt(t.canonical, wording),
+                )],
+                max_tokens: 80,
+                stop: Vec::new(),
+                thinking: false,
+                temperature: opts.temperature,
+                seed: opts.seed ^ (job << 16) ^ ((k as u64) << 8) ^ attempt,
+            };
+            let reply = session
+                .chat(req)
+                .map_err(|e| format!("{} {f}: {e}", t.slug))?;
+            if let Some(c) = clean(&reply.content) {
+                let fresh = !got.iter().any(|g| g.eq_ignore_ascii_case(&c))
+                    && !originals.iter().any(|o| o.eq_ignore_ascii_case(&c));
+                if fresh {
+                    found = Some(c);
+                    break;
+                }
+            }
+        }
+        got.push(found.ok_or_else(|| {
+            format!(
+                "{} {f} #{k}: no usable distinct rewrite in {ATTEMPTS} attempts",
+                t.slug
+            )
+        })?);
+    }
+    Ok(got)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cleaning() {
+        assert_eq!(
+            clean("Request: \"Please place the order now.\"\nextra").as_deref(),
+            Some("Please place the order now")
+        );
+        assert_eq!(
+            clean("\n\n  Get the PO out the door!  ").as_deref(),
+            Some("Get the PO out the door")
+        );
+        assert_eq!(clean("Do it (#W1234)"), None);
+        assert_eq!(clean("   "), None);
+    }
+}

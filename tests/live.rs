@@ -1,0 +1,217 @@
+//! The live ladder end to end on the real engine: a model-backed agent,
+//! matcher and compiler in one process, many episodes batched together.
+//!
+//! The fast tests use the random-weight Qwen2 checkpoint of the engine
+//! fixtures (with a longer context so whole episodes fit); one test runs a
+//! tiny cell on the default GGUF.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use statebench::ladder::runlog::{read_run, read_turns};
+use statebench::ladder::runner::EpisodeRecord;
+
+fn bin() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_statebench"))
+}
+
+/// The tiny fixture with a longer context: early turns generate, later ones
+/// overflow (random weights never stop early), so both paths run.
+fn tiny_model(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/engine/tiny-qwen2");
+    let dst = dir.join("tiny-qwen2-long");
+    fs::create_dir_all(&dst).unwrap();
+    for e in fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    let cfg = dst.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["max_position_embeddings"] = 4096.into();
+    fs::write(&cfg, v.to_string()).unwrap();
+    dst
+}
+
+fn cell_args<'a>(model: &'a str, out: &'a str, live: &'a str) -> Vec<&'a str> {
+    vec![
+        "ladder",
+        "cell",
+        "--agent",
+        "model",
+        "--model",
+        model,
+        "--arms",
+        "raw,checklist,directive,enforce",
+        "--steps",
+        "3",
+        "--episodes",
+        "3",
+        "--seed-start",
+        "100",
+        "--out",
+        out,
+        "--live",
+        live,
+        "--quiet",
+    ]
+}
+
+/// Episode records without the fields that measure time.
+fn stable(dir: &Path) -> Vec<String> {
+    let mut v: Vec<EpisodeRecord> = read_run(dir).unwrap().episodes;
+    v.sort_by_key(|r| (r.seed, r.arm));
+    v.into_iter()
+        .map(|mut r| {
+            r.wall_s = 0.0;
+            r.usage.prefill_secs = 0.0;
+            r.usage.decode_secs = 0.0;
+            serde_json::to_string(&r).unwrap()
+        })
+        .collect()
+}
+
+/// Replies and bookings per (seed, arm, turn).
+fn transcripts(dir: &Path) -> Vec<String> {
+    let mut t: Vec<String> = read_turns(dir)
+        .unwrap()
+        .into_iter()
+        .map(|t| {
+            serde_json::json!([
+                t.seed,
+                t.arm,
+                t.turn,
+                t.request,
+                t.replies,
+                t.bookings,
+                t.matched.map(|m| (m.step, m.explicit_redo))
+            ])
+            .to_string()
+        })
+        .collect();
+    t.sort();
+    t
+}
+
+#[test]
+fn live_cell_is_batch_invariant_and_survives_a_kill() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let model = model.to_str().unwrap();
+    // One episode-arm at a time.
+    let seq = tmp.path().join("sequential");
+    let o = bin()
+        .args(cell_args(model, seq.to_str().unwrap(), "1"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let records = read_run(&seq).unwrap().episodes;
+    assert_eq!(records.len(), 12);
+    // The model parts really ran: agent tokens, matcher calls, a compile.
+    for r in &records {
+        assert!(r.usage.completion_tokens > 0, "{r:?}");
+        if r.arm.uses_matcher() {
+            assert!(r.matcher.calls > 0);
+            assert!(r.compile.is_some());
+        }
+    }
+
+    // All twelve at once, killed once some have finished, then resumed.
+    let cut = tmp.path().join("killed");
+    let mut child = bin()
+        .args(cell_args(model, cut.to_str().unwrap(), "12"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let t0 = Instant::now();
+    let episodes = cut.join("episodes.jsonl");
+    loop {
+        let n = fs::read_to_string(&episodes)
+            .map(|s| s.lines().count())
+            .unwrap_or(0);
+        if n >= 3 || t0.elapsed() > Duration::from_secs(300) {
+            break;
+        }
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let done_before = read_run(&cut).map(|r| r.episodes.len()).unwrap_or(0);
+    let o = bin()
+        .args(cell_args(model, cut.to_str().unwrap(), "12"))
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        err.contains(&format!("{} already finished", done_before)),
+        "{err}"
+    );
+
+    assert_eq!(
+        stable(&seq),
+        stable(&cut),
+        "batched + killed + resumed equals sequential"
+    );
+    assert_eq!(transcripts(&seq), transcripts(&cut));
+}
+
+#[test]
+fn live_cell_on_the_default_model() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let gguf = root.join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
+    if !gguf.exists() {
+        eprintln!(
+            "skipped: {} is absent (run models/fetch.sh)",
+            gguf.display()
+        );
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("cell");
+    let o = bin()
+        .args([
+            "ladder",
+            "cell",
+            "--agent",
+            "model",
+            "--model",
+            gguf.to_str().unwrap(),
+            "--arms",
+            "raw,enforce",
+            "--steps",
+            "3",
+            "--episodes",
+            "1",
+            "--out",
+            out.to_str().unwrap(),
+            "--quiet",
+        ])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let text = String::from_utf8_lossy(&o.stdout);
+    assert!(text.contains("Ladder (strict episode success)"), "{text}");
+    let run = read_run(&out).unwrap();
+    assert_eq!(run.episodes.len(), 2);
+    assert_eq!(run.manifest.model["architecture"], "qwen2");
+    let turns = read_turns(&out).unwrap();
+    assert_eq!(turns.len(), 88);
+    // Every turn has a reply from the model (or the error that replaced it).
+    assert!(turns
+        .iter()
+        .all(|t| !t.replies[0].is_empty() || !t.errors.is_empty()));
+    let enforce = run
+        .episodes
+        .iter()
+        .find(|e| e.arm.name() == "enforce")
+        .unwrap();
+    assert!(enforce.matcher.calls > 0);
+    assert!(enforce.compile.is_some());
+}
