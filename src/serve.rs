@@ -68,21 +68,16 @@ pub enum ServeError {
     },
 }
 
-/// A running HTTP server; stops when shut down or dropped.
-pub struct Server {
-    http: Arc<tiny_http::Server>,
+/// A bound listener that answers nothing yet (bind before loading a model,
+/// so a taken port fails fast).
+pub struct Listener {
+    http: tiny_http::Server,
     addr: SocketAddr,
-    join: Option<JoinHandle<()>>,
 }
 
-impl Server {
-    /// Listens on `host:port` and answers with the served engine behind `client`.
-    pub fn start(
-        client: Client,
-        model: ModelIdentity,
-        host: &str,
-        port: u16,
-    ) -> Result<Server, ServeError> {
+impl Listener {
+    /// Binds `host:port` (port 0 picks a free one).
+    pub fn bind(host: &str, port: u16) -> Result<Listener, ServeError> {
         let spelled = if host.contains(':') && !host.starts_with('[') {
             format!("[{host}]:{port}")
         } else {
@@ -102,6 +97,17 @@ impl Server {
             .server_addr()
             .to_ip()
             .ok_or_else(|| bind("not an IP listener".into()))?;
+        Ok(Listener { http, addr })
+    }
+
+    /// The bound address (with the actual port when 0 was asked).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Starts answering with the served engine behind `client`.
+    pub fn serve(self, client: Client, model: ModelIdentity) -> Result<Server, ServeError> {
+        let Listener { http, addr } = self;
         let http = Arc::new(http);
         let shared = Arc::new(Shared {
             client,
@@ -122,12 +128,34 @@ impl Server {
                     }
                 }
             })
-            .map_err(|e| bind(format!("could not start the accept thread: {e}")))?;
+            .map_err(|e| ServeError::Bind {
+                addr: addr.to_string(),
+                cause: format!("could not start the accept thread: {e}"),
+            })?;
         Ok(Server {
             http,
             addr,
             join: Some(join),
         })
+    }
+}
+
+/// A running HTTP server; stops when shut down or dropped.
+pub struct Server {
+    http: Arc<tiny_http::Server>,
+    addr: SocketAddr,
+    join: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Listens on `host:port` and answers with the served engine behind `client`.
+    pub fn start(
+        client: Client,
+        model: ModelIdentity,
+        host: &str,
+        port: u16,
+    ) -> Result<Server, ServeError> {
+        Listener::bind(host, port)?.serve(client, model)
     }
 
     /// The bound address (with the actual port when 0 was asked).
@@ -416,6 +444,7 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatRequest, String> {
 
 /// `statebench serve`: loads the model and answers until killed.
 pub fn serve_command(a: ServeArgs) -> anyhow::Result<()> {
+    let listener = Listener::bind(&a.host, a.port)?;
     let spec = crate::cli_engine::resolve_model(&a.model)?;
     let opts = crate::engine::EngineOptions {
         threads: a.threads,
@@ -424,7 +453,7 @@ pub fn serve_command(a: ServeArgs) -> anyhow::Result<()> {
     let engine = crate::engine::Engine::load(&spec, opts)?;
     let served = Served::spawn(Box::new(engine));
     let model = served.model_id().clone();
-    let server = Server::start(served.client(), model.clone(), &a.host, a.port)?;
+    let server = listener.serve(served.client(), model.clone())?;
     let addr = server.addr();
     if !addr.ip().is_loopback() {
         eprintln!(

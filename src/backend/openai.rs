@@ -82,6 +82,19 @@ fn root(base: &str) -> String {
     b.strip_suffix("/v1").unwrap_or(b).to_string()
 }
 
+/// The server root, checked to be an http(s) URL.
+fn checked_root(base: &str) -> Result<String, BackendError> {
+    let r = root(base);
+    let lower = r.to_ascii_lowercase();
+    if lower.starts_with("http://") || lower.starts_with("https://") {
+        Ok(r)
+    } else {
+        Err(BackendError::BadRequest(format!(
+            "endpoint '{base}' must start with http:// or https:// (e.g. http://127.0.0.1:8000)"
+        )))
+    }
+}
+
 /// What a worker thread needs to make calls.
 struct Shared {
     agent: ureq::Agent,
@@ -151,7 +164,7 @@ fn api_key(env: &Option<String>) -> Option<String> {
 
 /// Model ids the server lists at `GET /v1/models` (one attempt).
 pub fn list_models(opts: &OpenAiOptions) -> Result<Vec<String>, BackendError> {
-    let url = format!("{}/v1/models", root(&opts.base_url));
+    let url = format!("{}/v1/models", checked_root(&opts.base_url)?);
     let mut rq = agent(opts.timeout.min(Duration::from_secs(60))).get(&url);
     if let Some(k) = api_key(&opts.api_key_env) {
         rq = rq.header("Authorization", format!("Bearer {k}"));
@@ -185,13 +198,7 @@ pub fn list_models(opts: &OpenAiOptions) -> Result<Vec<String>, BackendError> {
 impl OpenAiBackend {
     /// A backend for a known model name; makes no network call.
     pub fn new(opts: OpenAiOptions) -> Result<Self, BackendError> {
-        let root = root(&opts.base_url);
-        if !(root.starts_with("http://") || root.starts_with("https://")) {
-            return Err(BackendError::BadRequest(format!(
-                "endpoint '{}' must start with http:// or https://",
-                opts.base_url
-            )));
-        }
+        let root = checked_root(&opts.base_url)?;
         let Some(model) = opts.model.clone().filter(|m| !m.is_empty()) else {
             return Err(BackendError::BadRequest(format!(
                 "no model name for {root} (pass one, or connect to ask the server)"
