@@ -11,4 +11,5 @@ pub mod engine;
 pub mod ladder;
 pub mod report;
 pub mod rng;
+pub mod serve;
 pub mod stats;

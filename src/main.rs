@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 
+use statebench::backend::openai::{OpenAiBackend, OpenAiOptions};
 use statebench::backend::served::Served;
 use statebench::cli_engine;
 use statebench::engine::{Engine, EngineOptions};
@@ -43,6 +44,8 @@ enum Command {
     Model(ModelCommand),
     /// Measure prefill, batched decode and growing-conversation cost.
     Bench(cli_engine::BenchArgs),
+    /// Serve the in-process engine as an OpenAI-compatible chat-completions endpoint.
+    Serve(statebench::serve::ServeArgs),
 }
 
 #[derive(Subcommand)]
@@ -179,8 +182,17 @@ enum AgentArg {
 #[derive(Args)]
 struct LiveArgs {
     /// A .gguf file, a safetensors directory or a Hugging Face id (default: the default GGUF, fetched if missing).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "endpoint")]
     model: Option<String>,
+    /// Drive a remote OpenAI-compatible server (vLLM, SGLang, `statebench serve`) instead of the in-process engine, e.g. http://127.0.0.1:8000.
+    #[arg(long)]
+    endpoint: Option<String>,
+    /// Model name to request from --endpoint (default: the first it lists at /v1/models).
+    #[arg(long, requires = "endpoint")]
+    remote_model: Option<String>,
+    /// Environment variable holding the --endpoint API key (sent as a bearer token when set).
+    #[arg(long, default_value = "OPENAI_API_KEY", requires = "endpoint")]
+    api_key_env: String,
     /// Matcher: oracle (scripted step) or model. Default: model with --agent model, else oracle.
     #[arg(long, value_enum)]
     matcher: Option<Source>,
@@ -296,6 +308,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::Generate(a) => cli_engine::generate(a),
         Command::Model(ModelCommand::Fetch) => cli_engine::model_fetch(),
         Command::Bench(a) => cli_engine::bench(a),
+        Command::Serve(a) => statebench::serve::serve_command(a),
     }
 }
 
@@ -358,6 +371,18 @@ fn episode(a: EpisodeArgs) -> Result<()> {
 
 /// Loads the served model when any part needs it.
 fn serve_model(live: &LiveArgs) -> Result<(Served, serde_json::Value)> {
+    if let Some(url) = &live.endpoint {
+        let opts = OpenAiOptions {
+            model: live.remote_model.clone(),
+            api_key_env: Some(live.api_key_env.clone()),
+            max_concurrency: live.live.max(1),
+            ..OpenAiOptions::new(url.clone())
+        };
+        let backend = OpenAiBackend::connect(opts)?;
+        let served = Served::spawn(Box::new(backend));
+        let id = serde_json::to_value(served.model_id())?;
+        return Ok((served, id));
+    }
     let spec = cli_engine::resolve_model(&live.model)?;
     let opts = EngineOptions {
         threads: live.threads,

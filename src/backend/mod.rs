@@ -1,6 +1,7 @@
 //! The one interface studies call: chat requests in, replies with token
 //! accounting out, many conversations driven at once through `submit`/`step`.
 
+pub mod openai;
 pub mod served;
 
 use std::path::PathBuf;
@@ -200,6 +201,14 @@ pub enum BackendError {
     /// A request asked for something malformed.
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// A remote server could not be reached or answered with an error.
+    #[error("{url}: {cause}")]
+    Remote {
+        /// The endpoint.
+        url: String,
+        /// What went wrong (HTTP status and the server's message, or the connection error).
+        cause: String,
+    },
     /// An I/O error on a named file.
     #[error("{path}: {cause}")]
     Io {

@@ -1,0 +1,409 @@
+//! `statebench serve` and the OpenAI-compatible backend test each other: a
+//! live cell run through the server over HTTP produces the same transcripts
+//! as the same cell in-process. Every server these tests start listens on
+//! loopback, is killed when its test ends, and every wait is bounded.
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader, Read};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use statebench::backend::openai::{OpenAiBackend, OpenAiOptions};
+use statebench::backend::{Backend, BackendError, ChatRequest, Message, Role};
+
+const BIN: &str = env!("CARGO_BIN_EXE_statebench");
+const DEFAULT_GGUF: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+);
+
+/// A `statebench serve` child process; killed when dropped.
+struct ServeProc {
+    child: Child,
+    url: String,
+}
+
+impl ServeProc {
+    /// Starts the server on a free loopback port and waits (bounded) for its address.
+    fn start(model: &Path) -> ServeProc {
+        let mut child = Command::new(BIN)
+            .args(["serve", "--host", "127.0.0.1", "--port", "0", "--model"])
+            .arg(model)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("serve starts");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(180);
+        let mut seen = Vec::new();
+        let mut proc = ServeProc {
+            child,
+            url: String::new(),
+        };
+        while proc.url.is_empty() {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(at) = line.find("http://127.0.0.1:") {
+                        let rest = &line[at..];
+                        let end = rest.find(' ').unwrap_or(rest.len());
+                        proc.url = rest[..end].to_string();
+                    }
+                    seen.push(line);
+                }
+                Err(_) => panic!("serve did not report its address in time: {seen:?}"),
+            }
+        }
+        proc
+    }
+}
+
+impl Drop for ServeProc {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn drain(r: Option<impl Read + Send + 'static>) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut r) = r {
+            let _ = r.read_to_end(&mut buf);
+        }
+        buf
+    })
+}
+
+/// Runs the binary with a time limit; a run past it is killed and fails the test.
+fn statebench(args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("binary runs");
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait on child") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} ran past {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
+
+/// The tiny random-weight Qwen2 fixture with its context raised from 512 to
+/// 4,096 positions (RoPE works at any length; the weights are random), so
+/// an episode's brief fits and replies are actually generated — at 512
+/// every call would be a context overflow. Later turns still overflow,
+/// which exercises the error path too.
+fn tiny_model(dir: &Path) -> PathBuf {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/engine/tiny-qwen2");
+    let dst = dir.join("tiny-qwen2");
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    let cfg = dst.join("config.json");
+    let mut v: Value = serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["max_position_embeddings"] = json!(4096);
+    std::fs::write(&cfg, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+    dst
+}
+
+fn agent() -> ureq::Agent {
+    ureq::Agent::config_builder()
+        .timeout_global(Some(Duration::from_secs(300)))
+        .http_status_as_error(false)
+        .build()
+        .into()
+}
+
+/// POSTs a raw body; returns (status, parsed JSON body).
+fn post(url: &str, body: &str) -> (u16, Value) {
+    let mut resp = agent()
+        .post(format!("{url}/v1/chat/completions"))
+        .header("Content-Type", "application/json")
+        .send(body)
+        .expect("server answers");
+    let status = resp.status().as_u16();
+    let text = resp.body_mut().read_to_string().expect("body reads");
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    (status, v)
+}
+
+/// Every line of a run file keyed by (seed, arm, turn), without token
+/// accounting and timings (cached tokens and latencies differ by design).
+fn lines(dir: &Path, file: &str) -> BTreeMap<(u64, String, u64), Value> {
+    let text = std::fs::read_to_string(dir.join(file)).unwrap();
+    let mut out = BTreeMap::new();
+    for line in text.lines().filter(|l| !l.trim().is_empty()) {
+        let mut v: Value = serde_json::from_str(line).unwrap();
+        let key = (
+            v["seed"].as_u64().unwrap(),
+            v["arm"].as_str().unwrap().to_string(),
+            v.get("turn").and_then(Value::as_u64).unwrap_or(0),
+        );
+        if let Some(o) = v.as_object_mut() {
+            for k in ["usage", "latency_s", "wall_s"] {
+                o.remove(k);
+            }
+        }
+        assert!(out.insert(key, v).is_none(), "duplicate line in {file}");
+    }
+    out
+}
+
+const CELL: [&str; 15] = [
+    "ladder",
+    "cell",
+    "--agent",
+    "model",
+    "--matcher",
+    "model",
+    "--compiler",
+    "model",
+    "--steps",
+    "3",
+    "--episodes",
+    "2",
+    "--arms",
+    "raw,directive,enforce",
+    "--quiet",
+];
+
+#[test]
+fn cell_through_serve_matches_in_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let model_s = model.to_str().unwrap();
+    let local = tmp.path().join("local");
+    let remote = tmp.path().join("remote");
+    let limit = Duration::from_secs(600);
+
+    let mut args = CELL.to_vec();
+    args.extend(["--model", model_s, "--out", local.to_str().unwrap()]);
+    let o = statebench(&args, limit);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let server = ServeProc::start(&model);
+    let mut args = CELL.to_vec();
+    args.extend(["--endpoint", &server.url, "--out", remote.to_str().unwrap()]);
+    let o = statebench(&args, limit);
+    drop(server);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+
+    let (a, b) = (lines(&local, "turns.jsonl"), lines(&remote, "turns.jsonl"));
+    assert_eq!(a.len(), 2 * 3 * 44, "in-process turns");
+    assert_eq!(
+        a.keys().collect::<Vec<_>>(),
+        b.keys().collect::<Vec<_>>(),
+        "same turns"
+    );
+    let mut generated = 0;
+    for (k, x) in &a {
+        let y = &b[k];
+        for field in [
+            "request", "replies", "bookings", "errors", "label", "matched",
+        ] {
+            assert_eq!(x.get(field), y.get(field), "{k:?} {field}");
+        }
+        assert_eq!(x, y, "{k:?}");
+        if x["replies"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|s| s.as_str().is_some_and(|s| !s.is_empty())))
+        {
+            generated += 1;
+        }
+    }
+    // Replies were really generated (not only overflow errors) on both sides.
+    assert!(generated >= 6, "only {generated} turns with a reply");
+    assert_eq!(
+        lines(&local, "episodes.jsonl"),
+        lines(&remote, "episodes.jsonl")
+    );
+    // The remote run's manifest names the endpoint.
+    let m: Value =
+        serde_json::from_str(&std::fs::read_to_string(remote.join("manifest.json")).unwrap())
+            .unwrap();
+    assert_eq!(m["model"]["architecture"], "remote", "{m}");
+}
+
+#[test]
+fn france_prompt_through_serve_answers_paris() {
+    let gguf = Path::new(DEFAULT_GGUF);
+    if !gguf.is_file() {
+        eprintln!(
+            "skipped: {} is absent (fetch it with `statebench model fetch`)",
+            gguf.display()
+        );
+        return;
+    }
+    let server = ServeProc::start(gguf);
+    let mut resp = agent()
+        .get(format!("{}/v1/models", server.url))
+        .call()
+        .expect("models answers");
+    let models: Value = serde_json::from_str(&resp.body_mut().read_to_string().unwrap()).unwrap();
+    assert_eq!(models["object"], "list");
+    assert!(models["data"][0]["id"].is_string(), "{models}");
+    let body = json!({
+        "model": models["data"][0]["id"],
+        "messages": [{"role": "user", "content": "What is the capital of France? Answer in one word."}],
+        "max_tokens": 16,
+        "temperature": 0,
+    });
+    let (status, v) = post(&server.url, &body.to_string());
+    assert_eq!(status, 200, "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    let content = v["choices"][0]["message"]["content"].as_str().unwrap();
+    assert!(content.contains("Paris"), "{content}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop", "{v}");
+    let u = &v["usage"];
+    assert!(u["prompt_tokens"].as_u64().unwrap() > 10, "{v}");
+    assert!(u["completion_tokens"].as_u64().unwrap() >= 1, "{v}");
+    assert_eq!(
+        u["total_tokens"].as_u64(),
+        Some(u["prompt_tokens"].as_u64().unwrap() + u["completion_tokens"].as_u64().unwrap())
+    );
+    assert!(u["prompt_tokens_details"]["cached_tokens"].is_u64(), "{v}");
+}
+
+fn one_line_error(v: &Value) -> String {
+    let m = v["error"]["message"]
+        .as_str()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(!m.contains('\n'), "{m}");
+    assert!(v["error"]["type"].is_string(), "{v}");
+    m.to_string()
+}
+
+#[test]
+fn bad_requests_get_400_with_one_line_messages() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ServeProc::start(&tiny_model(tmp.path()));
+    let url = &server.url;
+
+    let (s, v) = post(
+        url,
+        r#"{"messages":[{"role":"user","content":"hi"}],"stream":true}"#,
+    );
+    assert_eq!(s, 400);
+    assert!(one_line_error(&v).contains("stream"), "{v}");
+
+    let (s, v) = post(url, r#"{"messages": [{"role": "user", "content": "hi"}"#);
+    assert_eq!(s, 400);
+    assert!(one_line_error(&v).contains("invalid JSON"), "{v}");
+
+    let (s, v) = post(
+        url,
+        r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":100000}"#,
+    );
+    assert_eq!(s, 400);
+    assert!(one_line_error(&v).contains("context"), "{v}");
+
+    // Concurrent greedy requests batch in the engine and agree with a lone one.
+    let body =
+        r#"{"messages":[{"role":"user","content":"hello there"}],"max_tokens":24,"temperature":0}"#;
+    let (s, alone) = post(url, body);
+    assert_eq!(s, 200, "{alone}");
+    let handles: Vec<_> = (0..4)
+        .map(|_| {
+            let url = url.clone();
+            std::thread::spawn(move || post(&url, body))
+        })
+        .collect();
+    for h in handles {
+        let (s, v) = h.join().unwrap();
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["choices"][0]["message"], alone["choices"][0]["message"]);
+        assert_eq!(v["usage"], alone["usage"]);
+    }
+}
+
+#[test]
+fn client_maps_overflow_and_reports_replies() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ServeProc::start(&tiny_model(tmp.path()));
+    let mut b = OpenAiBackend::connect(OpenAiOptions::new(format!("{}/v1", server.url))).unwrap();
+    assert_eq!(b.model(), "tiny-qwen2");
+    assert_eq!(b.model_id().architecture, "remote");
+    let s = b.open_session();
+    let msgs = vec![Message::new(Role::User, "hello")];
+    let r = b.chat(s, ChatRequest::greedy(msgs.clone(), 8)).unwrap();
+    assert_eq!(r.usage.completion_tokens, 8);
+    assert!(r.usage.prompt_tokens > 0);
+    match b.chat(s, ChatRequest::greedy(msgs, 100_000)) {
+        Err(BackendError::ContextOverflow {
+            max_tokens,
+            context,
+            ..
+        }) => assert_eq!((max_tokens, context), (100_000, 4096)),
+        other => panic!("{other:?}"),
+    }
+}
+
+/// A loopback port nothing listens on.
+fn dead_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+#[test]
+fn unreachable_endpoint_is_a_one_line_error() {
+    let url = format!("http://127.0.0.1:{}", dead_port());
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("cell");
+    let mut args = CELL.to_vec();
+    args.extend(["--endpoint", &url, "--out", out.to_str().unwrap()]);
+    let o = statebench(&args, Duration::from_secs(60));
+    assert!(!o.status.success());
+    let e = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+    assert!(e.contains(&url) && e.contains("server running"), "{e}");
+    assert!(!e.contains("panicked"), "{e}");
+
+    // Mid-run failures are retried, then one line naming the URL.
+    let mut opts = OpenAiOptions::new(url.clone());
+    opts.model = Some("m".into());
+    opts.attempts = 3;
+    opts.backoff = Duration::from_millis(10);
+    let mut b = OpenAiBackend::new(opts).unwrap();
+    let s = b.open_session();
+    let e = b
+        .chat(
+            s,
+            ChatRequest::greedy(vec![Message::new(Role::User, "hi")], 4),
+        )
+        .unwrap_err()
+        .to_string();
+    assert!(e.starts_with(&url), "{e}");
+    assert!(e.contains("gave up after 3 attempts"), "{e}");
+    assert!(!e.contains('\n'), "{e}");
+}
