@@ -157,6 +157,37 @@ impl Matrix {
         Ok(Self { rows, cols, data })
     }
 
+    /// Quantizes row-major f32 data to `dtype` (for tests and benchmarks).
+    pub fn quantize(
+        dtype: GgmlDType,
+        rows: usize,
+        cols: usize,
+        data: &[f32],
+    ) -> Result<Self, MatrixError> {
+        fn q<T: GgmlType>(data: &[f32], bs: usize) -> Vec<T> {
+            let mut v: Vec<T> = (0..data.len() / bs).map(|_| T::zeros()).collect();
+            T::from_float(data, &mut v);
+            v
+        }
+        if data.len() != rows * cols || !cols.is_multiple_of(dtype.block_size()) {
+            return Err(MatrixError::BadShape(format!(
+                "{} values for {rows}x{cols} {dtype:?}",
+                data.len()
+            )));
+        }
+        let bs = dtype.block_size();
+        let data = match dtype {
+            GgmlDType::F32 => WeightData::F32(data.to_vec()),
+            GgmlDType::Q4_0 => WeightData::Q4_0(q(data, bs)),
+            GgmlDType::Q5_0 => WeightData::Q5_0(q(data, bs)),
+            GgmlDType::Q8_0 => WeightData::Q8_0(q(data, bs)),
+            GgmlDType::Q4K => WeightData::Q4K(q(data, bs)),
+            GgmlDType::Q6K => WeightData::Q6K(q(data, bs)),
+            other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
+        };
+        Ok(Self { rows, cols, data })
+    }
+
     /// Output features.
     pub fn rows(&self) -> usize {
         self.rows
@@ -219,7 +250,15 @@ impl Matrix {
             WeightData::F32(w) => matmul_f32(w, self.rows, self.cols, x, n, y),
             WeightData::Q4_0(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q4_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
-            WeightData::Q5_0(w) => matmul_q(w, self.rows, self.cols, x, n, y),
+            WeightData::Q5_0(w) => matmul_q_with(
+                w,
+                self.rows,
+                self.cols,
+                x,
+                n,
+                y,
+                crate::simd::vec_dot_q5_0_q8_0,
+            ),
             WeightData::Q5_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q8_0(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q4K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
@@ -264,6 +303,19 @@ fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut 
 }
 
 fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+    matmul_q_with(w, rows, cols, x, n, y, T::vec_dot)
+}
+
+/// Quantized product with an explicit dot-product kernel.
+fn matmul_q_with<T: GgmlType>(
+    w: &[T],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+    dot: fn(usize, &[T], &[T::VecDotType]) -> f32,
+) {
     let bpr = cols / T::BLCK_SIZE;
     let xbpr = cols / T::VecDotType::BLCK_SIZE;
     // Quantize each activation row on its own; a row's quantization never
@@ -278,7 +330,7 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
         for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
             let wr = &w[r * bpr..(r + 1) * bpr];
             for b in 0..n {
-                let v = T::vec_dot(cols, wr, &xq[b * xbpr..(b + 1) * xbpr]);
+                let v = dot(cols, wr, &xq[b * xbpr..(b + 1) * xbpr]);
                 // SAFETY: as in `matmul_f32`.
                 unsafe { *out.at(b * rows + r) = v };
             }
@@ -306,6 +358,33 @@ mod tests {
             let mut y1 = vec![0f32; rows];
             m.matmul(&x[b * cols..(b + 1) * cols], 1, &mut y1);
             assert_eq!(y1, y[b * rows..(b + 1) * rows]);
+        }
+    }
+
+    #[test]
+    fn quantized_batches_equal_single_rows() {
+        let (rows, cols) = (40, 512);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
+            .collect();
+        let x: Vec<f32> = (0..7 * cols)
+            .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
+            .collect();
+        for dt in [
+            GgmlDType::Q4_0,
+            GgmlDType::Q5_0,
+            GgmlDType::Q8_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+        ] {
+            let m = Matrix::quantize(dt, rows, cols, &w).unwrap();
+            let mut y = vec![0f32; 7 * rows];
+            m.matmul(&x, 7, &mut y);
+            for b in 0..7 {
+                let mut y1 = vec![0f32; rows];
+                m.matmul(&x[b * cols..(b + 1) * cols], 1, &mut y1);
+                assert_eq!(y1, y[b * rows..(b + 1) * rows], "{dt:?}");
+            }
         }
     }
 }

@@ -166,6 +166,11 @@ impl Engine {
         self.template.render(messages, thinking)
     }
 
+    /// The model's chat template.
+    pub fn template(&self) -> &ChatTemplate {
+        &self.template
+    }
+
     /// Tokenizes text; special tokens written in the text are recognised.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, BackendError> {
         self.tokenizer

@@ -124,14 +124,19 @@ fn io_err(path: &Path, e: std::io::Error) -> BackendError {
 fn corrupt(path: &Path, cause: impl Into<String>) -> BackendError {
     BackendError::CorruptWeights {
         path: path.to_path_buf(),
-        cause: cause.into(),
+        cause: first_line(cause.into()),
     }
+}
+
+/// Library errors may carry a backtrace after the message; keep the message.
+fn first_line(s: String) -> String {
+    s.lines().next().unwrap_or_default().trim().to_string()
 }
 
 fn unsupported(path: &Path, cause: impl Into<String>) -> BackendError {
     BackendError::Unsupported {
         path: path.to_path_buf(),
-        cause: cause.into(),
+        cause: first_line(cause.into()),
     }
 }
 
@@ -457,8 +462,13 @@ fn load_gguf(path: &Path) -> Result<Loaded, BackendError> {
         context: md_usize(&content, path, &format!("{a}.context_length"))?,
     };
     validate(&cfg, path)?;
-    let tokenizer = Tokenizer::from_gguf(&content)
-        .map_err(|e| BackendError::Tokenizer(format!("{}: {e}", path.display())))?;
+    let mut tokenizer = Tokenizer::from_gguf(&content)
+        .map_err(|e| BackendError::Tokenizer(first_line(format!("{}: {e}", path.display()))))?;
+    // A GGUF tokenizer applies no normalizer (llama.cpp and transformers' GGUF
+    // conversion alike); keep agreement with them on the same file.
+    tokenizer
+        .with_normalizer(None::<tokenizers::NormalizerWrapper>)
+        .map_err(|e| BackendError::Tokenizer(first_line(format!("{}: {e}", path.display()))))?;
     let chat_template = md(&content, path, "tokenizer.chat_template")
         .ok()
         .and_then(|v| v.to_string().ok().cloned())
@@ -588,6 +598,7 @@ fn load_safetensors_dir(dir: &Path, spec: &str) -> Result<Loaded, BackendError> 
         head_dim: cfg_usize(&j, "head_dim").unwrap_or(hidden / heads.max(1)),
         rope_theta: j
             .get("rope_theta")
+            .or_else(|| j.get("rope_parameters").and_then(|r| r.get("rope_theta")))
             .and_then(|v| v.as_f64())
             .unwrap_or(10_000.0) as f32,
         rms_eps: j
