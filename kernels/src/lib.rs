@@ -9,7 +9,7 @@
 pub mod attention;
 pub mod matmul;
 pub mod ops;
-pub mod simd;
+pub mod q8;
 
 pub use attention::attend;
 pub use matmul::{Matrix, MatrixError, WeightData};

@@ -6,12 +6,13 @@
 //! a batch of activation rows reuses each weight row while it is in cache.
 
 use candle_core::quantized::k_quants::{
-    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType,
+    BlockQ4K, BlockQ4_1, BlockQ5K, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType,
 };
 use candle_core::quantized::GgmlDType;
 use rayon::prelude::*;
 
 use crate::ops::dot_f32;
+use crate::q8::{dot_q8_rows, quantize_row, widen_q4_0, widen_q5_0, Q8Row};
 
 /// Why a weight matrix could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,15 +38,11 @@ impl std::error::Error for MatrixError {}
 pub enum WeightData {
     /// Plain f32.
     F32(Vec<f32>),
-    /// GGML Q4_0.
-    Q4_0(Vec<BlockQ4_0>),
     /// GGML Q4_1.
     Q4_1(Vec<BlockQ4_1>),
-    /// GGML Q5_0.
-    Q5_0(Vec<BlockQ5_0>),
     /// GGML Q5_1.
     Q5_1(Vec<BlockQ5_1>),
-    /// GGML Q8_0.
+    /// GGML Q8_0; Q4_0 and Q5_0 weights are widened to it exactly at load.
     Q8_0(Vec<BlockQ8_0>),
     /// GGML Q4_K.
     Q4K(Vec<BlockQ4K>),
@@ -136,9 +133,9 @@ impl Matrix {
                     .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
                     .collect(),
             ),
-            GgmlDType::Q4_0 => WeightData::Q4_0(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q4_0 => WeightData::Q8_0(widen_q4_0(&blocks_from_bytes(bytes, nb)?)),
             GgmlDType::Q4_1 => WeightData::Q4_1(blocks_from_bytes(bytes, nb)?),
-            GgmlDType::Q5_0 => WeightData::Q5_0(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q5_0 => WeightData::Q8_0(widen_q5_0(&blocks_from_bytes(bytes, nb)?)),
             GgmlDType::Q5_1 => WeightData::Q5_1(blocks_from_bytes(bytes, nb)?),
             GgmlDType::Q8_0 => WeightData::Q8_0(blocks_from_bytes(bytes, nb)?),
             GgmlDType::Q4K => WeightData::Q4K(blocks_from_bytes(bytes, nb)?),
@@ -178,8 +175,8 @@ impl Matrix {
         let bs = dtype.block_size();
         let data = match dtype {
             GgmlDType::F32 => WeightData::F32(data.to_vec()),
-            GgmlDType::Q4_0 => WeightData::Q4_0(q(data, bs)),
-            GgmlDType::Q5_0 => WeightData::Q5_0(q(data, bs)),
+            GgmlDType::Q4_0 => WeightData::Q8_0(widen_q4_0(&q(data, bs))),
+            GgmlDType::Q5_0 => WeightData::Q8_0(widen_q5_0(&q(data, bs))),
             GgmlDType::Q8_0 => WeightData::Q8_0(q(data, bs)),
             GgmlDType::Q4K => WeightData::Q4K(q(data, bs)),
             GgmlDType::Q6K => WeightData::Q6K(q(data, bs)),
@@ -202,9 +199,7 @@ impl Matrix {
     pub fn type_name(&self) -> &'static str {
         match &self.data {
             WeightData::F32(_) => "F32",
-            WeightData::Q4_0(_) => "Q4_0",
             WeightData::Q4_1(_) => "Q4_1",
-            WeightData::Q5_0(_) => "Q5_0",
             WeightData::Q5_1(_) => "Q5_1",
             WeightData::Q8_0(_) => "Q8_0",
             WeightData::Q4K(_) => "Q4_K",
@@ -222,9 +217,7 @@ impl Matrix {
         }
         match &self.data {
             WeightData::F32(w) => out[..c].copy_from_slice(&w[r * c..(r + 1) * c]),
-            WeightData::Q4_0(w) => deq(w, r, c, out),
             WeightData::Q4_1(w) => deq(w, r, c, out),
-            WeightData::Q5_0(w) => deq(w, r, c, out),
             WeightData::Q5_1(w) => deq(w, r, c, out),
             WeightData::Q8_0(w) => deq(w, r, c, out),
             WeightData::Q4K(w) => deq(w, r, c, out),
@@ -248,19 +241,9 @@ impl Matrix {
         assert_eq!(y.len(), n * self.rows, "matmul output length");
         match &self.data {
             WeightData::F32(w) => matmul_f32(w, self.rows, self.cols, x, n, y),
-            WeightData::Q4_0(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q4_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
-            WeightData::Q5_0(w) => matmul_q_with(
-                w,
-                self.rows,
-                self.cols,
-                x,
-                n,
-                y,
-                crate::simd::vec_dot_q5_0_q8_0,
-            ),
             WeightData::Q5_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
-            WeightData::Q8_0(w) => matmul_q(w, self.rows, self.cols, x, n, y),
+            WeightData::Q8_0(w) => matmul_q8(w, self.rows, self.cols, x, n, y),
             WeightData::Q4K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q5K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q6K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
@@ -303,19 +286,6 @@ fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut 
 }
 
 fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
-    matmul_q_with(w, rows, cols, x, n, y, T::vec_dot)
-}
-
-/// Quantized product with an explicit dot-product kernel.
-fn matmul_q_with<T: GgmlType>(
-    w: &[T],
-    rows: usize,
-    cols: usize,
-    x: &[f32],
-    n: usize,
-    y: &mut [f32],
-    dot: fn(usize, &[T], &[T::VecDotType]) -> f32,
-) {
     let bpr = cols / T::BLCK_SIZE;
     let xbpr = cols / T::VecDotType::BLCK_SIZE;
     // Quantize each activation row on its own; a row's quantization never
@@ -327,12 +297,51 @@ fn matmul_q_with<T: GgmlType>(
     let out = OutPtr(y.as_mut_ptr());
     let tasks = rows.div_ceil(ROWS_PER_TASK);
     (0..tasks).into_par_iter().for_each(|t| {
-        for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
-            let wr = &w[r * bpr..(r + 1) * bpr];
-            for b in 0..n {
-                let v = dot(cols, wr, &xq[b * xbpr..(b + 1) * xbpr]);
-                // SAFETY: as in `matmul_f32`.
-                unsafe { *out.at(b * rows + r) = v };
+        for tile in (0..n).step_by(ROW_TILE) {
+            for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
+                let wr = &w[r * bpr..(r + 1) * bpr];
+                for b in tile..(tile + ROW_TILE).min(n) {
+                    let v = T::vec_dot(cols, wr, &xq[b * xbpr..(b + 1) * xbpr]);
+                    // SAFETY: as in `matmul_f32`.
+                    unsafe { *out.at(b * rows + r) = v };
+                }
+            }
+        }
+    });
+}
+
+/// Activation rows per tile: a tile stays in L1 while weight rows stream by.
+const ROW_TILE: usize = 8;
+
+/// Q8_0 weights: each weight block is loaded once for up to four activation rows.
+fn matmul_q8(w: &[BlockQ8_0], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+    let bpr = cols / 32;
+    let mut xq: Vec<BlockQ8_0> = (0..n * bpr).map(|_| BlockQ8_0::zeros()).collect();
+    let scales: Vec<Vec<f32>> = xq
+        .par_chunks_mut(bpr)
+        .zip(x.par_chunks(cols))
+        .map(|(q, r)| quantize_row(r, q))
+        .collect();
+    let xrows: Vec<Q8Row<'_>> = xq
+        .chunks_exact(bpr)
+        .zip(&scales)
+        .map(|(blocks, s)| Q8Row { blocks, scales: s })
+        .collect();
+    let out = OutPtr(y.as_mut_ptr());
+    let tasks = rows.div_ceil(ROWS_PER_TASK);
+    (0..tasks).into_par_iter().for_each(|t| {
+        let mut vals = [0f32; 4];
+        for (ti, tile) in xrows.chunks(ROW_TILE).enumerate() {
+            for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
+                let wr = &w[r * bpr..(r + 1) * bpr];
+                for (g, group) in tile.chunks(4).enumerate() {
+                    dot_q8_rows(wr, group, &mut vals[..group.len()]);
+                    for (k, v) in vals[..group.len()].iter().enumerate() {
+                        let b = ti * ROW_TILE + g * 4 + k;
+                        // SAFETY: as in `matmul_f32`.
+                        unsafe { *out.at(b * rows + r) = *v };
+                    }
+                }
             }
         }
     });
