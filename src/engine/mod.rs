@@ -86,6 +86,7 @@ pub struct Engine {
     model: Model,
     tokenizer: tokenizers::Tokenizer,
     template: ChatTemplate,
+    template_source: String,
     stop_ids: Vec<u32>,
     pool: rayon::ThreadPool,
     opts: EngineOptions,
@@ -127,6 +128,7 @@ impl Engine {
             model: loaded.model,
             tokenizer: loaded.tokenizer,
             template,
+            template_source: loaded.chat_template,
             stop_ids,
             pool,
             opts,
@@ -164,6 +166,16 @@ impl Engine {
         thinking: bool,
     ) -> Result<String, BackendError> {
         self.template.render(messages, thinking)
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The model's chat template source.
+    pub fn template_source(&self) -> &str {
+        &self.template_source
     }
 
     /// The model's chat template.
