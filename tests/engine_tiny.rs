@@ -363,3 +363,40 @@ fn qwen3_thinking_flag_reaches_the_template() {
     );
     assert!(on.ends_with("<|im_start|>assistant\n"), "{on:?}");
 }
+
+#[test]
+fn hub_ids_resolve_from_the_local_cache_offline() {
+    // A hub cache laid out as `huggingface_hub` writes it, holding tiny-qwen2.
+    let home = tempfile::tempdir().expect("tempdir");
+    let repo = home.path().join("hub/models--statebench-test--tiny-qwen2");
+    let snap = repo.join("snapshots/0123abcd");
+    std::fs::create_dir_all(&snap).expect("mkdir");
+    std::fs::create_dir_all(repo.join("refs")).expect("mkdir");
+    std::fs::write(repo.join("refs/main"), "0123abcd").expect("ref");
+    for f in [
+        "config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(tiny("tiny-qwen2").join(f), snap.join(f)).expect("copy");
+    }
+    // This is the only test in this binary that reads these variables.
+    std::env::set_var("HF_HOME", home.path());
+    std::env::set_var("HF_HUB_OFFLINE", "1");
+    let by_id =
+        Engine::load("statebench-test/tiny-qwen2", EngineOptions::default()).expect("loads by id");
+    let by_dir = load(&tiny("tiny-qwen2"));
+    let tokens = [1u32, 2, 3, 40, 50];
+    assert_eq!(cold_logits(&by_id, &tokens), cold_logits(&by_dir, &tokens));
+
+    let err = Engine::load("statebench-test/absent-model", EngineOptions::default())
+        .err()
+        .expect("absent");
+    let msg = err.to_string();
+    assert!(matches!(err, BackendError::MissingFile { .. }), "{msg}");
+    assert!(
+        msg.contains("statebench-test/absent-model") && msg.contains("HF_HUB_OFFLINE"),
+        "{msg}"
+    );
+}

@@ -492,3 +492,18 @@ fn hash_files(files: &[PathBuf]) -> String {
     let digest = h.finalize();
     digest.iter().map(|b| format!("{b:02x}")).collect()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::split_thinking;
+
+    #[test]
+    fn thinking_blocks_are_split_off() {
+        let (r, c) = split_thinking("<think>\nweigh it\n</think>\n\nParis");
+        assert_eq!(r.as_deref(), Some("weigh it"));
+        assert_eq!(c, "Paris");
+        let (r, c) = split_thinking("Paris");
+        assert_eq!(r, None);
+        assert_eq!(c, "Paris");
+    }
+}
