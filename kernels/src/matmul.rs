@@ -12,7 +12,7 @@ use candle_core::quantized::GgmlDType;
 use rayon::prelude::*;
 
 use crate::ops::dot_f32;
-use crate::q8::{dot_q8_rows, quantize_row, widen_q4_0, widen_q5_0, Q8Row};
+use crate::q8::{dot_q8_rows, dot_q8_tile, has_tile, quantize_row, widen_q4_0, widen_q5_0, Q8Row};
 
 /// Why a weight matrix could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -313,34 +313,60 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
 /// Activation rows per tile: a tile stays in L1 while weight rows stream by.
 const ROW_TILE: usize = 8;
 
-/// Q8_0 weights: each weight block is loaded once for up to four activation rows.
+/// Q8_0 weights: each weight block is loaded once for several activation
+/// rows (2 weight rows × 4 activation rows where VNNI allows).
 fn matmul_q8(w: &[BlockQ8_0], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
     let bpr = cols / 32;
     let mut xq: Vec<BlockQ8_0> = (0..n * bpr).map(|_| BlockQ8_0::zeros()).collect();
-    let scales: Vec<Vec<f32>> = xq
+    let quant: Vec<(Vec<f32>, Vec<[u8; 32]>)> = xq
         .par_chunks_mut(bpr)
         .zip(x.par_chunks(cols))
         .map(|(q, r)| quantize_row(r, q))
         .collect();
     let xrows: Vec<Q8Row<'_>> = xq
         .chunks_exact(bpr)
-        .zip(&scales)
-        .map(|(blocks, s)| Q8Row { blocks, scales: s })
+        .zip(&quant)
+        .map(|(blocks, (s, o))| Q8Row {
+            blocks,
+            scales: s,
+            offset: o,
+        })
         .collect();
+    let tile = has_tile();
     let out = OutPtr(y.as_mut_ptr());
+    let put = |b: usize, r: usize, v: f32| {
+        // SAFETY: `b < n` and `r < rows`, so the index is inside `y`; only the
+        // task owning row `r` writes it.
+        unsafe { *out.at(b * rows + r) = v };
+    };
     let tasks = rows.div_ceil(ROWS_PER_TASK);
     (0..tasks).into_par_iter().for_each(|t| {
+        let (lo, hi) = (t * ROWS_PER_TASK, ((t + 1) * ROWS_PER_TASK).min(rows));
         let mut vals = [0f32; 4];
-        for (ti, tile) in xrows.chunks(ROW_TILE).enumerate() {
-            for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
-                let wr = &w[r * bpr..(r + 1) * bpr];
-                for (g, group) in tile.chunks(4).enumerate() {
-                    dot_q8_rows(wr, group, &mut vals[..group.len()]);
-                    for (k, v) in vals[..group.len()].iter().enumerate() {
-                        let b = ti * ROW_TILE + g * 4 + k;
-                        // SAFETY: as in `matmul_f32`.
-                        unsafe { *out.at(b * rows + r) = *v };
+        for (ti, xtile) in xrows.chunks(ROW_TILE).enumerate() {
+            for (g, group) in xtile.chunks(4).enumerate() {
+                let b0 = ti * ROW_TILE + g * 4;
+                let mut r = lo;
+                if tile && group.len() == 4 {
+                    while r + 2 <= hi {
+                        let v = dot_q8_tile(
+                            &w[r * bpr..(r + 1) * bpr],
+                            &w[(r + 1) * bpr..(r + 2) * bpr],
+                            [group[0], group[1], group[2], group[3]],
+                        );
+                        for (k, (a, b)) in v[0].iter().zip(&v[1]).enumerate() {
+                            put(b0 + k, r, *a);
+                            put(b0 + k, r + 1, *b);
+                        }
+                        r += 2;
                     }
+                }
+                while r < hi {
+                    dot_q8_rows(&w[r * bpr..(r + 1) * bpr], group, &mut vals[..group.len()]);
+                    for (k, v) in vals[..group.len()].iter().enumerate() {
+                        put(b0 + k, r, *v);
+                    }
+                    r += 1;
                 }
             }
         }

@@ -94,13 +94,57 @@ pub struct Q8Row<'a> {
     pub blocks: &'a [BlockQ8_0],
     /// `blocks[i].d` as f32, converted once per row rather than per dot product.
     pub scales: &'a [f32],
+    /// `blocks[i].qs` shifted to unsigned (`q + 128`), for the VNNI tile kernel.
+    pub offset: &'a [[u8; 32]],
 }
 
-/// Quantizes one f32 row to Q8_0 and returns its block scales as f32.
-pub fn quantize_row(x: &[f32], blocks: &mut [BlockQ8_0]) -> Vec<f32> {
+/// Quantizes one f32 row to Q8_0; returns its block scales as f32 and its
+/// values shifted to unsigned.
+pub fn quantize_row(x: &[f32], blocks: &mut [BlockQ8_0]) -> (Vec<f32>, Vec<[u8; 32]>) {
     use candle_core::quantized::k_quants::GgmlType;
     BlockQ8_0::from_float(x, blocks);
-    raw8(blocks).iter().map(|b| b.d.to_f32()).collect()
+    let raw = raw8(blocks);
+    let scales = raw.iter().map(|b| b.d.to_f32()).collect();
+    let offset = raw
+        .iter()
+        .map(|b| std::array::from_fn(|k| (b.qs[k] as u8) ^ 0x80))
+        .collect();
+    (scales, offset)
+}
+
+/// Whether [`dot_q8_tile`] runs on this CPU.
+pub fn has_tile() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        simd_level() == Simd::Vnni
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Two weight rows × four activation rows at once; the same bits as
+/// [`dot_q8_rows`] for each of the eight dot products. Only call when
+/// [`has_tile`] is true.
+pub fn dot_q8_tile(w0: &[BlockQ8_0], w1: &[BlockQ8_0], xs: [Q8Row<'_>; 4]) -> [[f32; 4]; 2] {
+    assert!(has_tile(), "dot_q8_tile needs AVX-512 VNNI");
+    let n = w0.len();
+    assert!(
+        w1.len() == n
+            && xs
+                .iter()
+                .all(|x| x.scales.len() >= n && x.offset.len() >= n)
+    );
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: VNNI is present (asserted) and all lengths were checked.
+        unsafe { vnni::tile(raw8(w0), raw8(w1), xs) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        unreachable!()
+    }
 }
 
 /// `out[i] = dot(w, xs[i])` for up to four activation rows (same length as `w`).
@@ -233,13 +277,18 @@ macro_rules! q8_kernels {
                 super::raw8(x[3].blocks),
             ];
             let mut acc = [_mm256_setzero_ps(); 4];
+            let n = w.len();
+            assert!((0..4).all(|r| xb[r].len() >= n && x[r].scales.len() >= n));
             for (i, bw) in w.iter().enumerate() {
                 let qw = _mm256_loadu_si256(bw.qs.as_ptr() as *const __m256i);
                 let ax = _mm256_sign_epi8(qw, qw);
                 let dw = bw.d.to_f32();
                 for r in 0..4 {
-                    let qx = _mm256_loadu_si256(xb[r][i].qs.as_ptr() as *const __m256i);
-                    let d = _mm256_set1_ps(dw * x[r].scales[i]);
+                    // SAFETY: `i < n` and every row has at least `n` blocks.
+                    let qx = _mm256_loadu_si256(
+                        xb.get_unchecked(r).get_unchecked(i).qs.as_ptr() as *const __m256i
+                    );
+                    let d = _mm256_set1_ps(dw * *x.get_unchecked(r).scales.get_unchecked(i));
                     acc[r] = _mm256_fmadd_ps(d, $block(ax, qw, qx), acc[r]);
                 }
             }
@@ -271,6 +320,40 @@ mod vnni {
         _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy))
     }
     q8_kernels!("avx2,fma,avx512vnni,avx512vl", block);
+
+    /// 2 × 4 tile. Activations are unsigned (`q + 128`), so one `vpdpbusd`
+    /// per pair does the block product; starting its accumulator at
+    /// `-128 · Σw` per lane leaves exactly the signed lanes of `block`.
+    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+    pub(super) unsafe fn tile(w0: &[RawQ8], w1: &[RawQ8], x: [Q8Row<'_>; 4]) -> [[f32; 4]; 2] {
+        let n = w0.len();
+        let c80 = _mm256_set1_epi8(0x80u8 as i8);
+        let zero = _mm256_setzero_si256();
+        let mut acc0 = [_mm256_setzero_ps(); 4];
+        let mut acc1 = [_mm256_setzero_ps(); 4];
+        for i in 0..n {
+            let (b0, b1) = (w0.get_unchecked(i), w1.get_unchecked(i));
+            let q0 = _mm256_loadu_si256(b0.qs.as_ptr() as *const __m256i);
+            let q1 = _mm256_loadu_si256(b1.qs.as_ptr() as *const __m256i);
+            let nc0 = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, c80, q0));
+            let nc1 = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, c80, q1));
+            let d0 = _mm256_set1_ps(b0.d.to_f32());
+            let d1 = _mm256_set1_ps(b1.d.to_f32());
+            for r in 0..4 {
+                let xr = x.get_unchecked(r);
+                let xu = _mm256_loadu_si256(xr.offset.get_unchecked(i).as_ptr() as *const __m256i);
+                let dx = _mm256_set1_ps(*xr.scales.get_unchecked(i));
+                let l0 = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(nc0, xu, q0));
+                let l1 = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(nc1, xu, q1));
+                acc0[r] = _mm256_fmadd_ps(_mm256_mul_ps(d0, dx), l0, acc0[r]);
+                acc1[r] = _mm256_fmadd_ps(_mm256_mul_ps(d1, dx), l1, acc1[r]);
+            }
+        }
+        [
+            [hsum(acc0[0]), hsum(acc0[1]), hsum(acc0[2]), hsum(acc0[3])],
+            [hsum(acc1[0]), hsum(acc1[1]), hsum(acc1[2]), hsum(acc1[3])],
+        ]
+    }
 }
 
 #[cfg(test)]
@@ -314,12 +397,23 @@ mod tests {
             .iter()
             .map(|x| raw8(x).iter().map(|b| b.d.to_f32()).collect())
             .collect();
+        let offsets: Vec<Vec<[u8; 32]>> = xs
+            .iter()
+            .map(|x| {
+                raw8(x)
+                    .iter()
+                    .map(|b| std::array::from_fn(|k| (b.qs[k] as u8) ^ 0x80))
+                    .collect()
+            })
+            .collect();
         let rows: Vec<Q8Row<'_>> = xs
             .iter()
             .zip(&scales)
-            .map(|(b, s)| Q8Row {
+            .zip(&offsets)
+            .map(|((b, s), o)| Q8Row {
                 blocks: b,
                 scales: s,
+                offset: o,
             })
             .collect();
         let mut all = vec![0f32; 6];
@@ -331,6 +425,17 @@ mod tests {
             assert_eq!(scalar_dot(raw8(&wide), *r), all[i], "scalar emulation");
             let stock = BlockQ8_0::vec_dot(n, &wide, r.blocks);
             assert!((stock - all[i]).abs() <= 1e-3 * stock.abs().max(1.0));
+        }
+        if has_tile() {
+            let w2: Vec<f32> = (0..n)
+                .map(|i| ((i * 53) % 97) as f32 / 40.0 - 1.2)
+                .collect();
+            let wide2 = widen_q5_0(&blocks::<BlockQ5_0>(&w2));
+            let t = dot_q8_tile(&wide, &wide2, [rows[0], rows[1], rows[2], rows[3]]);
+            let mut second = vec![0f32; 4];
+            dot_q8_rows(&wide2, &rows[..4], &mut second);
+            assert_eq!(t[0].to_vec(), all[..4].to_vec(), "tile row 0");
+            assert_eq!(t[1].to_vec(), second, "tile row 1");
         }
     }
 }
