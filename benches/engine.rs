@@ -16,10 +16,31 @@ fn matmul(c: &mut Criterion) {
         .num_threads(2)
         .build()
         .expect("pool");
-    for n in [1usize, 16] {
+    for n in [1usize, 4, 16] {
         let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
         let mut y = vec![0f32; n * rows];
         c.bench_function(&format!("q5_0 4864x896 batch {n}"), |b| {
+            b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)))
+        });
+    }
+}
+
+fn big_matmul(c: &mut Criterion) {
+    // The output head's shape: too big for cache, so weights stream from memory.
+    let (rows, cols) = (151_936, 896);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
+        .collect();
+    let m = Matrix::quantize(GgmlDType::Q8_0, rows, cols, &w).expect("quantize");
+    drop(w);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool");
+    for n in [1usize, 4, 16] {
+        let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
+        let mut y = vec![0f32; n * rows];
+        c.bench_function(&format!("q8_0 151936x896 batch {n}"), |b| {
             b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)))
         });
     }
@@ -53,6 +74,6 @@ fn decode_step(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10);
-    targets = matmul, decode_step
+    targets = matmul, big_matmul, decode_step
 }
 criterion_main!(benches);

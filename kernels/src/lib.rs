@@ -7,6 +7,7 @@
 //! what makes a request's tokens bit-identical alone or batched, cached or cold.
 
 pub mod attention;
+pub mod kq;
 pub mod matmul;
 pub mod ops;
 pub mod q8;

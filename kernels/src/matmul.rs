@@ -5,14 +5,15 @@
 //! order. Work is split over output rows only, and the loop is weights-outer so
 //! a batch of activation rows reuses each weight row while it is in cache.
 
-use candle_core::quantized::k_quants::{
-    BlockQ4K, BlockQ4_1, BlockQ5K, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType,
-};
+use candle_core::quantized::k_quants::{BlockQ4_1, BlockQ5K, BlockQ5_1, BlockQ8_0, GgmlType};
 use candle_core::quantized::GgmlDType;
 use rayon::prelude::*;
 
+use crate::kq::{dot_k_rows, widen_q4k, widen_q6k, KBlock};
 use crate::ops::dot_f32;
-use crate::q8::{dot_q8_rows, dot_q8_tile, has_tile, quantize_row, widen_q4_0, widen_q5_0, Q8Row};
+use crate::q8::{
+    dot_q8_rows, dot_q8_tile, has_tile, quantize_row, widen_q4_0, widen_q5_0, Q8Row, RowQuant,
+};
 
 /// Why a weight matrix could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,12 +45,10 @@ pub enum WeightData {
     Q5_1(Vec<BlockQ5_1>),
     /// GGML Q8_0; Q4_0 and Q5_0 weights are widened to it exactly at load.
     Q8_0(Vec<BlockQ8_0>),
-    /// GGML Q4_K.
-    Q4K(Vec<BlockQ4K>),
+    /// GGML Q4_K and Q6_K, unpacked exactly into 32-element blocks.
+    K(Vec<KBlock>),
     /// GGML Q5_K.
     Q5K(Vec<BlockQ5K>),
-    /// GGML Q6_K.
-    Q6K(Vec<BlockQ6K>),
 }
 
 /// A weight matrix of `rows` output features by `cols` input features.
@@ -138,9 +137,9 @@ impl Matrix {
             GgmlDType::Q5_0 => WeightData::Q8_0(widen_q5_0(&blocks_from_bytes(bytes, nb)?)),
             GgmlDType::Q5_1 => WeightData::Q5_1(blocks_from_bytes(bytes, nb)?),
             GgmlDType::Q8_0 => WeightData::Q8_0(blocks_from_bytes(bytes, nb)?),
-            GgmlDType::Q4K => WeightData::Q4K(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q4K => WeightData::K(widen_q4k(&blocks_from_bytes(bytes, nb)?)),
             GgmlDType::Q5K => WeightData::Q5K(blocks_from_bytes(bytes, nb)?),
-            GgmlDType::Q6K => WeightData::Q6K(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q6K => WeightData::K(widen_q6k(&blocks_from_bytes(bytes, nb)?)),
             other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
         };
         if let WeightData::F32(v) = &data {
@@ -178,8 +177,8 @@ impl Matrix {
             GgmlDType::Q4_0 => WeightData::Q8_0(widen_q4_0(&q(data, bs))),
             GgmlDType::Q5_0 => WeightData::Q8_0(widen_q5_0(&q(data, bs))),
             GgmlDType::Q8_0 => WeightData::Q8_0(q(data, bs)),
-            GgmlDType::Q4K => WeightData::Q4K(q(data, bs)),
-            GgmlDType::Q6K => WeightData::Q6K(q(data, bs)),
+            GgmlDType::Q4K => WeightData::K(widen_q4k(&q(data, bs))),
+            GgmlDType::Q6K => WeightData::K(widen_q6k(&q(data, bs))),
             other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
         };
         Ok(Self { rows, cols, data })
@@ -202,9 +201,8 @@ impl Matrix {
             WeightData::Q4_1(_) => "Q4_1",
             WeightData::Q5_1(_) => "Q5_1",
             WeightData::Q8_0(_) => "Q8_0",
-            WeightData::Q4K(_) => "Q4_K",
+            WeightData::K(_) => "K-quant",
             WeightData::Q5K(_) => "Q5_K",
-            WeightData::Q6K(_) => "Q6_K",
         }
     }
 
@@ -220,9 +218,8 @@ impl Matrix {
             WeightData::Q4_1(w) => deq(w, r, c, out),
             WeightData::Q5_1(w) => deq(w, r, c, out),
             WeightData::Q8_0(w) => deq(w, r, c, out),
-            WeightData::Q4K(w) => deq(w, r, c, out),
+            WeightData::K(w) => crate::kq::to_f32(&w[r * c / 32..(r + 1) * c / 32], &mut out[..c]),
             WeightData::Q5K(w) => deq(w, r, c, out),
-            WeightData::Q6K(w) => deq(w, r, c, out),
         }
     }
 
@@ -244,9 +241,8 @@ impl Matrix {
             WeightData::Q4_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q5_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q8_0(w) => matmul_q8(w, self.rows, self.cols, x, n, y),
-            WeightData::Q4K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
+            WeightData::K(w) => matmul_q8(w, self.rows, self.cols, x, n, y),
             WeightData::Q5K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
-            WeightData::Q6K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
         }
     }
 }
@@ -310,15 +306,52 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
     });
 }
 
+/// Weight blocks of 32 that multiply Q8_0 activation rows.
+trait QWeight: Sync {
+    /// Up to four dot products of one weight row.
+    fn rows(w: &[Self], xs: &[Q8Row<'_>], out: &mut [f32])
+    where
+        Self: Sized;
+    /// Whether `tile` may be called.
+    fn tile_available() -> bool {
+        false
+    }
+    /// Two weight rows by four activation rows; the same bits as `rows`.
+    fn tile(_w0: &[Self], _w1: &[Self], _xs: [Q8Row<'_>; 4]) -> [[f32; 4]; 2]
+    where
+        Self: Sized,
+    {
+        unreachable!("no tile kernel")
+    }
+}
+
+impl QWeight for BlockQ8_0 {
+    fn rows(w: &[Self], xs: &[Q8Row<'_>], out: &mut [f32]) {
+        dot_q8_rows(w, xs, out)
+    }
+    fn tile_available() -> bool {
+        has_tile()
+    }
+    fn tile(w0: &[Self], w1: &[Self], xs: [Q8Row<'_>; 4]) -> [[f32; 4]; 2] {
+        dot_q8_tile(w0, w1, xs)
+    }
+}
+
+impl QWeight for KBlock {
+    fn rows(w: &[Self], xs: &[Q8Row<'_>], out: &mut [f32]) {
+        dot_k_rows(w, xs, out)
+    }
+}
+
 /// Activation rows per tile: a tile stays in L1 while weight rows stream by.
 const ROW_TILE: usize = 8;
 
 /// Q8_0 weights: each weight block is loaded once for several activation
 /// rows (2 weight rows × 4 activation rows where VNNI allows).
-fn matmul_q8(w: &[BlockQ8_0], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+fn matmul_q8<W: QWeight>(w: &[W], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
     let bpr = cols / 32;
     let mut xq: Vec<BlockQ8_0> = (0..n * bpr).map(|_| BlockQ8_0::zeros()).collect();
-    let quant: Vec<(Vec<f32>, Vec<[u8; 32]>)> = xq
+    let quant: Vec<RowQuant> = xq
         .par_chunks_mut(bpr)
         .zip(x.par_chunks(cols))
         .map(|(q, r)| quantize_row(r, q))
@@ -326,13 +359,14 @@ fn matmul_q8(w: &[BlockQ8_0], rows: usize, cols: usize, x: &[f32], n: usize, y: 
     let xrows: Vec<Q8Row<'_>> = xq
         .chunks_exact(bpr)
         .zip(&quant)
-        .map(|(blocks, (s, o))| Q8Row {
+        .map(|(blocks, (s, o, sums))| Q8Row {
             blocks,
             scales: s,
             offset: o,
+            sums,
         })
         .collect();
-    let tile = has_tile();
+    let tile = W::tile_available();
     let out = OutPtr(y.as_mut_ptr());
     let put = |b: usize, r: usize, v: f32| {
         // SAFETY: `b < n` and `r < rows`, so the index is inside `y`; only the
@@ -349,7 +383,7 @@ fn matmul_q8(w: &[BlockQ8_0], rows: usize, cols: usize, x: &[f32], n: usize, y: 
                 let mut r = lo;
                 if tile && group.len() == 4 {
                     while r + 2 <= hi {
-                        let v = dot_q8_tile(
+                        let v = W::tile(
                             &w[r * bpr..(r + 1) * bpr],
                             &w[(r + 1) * bpr..(r + 2) * bpr],
                             [group[0], group[1], group[2], group[3]],
@@ -362,7 +396,7 @@ fn matmul_q8(w: &[BlockQ8_0], rows: usize, cols: usize, x: &[f32], n: usize, y: 
                     }
                 }
                 while r < hi {
-                    dot_q8_rows(&w[r * bpr..(r + 1) * bpr], group, &mut vals[..group.len()]);
+                    W::rows(&w[r * bpr..(r + 1) * bpr], group, &mut vals[..group.len()]);
                     for (k, v) in vals[..group.len()].iter().enumerate() {
                         put(b0 + k, r, *v);
                     }

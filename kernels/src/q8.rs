@@ -96,11 +96,22 @@ pub struct Q8Row<'a> {
     pub scales: &'a [f32],
     /// `blocks[i].qs` shifted to unsigned (`q + 128`), for the VNNI tile kernel.
     pub offset: &'a [[u8; 32]],
+    /// Sum of each block's integer values, for weights with an offset (Q4_K).
+    pub sums: &'a [i32],
+}
+
+/// A quantized activation row's side data: f32 scales, unsigned values, block sums.
+pub type RowQuant = (Vec<f32>, Vec<[u8; 32]>, Vec<i32>);
+
+/// The integer values of a Q8_0 block.
+pub(crate) fn qs(b: &BlockQ8_0) -> &[i8; 32] {
+    // SAFETY: `RawQ8` mirrors the block layout (size checked above).
+    unsafe { &(*(b as *const BlockQ8_0 as *const RawQ8)).qs }
 }
 
 /// Quantizes one f32 row to Q8_0; returns its block scales as f32 and its
 /// values shifted to unsigned.
-pub fn quantize_row(x: &[f32], blocks: &mut [BlockQ8_0]) -> (Vec<f32>, Vec<[u8; 32]>) {
+pub fn quantize_row(x: &[f32], blocks: &mut [BlockQ8_0]) -> RowQuant {
     use candle_core::quantized::k_quants::GgmlType;
     BlockQ8_0::from_float(x, blocks);
     let raw = raw8(blocks);
@@ -109,7 +120,11 @@ pub fn quantize_row(x: &[f32], blocks: &mut [BlockQ8_0]) -> (Vec<f32>, Vec<[u8; 
         .iter()
         .map(|b| std::array::from_fn(|k| (b.qs[k] as u8) ^ 0x80))
         .collect();
-    (scales, offset)
+    let sums = raw
+        .iter()
+        .map(|b| b.qs.iter().map(|&q| q as i32).sum())
+        .collect();
+    (scales, offset, sums)
 }
 
 /// Whether [`dot_q8_tile`] runs on this CPU.
@@ -204,7 +219,7 @@ fn scalar_dot(w: &[RawQ8], x: Q8Row<'_>) -> f32 {
 }
 
 /// The horizontal sum in the order the `_mm256` code below performs it.
-fn hsum_scalar(a: [f32; 8]) -> f32 {
+pub(crate) fn hsum_scalar(a: [f32; 8]) -> f32 {
     let s = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
     let t0 = s[0] + s[2];
     let t1 = s[1] + s[3];
@@ -216,6 +231,12 @@ enum Simd {
     None,
     Avx2,
     Vnni,
+}
+
+/// Whether AVX2 and FMA kernels run on this CPU.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn has_avx2() -> bool {
+    simd_level() != Simd::None
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -414,6 +435,7 @@ mod tests {
                 blocks: b,
                 scales: s,
                 offset: o,
+                sums: &[],
             })
             .collect();
         let mut all = vec![0f32; 6];
