@@ -277,60 +277,58 @@ pub fn bench(args: BenchArgs) -> Result<()> {
         );
     }
 
-    // Growing conversation: per-turn cost with and without prefix reuse.
-    for reuse in [true, false] {
-        let mut messages = vec![Message::new(
-            Role::System,
-            "You keep a ledger of work orders.".to_string(),
-        )];
-        let session = engine.open_session();
-        let mut costs = Vec::new();
-        for turn in 0..args.turns {
-            messages.push(Message::new(
-                Role::User,
-                format!("Turn {turn}: {}", filler(30, turn)),
-            ));
-            let s = if reuse {
-                session
-            } else {
-                engine.open_session()
-            };
-            let req = ChatRequest {
-                messages: messages.clone(),
-                max_tokens: args.turn_tokens,
-                stop: Vec::new(),
-                thinking: false,
-                temperature: 0.0,
-                seed: 0,
-            };
-            let t = Instant::now();
-            let reply = engine.chat(s, req)?;
-            costs.push((t.elapsed().as_secs_f64(), reply.usage));
-            if !reuse {
-                engine.close_session(s);
-            }
-            messages.push(Message::new(Role::Assistant, reply.content));
-        }
-        let label = if reuse {
-            "with prefix reuse"
-        } else {
-            "without reuse (cold)"
+    // Growing conversation: every turn re-sends the whole transcript. With
+    // prefix reuse only the new tokens are prefilled; cold, all of them are.
+    let mut messages = vec![Message::new(
+        Role::System,
+        "You keep a ledger of work orders.".to_string(),
+    )];
+    let session = engine.open_session();
+    let mut warm = Vec::new();
+    let mut transcripts = Vec::new();
+    for turn in 0..args.turns {
+        messages.push(Message::new(
+            Role::User,
+            format!("Turn {}: {}", turn + 1, filler(20, turn)),
+        ));
+        let req = ChatRequest {
+            messages: messages.clone(),
+            max_tokens: args.turn_tokens,
+            stop: Vec::new(),
+            thinking: false,
+            temperature: 0.0,
+            seed: 0,
         };
-        let pick = |i: usize| costs.get(i).map(|c| c.0).unwrap_or(0.0);
-        let n = costs.len();
-        let mean: f64 = costs.iter().map(|c| c.0).sum::<f64>() / n.max(1) as f64;
+        transcripts.push(req.clone());
+        let t = Instant::now();
+        let reply = engine.chat(session, req)?;
+        warm.push((t.elapsed().as_secs_f64(), reply.usage));
+        messages.push(Message::new(Role::Assistant, reply.content));
+    }
+    // Cold cost at five sampled turns (running all of them cold takes minutes).
+    let n = args.turns;
+    let mut sample: Vec<usize> = [1, n / 4, n / 2, 3 * n / 4, n]
+        .into_iter()
+        .filter(|&t| t >= 1 && t <= n)
+        .collect();
+    sample.dedup();
+    println!(
+        "conversation: {n} turns, {} reply tokens each; seconds per turn (prompt tokens, reused):",
+        args.turn_tokens
+    );
+    for &t in &sample {
+        let s = engine.open_session();
+        let start = Instant::now();
+        let cold = engine.chat(s, transcripts[t - 1].clone())?;
+        let cold_secs = start.elapsed().as_secs_f64();
+        engine.close_session(s);
+        let (w, u) = warm[t - 1];
         println!(
-            "conversation {label}: {n} turns, per-turn seconds: turn 1 {:.2}, turn {} {:.2}, turn {} {:.2}, turn {n} {:.2}; mean {:.2}; last prompt {} tokens ({} cached)",
-            pick(0),
-            n / 2,
-            pick(n / 2 - 1),
-            n - 1,
-            pick(n.saturating_sub(2)),
-            pick(n - 1),
-            mean,
-            costs.last().map(|c| c.1.prompt_tokens).unwrap_or(0),
-            costs.last().map(|c| c.1.cached_tokens).unwrap_or(0),
+            "  turn {t:>3}: with reuse {w:.2}s ({} prompt, {} reused) | without reuse {cold_secs:.2}s ({} prompt, 0 reused)",
+            u.prompt_tokens, u.cached_tokens, cold.usage.prompt_tokens
         );
     }
+    let mean = warm.iter().map(|w| w.0).sum::<f64>() / n.max(1) as f64;
+    println!("  mean per turn with reuse over all {n} turns: {mean:.2}s");
     Ok(())
 }

@@ -7,8 +7,10 @@
 //! what makes a request's tokens bit-identical alone or batched, cached or cold.
 
 pub mod attention;
+pub mod kq;
 pub mod matmul;
 pub mod ops;
+pub mod q8;
 
 pub use attention::attend;
 pub use matmul::{Matrix, MatrixError, WeightData};

@@ -5,13 +5,15 @@
 //! order. Work is split over output rows only, and the loop is weights-outer so
 //! a batch of activation rows reuses each weight row while it is in cache.
 
-use candle_core::quantized::k_quants::{
-    BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, GgmlType,
-};
+use candle_core::quantized::k_quants::{BlockQ4_1, BlockQ5K, BlockQ5_1, BlockQ8_0, GgmlType};
 use candle_core::quantized::GgmlDType;
 use rayon::prelude::*;
 
+use crate::kq::{dot_k_rows, widen_q4k, widen_q6k, KBlock};
 use crate::ops::dot_f32;
+use crate::q8::{
+    dot_q8_rows, dot_q8_tile, has_tile, quantize_row, widen_q4_0, widen_q5_0, Q8Row, RowQuant,
+};
 
 /// Why a weight matrix could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,22 +39,16 @@ impl std::error::Error for MatrixError {}
 pub enum WeightData {
     /// Plain f32.
     F32(Vec<f32>),
-    /// GGML Q4_0.
-    Q4_0(Vec<BlockQ4_0>),
     /// GGML Q4_1.
     Q4_1(Vec<BlockQ4_1>),
-    /// GGML Q5_0.
-    Q5_0(Vec<BlockQ5_0>),
     /// GGML Q5_1.
     Q5_1(Vec<BlockQ5_1>),
-    /// GGML Q8_0.
+    /// GGML Q8_0; Q4_0 and Q5_0 weights are widened to it exactly at load.
     Q8_0(Vec<BlockQ8_0>),
-    /// GGML Q4_K.
-    Q4K(Vec<BlockQ4K>),
+    /// GGML Q4_K and Q6_K, unpacked exactly into 32-element blocks.
+    K(Vec<KBlock>),
     /// GGML Q5_K.
     Q5K(Vec<BlockQ5K>),
-    /// GGML Q6_K.
-    Q6K(Vec<BlockQ6K>),
 }
 
 /// A weight matrix of `rows` output features by `cols` input features.
@@ -136,14 +132,14 @@ impl Matrix {
                     .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
                     .collect(),
             ),
-            GgmlDType::Q4_0 => WeightData::Q4_0(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q4_0 => WeightData::Q8_0(widen_q4_0(&blocks_from_bytes(bytes, nb)?)),
             GgmlDType::Q4_1 => WeightData::Q4_1(blocks_from_bytes(bytes, nb)?),
-            GgmlDType::Q5_0 => WeightData::Q5_0(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q5_0 => WeightData::Q8_0(widen_q5_0(&blocks_from_bytes(bytes, nb)?)),
             GgmlDType::Q5_1 => WeightData::Q5_1(blocks_from_bytes(bytes, nb)?),
             GgmlDType::Q8_0 => WeightData::Q8_0(blocks_from_bytes(bytes, nb)?),
-            GgmlDType::Q4K => WeightData::Q4K(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q4K => WeightData::K(widen_q4k(&blocks_from_bytes(bytes, nb)?)),
             GgmlDType::Q5K => WeightData::Q5K(blocks_from_bytes(bytes, nb)?),
-            GgmlDType::Q6K => WeightData::Q6K(blocks_from_bytes(bytes, nb)?),
+            GgmlDType::Q6K => WeightData::K(widen_q6k(&blocks_from_bytes(bytes, nb)?)),
             other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
         };
         if let WeightData::F32(v) = &data {
@@ -154,6 +150,37 @@ impl Matrix {
                 )));
             }
         }
+        Ok(Self { rows, cols, data })
+    }
+
+    /// Quantizes row-major f32 data to `dtype` (for tests and benchmarks).
+    pub fn quantize(
+        dtype: GgmlDType,
+        rows: usize,
+        cols: usize,
+        data: &[f32],
+    ) -> Result<Self, MatrixError> {
+        fn q<T: GgmlType>(data: &[f32], bs: usize) -> Vec<T> {
+            let mut v: Vec<T> = (0..data.len() / bs).map(|_| T::zeros()).collect();
+            T::from_float(data, &mut v);
+            v
+        }
+        if data.len() != rows * cols || !cols.is_multiple_of(dtype.block_size()) {
+            return Err(MatrixError::BadShape(format!(
+                "{} values for {rows}x{cols} {dtype:?}",
+                data.len()
+            )));
+        }
+        let bs = dtype.block_size();
+        let data = match dtype {
+            GgmlDType::F32 => WeightData::F32(data.to_vec()),
+            GgmlDType::Q4_0 => WeightData::Q8_0(widen_q4_0(&q(data, bs))),
+            GgmlDType::Q5_0 => WeightData::Q8_0(widen_q5_0(&q(data, bs))),
+            GgmlDType::Q8_0 => WeightData::Q8_0(q(data, bs)),
+            GgmlDType::Q4K => WeightData::K(widen_q4k(&q(data, bs))),
+            GgmlDType::Q6K => WeightData::K(widen_q6k(&q(data, bs))),
+            other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
+        };
         Ok(Self { rows, cols, data })
     }
 
@@ -171,14 +198,11 @@ impl Matrix {
     pub fn type_name(&self) -> &'static str {
         match &self.data {
             WeightData::F32(_) => "F32",
-            WeightData::Q4_0(_) => "Q4_0",
             WeightData::Q4_1(_) => "Q4_1",
-            WeightData::Q5_0(_) => "Q5_0",
             WeightData::Q5_1(_) => "Q5_1",
             WeightData::Q8_0(_) => "Q8_0",
-            WeightData::Q4K(_) => "Q4_K",
+            WeightData::K(_) => "K-quant",
             WeightData::Q5K(_) => "Q5_K",
-            WeightData::Q6K(_) => "Q6_K",
         }
     }
 
@@ -191,14 +215,11 @@ impl Matrix {
         }
         match &self.data {
             WeightData::F32(w) => out[..c].copy_from_slice(&w[r * c..(r + 1) * c]),
-            WeightData::Q4_0(w) => deq(w, r, c, out),
             WeightData::Q4_1(w) => deq(w, r, c, out),
-            WeightData::Q5_0(w) => deq(w, r, c, out),
             WeightData::Q5_1(w) => deq(w, r, c, out),
             WeightData::Q8_0(w) => deq(w, r, c, out),
-            WeightData::Q4K(w) => deq(w, r, c, out),
+            WeightData::K(w) => crate::kq::to_f32(&w[r * c / 32..(r + 1) * c / 32], &mut out[..c]),
             WeightData::Q5K(w) => deq(w, r, c, out),
-            WeightData::Q6K(w) => deq(w, r, c, out),
         }
     }
 
@@ -217,14 +238,11 @@ impl Matrix {
         assert_eq!(y.len(), n * self.rows, "matmul output length");
         match &self.data {
             WeightData::F32(w) => matmul_f32(w, self.rows, self.cols, x, n, y),
-            WeightData::Q4_0(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q4_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
-            WeightData::Q5_0(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q5_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
-            WeightData::Q8_0(w) => matmul_q(w, self.rows, self.cols, x, n, y),
-            WeightData::Q4K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
+            WeightData::Q8_0(w) => matmul_q8(w, self.rows, self.cols, x, n, y),
+            WeightData::K(w) => matmul_q8(w, self.rows, self.cols, x, n, y),
             WeightData::Q5K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
-            WeightData::Q6K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
         }
     }
 }
@@ -275,12 +293,115 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
     let out = OutPtr(y.as_mut_ptr());
     let tasks = rows.div_ceil(ROWS_PER_TASK);
     (0..tasks).into_par_iter().for_each(|t| {
-        for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
-            let wr = &w[r * bpr..(r + 1) * bpr];
-            for b in 0..n {
-                let v = T::vec_dot(cols, wr, &xq[b * xbpr..(b + 1) * xbpr]);
-                // SAFETY: as in `matmul_f32`.
-                unsafe { *out.at(b * rows + r) = v };
+        for tile in (0..n).step_by(ROW_TILE) {
+            for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
+                let wr = &w[r * bpr..(r + 1) * bpr];
+                for b in tile..(tile + ROW_TILE).min(n) {
+                    let v = T::vec_dot(cols, wr, &xq[b * xbpr..(b + 1) * xbpr]);
+                    // SAFETY: as in `matmul_f32`.
+                    unsafe { *out.at(b * rows + r) = v };
+                }
+            }
+        }
+    });
+}
+
+/// Weight blocks of 32 that multiply Q8_0 activation rows.
+trait QWeight: Sync {
+    /// Up to four dot products of one weight row.
+    fn rows(w: &[Self], xs: &[Q8Row<'_>], out: &mut [f32])
+    where
+        Self: Sized;
+    /// Whether `tile` may be called.
+    fn tile_available() -> bool {
+        false
+    }
+    /// Two weight rows by four activation rows; the same bits as `rows`.
+    fn tile(_w0: &[Self], _w1: &[Self], _xs: [Q8Row<'_>; 4]) -> [[f32; 4]; 2]
+    where
+        Self: Sized,
+    {
+        unreachable!("no tile kernel")
+    }
+}
+
+impl QWeight for BlockQ8_0 {
+    fn rows(w: &[Self], xs: &[Q8Row<'_>], out: &mut [f32]) {
+        dot_q8_rows(w, xs, out)
+    }
+    fn tile_available() -> bool {
+        has_tile()
+    }
+    fn tile(w0: &[Self], w1: &[Self], xs: [Q8Row<'_>; 4]) -> [[f32; 4]; 2] {
+        dot_q8_tile(w0, w1, xs)
+    }
+}
+
+impl QWeight for KBlock {
+    fn rows(w: &[Self], xs: &[Q8Row<'_>], out: &mut [f32]) {
+        dot_k_rows(w, xs, out)
+    }
+}
+
+/// Activation rows per tile: a tile stays in L1 while weight rows stream by.
+const ROW_TILE: usize = 8;
+
+/// Q8_0 weights: each weight block is loaded once for several activation
+/// rows (2 weight rows × 4 activation rows where VNNI allows).
+fn matmul_q8<W: QWeight>(w: &[W], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+    let bpr = cols / 32;
+    let mut xq: Vec<BlockQ8_0> = (0..n * bpr).map(|_| BlockQ8_0::zeros()).collect();
+    let quant: Vec<RowQuant> = xq
+        .par_chunks_mut(bpr)
+        .zip(x.par_chunks(cols))
+        .map(|(q, r)| quantize_row(r, q))
+        .collect();
+    let xrows: Vec<Q8Row<'_>> = xq
+        .chunks_exact(bpr)
+        .zip(&quant)
+        .map(|(blocks, (s, o, sums))| Q8Row {
+            blocks,
+            scales: s,
+            offset: o,
+            sums,
+        })
+        .collect();
+    let tile = W::tile_available();
+    let out = OutPtr(y.as_mut_ptr());
+    let put = |b: usize, r: usize, v: f32| {
+        // SAFETY: `b < n` and `r < rows`, so the index is inside `y`; only the
+        // task owning row `r` writes it.
+        unsafe { *out.at(b * rows + r) = v };
+    };
+    let tasks = rows.div_ceil(ROWS_PER_TASK);
+    (0..tasks).into_par_iter().for_each(|t| {
+        let (lo, hi) = (t * ROWS_PER_TASK, ((t + 1) * ROWS_PER_TASK).min(rows));
+        let mut vals = [0f32; 4];
+        for (ti, xtile) in xrows.chunks(ROW_TILE).enumerate() {
+            for (g, group) in xtile.chunks(4).enumerate() {
+                let b0 = ti * ROW_TILE + g * 4;
+                let mut r = lo;
+                if tile && group.len() == 4 {
+                    while r + 2 <= hi {
+                        let v = W::tile(
+                            &w[r * bpr..(r + 1) * bpr],
+                            &w[(r + 1) * bpr..(r + 2) * bpr],
+                            [group[0], group[1], group[2], group[3]],
+                        );
+                        for (k, (a, b)) in v[0].iter().zip(&v[1]).enumerate() {
+                            put(b0 + k, r, *a);
+                            put(b0 + k, r + 1, *b);
+                        }
+                        r += 2;
+                    }
+                }
+                while r < hi {
+                    W::rows(&w[r * bpr..(r + 1) * bpr], group, &mut vals[..group.len()]);
+                    for (k, v) in vals[..group.len()].iter().enumerate() {
+                        put(b0 + k, r, *v);
+                    }
+                    r += 1;
+                }
             }
         }
     });
@@ -306,6 +427,33 @@ mod tests {
             let mut y1 = vec![0f32; rows];
             m.matmul(&x[b * cols..(b + 1) * cols], 1, &mut y1);
             assert_eq!(y1, y[b * rows..(b + 1) * rows]);
+        }
+    }
+
+    #[test]
+    fn quantized_batches_equal_single_rows() {
+        let (rows, cols) = (40, 512);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
+            .collect();
+        let x: Vec<f32> = (0..7 * cols)
+            .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
+            .collect();
+        for dt in [
+            GgmlDType::Q4_0,
+            GgmlDType::Q5_0,
+            GgmlDType::Q8_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+        ] {
+            let m = Matrix::quantize(dt, rows, cols, &w).unwrap();
+            let mut y = vec![0f32; 7 * rows];
+            m.matmul(&x, 7, &mut y);
+            for b in 0..7 {
+                let mut y1 = vec![0f32; rows];
+                m.matmul(&x[b * cols..(b + 1) * cols], 1, &mut y1);
+                assert_eq!(y1, y[b * rows..(b + 1) * rows], "{dt:?}");
+            }
         }
     }
 }

@@ -86,6 +86,7 @@ pub struct Engine {
     model: Model,
     tokenizer: tokenizers::Tokenizer,
     template: ChatTemplate,
+    template_source: String,
     stop_ids: Vec<u32>,
     pool: rayon::ThreadPool,
     opts: EngineOptions,
@@ -127,6 +128,7 @@ impl Engine {
             model: loaded.model,
             tokenizer: loaded.tokenizer,
             template,
+            template_source: loaded.chat_template,
             stop_ids,
             pool,
             opts,
@@ -164,6 +166,21 @@ impl Engine {
         thinking: bool,
     ) -> Result<String, BackendError> {
         self.template.render(messages, thinking)
+    }
+
+    /// The tokenizer.
+    pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
+        &self.tokenizer
+    }
+
+    /// The model's chat template source.
+    pub fn template_source(&self) -> &str {
+        &self.template_source
+    }
+
+    /// The model's chat template.
+    pub fn template(&self) -> &ChatTemplate {
+        &self.template
     }
 
     /// Tokenizes text; special tokens written in the text are recognised.
@@ -474,4 +491,19 @@ fn hash_files(files: &[PathBuf]) -> String {
     }
     let digest = h.finalize();
     digest.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_thinking;
+
+    #[test]
+    fn thinking_blocks_are_split_off() {
+        let (r, c) = split_thinking("<think>\nweigh it\n</think>\n\nParis");
+        assert_eq!(r.as_deref(), Some("weigh it"));
+        assert_eq!(c, "Paris");
+        let (r, c) = split_thinking("Paris");
+        assert_eq!(r, None);
+        assert_eq!(c, "Paris");
+    }
 }

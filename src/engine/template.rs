@@ -31,21 +31,50 @@ impl ChatTemplate {
 
     /// Renders a conversation with the generation prompt appended.
     pub fn render(&self, messages: &[Message], thinking: bool) -> Result<String, BackendError> {
+        let msgs: Vec<minijinja::Value> = messages
+            .iter()
+            .map(|m| minijinja::context! { role => m.role.as_str(), content => m.content.as_str() })
+            .collect();
+        self.render_values(minijinja::Value::from(msgs), true, Some(thinking))
+    }
+
+    /// Renders arbitrary message objects (e.g. with `reasoning_content`), as
+    /// `apply_chat_template` would; `enable_thinking: None` leaves it undefined.
+    pub fn render_json(
+        &self,
+        messages: &serde_json::Value,
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String, BackendError> {
+        self.render_values(
+            minijinja::Value::from_serialize(messages),
+            add_generation_prompt,
+            enable_thinking,
+        )
+    }
+
+    fn render_values(
+        &self,
+        messages: minijinja::Value,
+        add_generation_prompt: bool,
+        enable_thinking: Option<bool>,
+    ) -> Result<String, BackendError> {
         let tmpl = self
             .env
             .get_template("chat")
             .map_err(|e| BackendError::Template(e.to_string()))?;
-        let msgs: Vec<minijinja::Value> = messages
-            .iter()
-            .map(|m| {
-                minijinja::context! { role => m.role.as_str(), content => m.content.as_str() }
-            })
-            .collect();
-        tmpl.render(minijinja::context! {
-            messages => msgs,
-            add_generation_prompt => true,
-            enable_thinking => thinking,
-        })
-        .map_err(|e| BackendError::Template(format!("{e:#}").replace('\n', " ")))
+        let ctx = match enable_thinking {
+            Some(t) => minijinja::context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+                enable_thinking => t,
+            },
+            None => minijinja::context! {
+                messages => messages,
+                add_generation_prompt => add_generation_prompt,
+            },
+        };
+        tmpl.render(ctx)
+            .map_err(|e| BackendError::Template(format!("{e:#}").replace('\n', " ")))
     }
 }

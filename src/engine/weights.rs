@@ -62,45 +62,73 @@ fn looks_like_hub_id(s: &str) -> bool {
         && !s.ends_with(".gguf")
 }
 
-/// Finds a hub id's snapshot directory in the local Hugging Face cache.
+/// Whether `HF_HUB_OFFLINE` forbids downloads.
+fn hub_offline() -> bool {
+    std::env::var("HF_HUB_OFFLINE")
+        .map(|v| {
+            matches!(
+                v.trim().to_ascii_lowercase().as_str(),
+                "1" | "true" | "yes" | "on"
+            )
+        })
+        .unwrap_or(false)
+}
+
+/// Finds a hub id's snapshot directory: the local Hugging Face cache first,
+/// then a download unless `HF_HUB_OFFLINE` is set.
 fn resolve_hub_id(id: &str) -> Result<PathBuf, BackendError> {
     let cache = hf_hub::Cache::from_env();
-    let repo = cache.model(id.to_string());
-    let missing = |file: &str| {
-        BackendError::MissingFile {
+    let offline = hub_offline();
+    let missing = |file: &str, why: String| BackendError::MissingFile {
         path: PathBuf::from(format!("{id}/{file}")),
-        hint: format!(
-            "not in the Hugging Face cache at {}; download it first, e.g. `huggingface-cli download {id}`",
-            cache.path().display()
-        ),
-    }
+        hint: why,
     };
-    let config = repo
-        .get("config.json")
-        .ok_or_else(|| missing("config.json"))?;
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        repo.get(f).ok_or_else(|| missing(f))?;
-    }
-    if repo.get("model.safetensors").is_none() {
-        let index = repo
-            .get("model.safetensors.index.json")
-            .ok_or_else(|| missing("model.safetensors"))?;
+    let fetch = |file: &str| -> Result<PathBuf, BackendError> {
+        if let Some(p) = cache.model(id.to_string()).get(file) {
+            return Ok(p);
+        }
+        if offline {
+            return Err(missing(
+                file,
+                format!(
+                    "not in the Hugging Face cache at {} and HF_HUB_OFFLINE is set; unset it or download the model first",
+                    cache.path().display()
+                ),
+            ));
+        }
+        let api = hf_hub::api::sync::ApiBuilder::from_env()
+            .with_progress(true)
+            .build()
+            .map_err(|e| missing(file, format!("cannot reach the Hugging Face hub: {e}")))?;
+        api.model(id.to_string())
+            .get(file)
+            .map_err(|e| missing(file, format!("download failed: {e}")))
+    };
+    let config = fetch("config.json")?;
+    fetch("tokenizer.json")?;
+    fetch("tokenizer_config.json")?;
+    if fetch("model.safetensors").is_err() {
+        let index = fetch("model.safetensors.index.json")?;
         let text = read_to_string(&index)?;
         let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| BackendError::CorruptWeights {
-                path: index.clone(),
-                cause: e.to_string(),
-            })?;
-        if let Some(map) = json.get("weight_map").and_then(|m| m.as_object()) {
-            for shard in map.values().filter_map(|v| v.as_str()) {
-                repo.get(shard).ok_or_else(|| missing(shard))?;
-            }
+            serde_json::from_str(&text).map_err(|e| corrupt(&index, e.to_string()))?;
+        let mut shards: Vec<&str> = json
+            .get("weight_map")
+            .and_then(|m| m.as_object())
+            .map(|m| m.values().filter_map(|v| v.as_str()).collect())
+            .unwrap_or_default();
+        shards.sort();
+        shards.dedup();
+        for shard in shards {
+            fetch(shard)?;
         }
     }
+    // Newer repositories keep the chat template in its own file.
+    let _ = fetch("chat_template.jinja");
     config
         .parent()
         .map(Path::to_path_buf)
-        .ok_or_else(|| missing("config.json"))
+        .ok_or_else(|| missing("config.json", "bad cache layout".into()))
 }
 
 fn read_to_string(path: &Path) -> Result<String, BackendError> {
@@ -124,14 +152,19 @@ fn io_err(path: &Path, e: std::io::Error) -> BackendError {
 fn corrupt(path: &Path, cause: impl Into<String>) -> BackendError {
     BackendError::CorruptWeights {
         path: path.to_path_buf(),
-        cause: cause.into(),
+        cause: first_line(cause.into()),
     }
+}
+
+/// Library errors may carry a backtrace after the message; keep the message.
+fn first_line(s: String) -> String {
+    s.lines().next().unwrap_or_default().trim().to_string()
 }
 
 fn unsupported(path: &Path, cause: impl Into<String>) -> BackendError {
     BackendError::Unsupported {
         path: path.to_path_buf(),
-        cause: cause.into(),
+        cause: first_line(cause.into()),
     }
 }
 
@@ -457,8 +490,13 @@ fn load_gguf(path: &Path) -> Result<Loaded, BackendError> {
         context: md_usize(&content, path, &format!("{a}.context_length"))?,
     };
     validate(&cfg, path)?;
-    let tokenizer = Tokenizer::from_gguf(&content)
-        .map_err(|e| BackendError::Tokenizer(format!("{}: {e}", path.display())))?;
+    let mut tokenizer = Tokenizer::from_gguf(&content)
+        .map_err(|e| BackendError::Tokenizer(first_line(format!("{}: {e}", path.display()))))?;
+    // A GGUF tokenizer applies no normalizer (llama.cpp and transformers' GGUF
+    // conversion alike); keep agreement with them on the same file.
+    tokenizer
+        .with_normalizer(None::<tokenizers::NormalizerWrapper>)
+        .map_err(|e| BackendError::Tokenizer(first_line(format!("{}: {e}", path.display()))))?;
     let chat_template = md(&content, path, "tokenizer.chat_template")
         .ok()
         .and_then(|v| v.to_string().ok().cloned())
@@ -588,6 +626,7 @@ fn load_safetensors_dir(dir: &Path, spec: &str) -> Result<Loaded, BackendError> 
         head_dim: cfg_usize(&j, "head_dim").unwrap_or(hidden / heads.max(1)),
         rope_theta: j
             .get("rope_theta")
+            .or_else(|| j.get("rope_parameters").and_then(|r| r.get("rope_theta")))
             .and_then(|v| v.as_f64())
             .unwrap_or(10_000.0) as f32,
         rms_eps: j

@@ -1,0 +1,79 @@
+//! Kernel benchmarks: a Q5_0 projection of the default model's MLP shape at
+//! batch 1 and 16 (weights-outer loops make the batch nearly free), and one
+//! decode step of the default model when it is present.
+
+use candle_core::quantized::GgmlDType;
+use criterion::{criterion_group, criterion_main, Criterion};
+use statebench_kernels::Matrix;
+
+fn matmul(c: &mut Criterion) {
+    let (rows, cols) = (4864, 896);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
+        .collect();
+    let m = Matrix::quantize(GgmlDType::Q5_0, rows, cols, &w).expect("quantize");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool");
+    for n in [1usize, 4, 16] {
+        let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
+        let mut y = vec![0f32; n * rows];
+        c.bench_function(&format!("q5_0 4864x896 batch {n}"), |b| {
+            b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)))
+        });
+    }
+}
+
+fn big_matmul(c: &mut Criterion) {
+    // The output head's shape: too big for cache, so weights stream from memory.
+    let (rows, cols) = (151_936, 896);
+    let w: Vec<f32> = (0..rows * cols)
+        .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
+        .collect();
+    let m = Matrix::quantize(GgmlDType::Q8_0, rows, cols, &w).expect("quantize");
+    drop(w);
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool");
+    for n in [1usize, 4, 16] {
+        let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
+        let mut y = vec![0f32; n * rows];
+        c.bench_function(&format!("q8_0 151936x896 batch {n}"), |b| {
+            b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)))
+        });
+    }
+}
+
+fn decode_step(c: &mut Criterion) {
+    use statebench::engine::model::{BatchItem, KvCache};
+    use statebench::engine::{Engine, EngineOptions, DEFAULT_MODEL};
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_MODEL);
+    let Ok(engine) = Engine::load(&path.to_string_lossy(), EngineOptions::default()) else {
+        eprintln!("default model absent; skipping the decode-step benchmark");
+        return;
+    };
+    let prompt: Vec<u32> = (0..64).map(|i| 1000 + i).collect();
+    let mut cache = KvCache::default();
+    engine.forward(&mut [BatchItem {
+        tokens: &prompt,
+        cache: &mut cache,
+    }]);
+    c.bench_function("default model decode step, batch 1", |b| {
+        b.iter(|| {
+            let mut c2 = cache.clone();
+            engine.forward(&mut [BatchItem {
+                tokens: &[1234],
+                cache: &mut c2,
+            }])
+        })
+    });
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().sample_size(10);
+    targets = matmul, big_matmul, decode_step
+}
+criterion_main!(benches);

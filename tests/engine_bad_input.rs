@@ -1,0 +1,81 @@
+//! Bad GGUF input: truncated files and a corrupt magic give one-line errors
+//! naming the file and the cause, never a panic or a hang.
+
+mod engine_common;
+
+use std::io::{Read, Write};
+use std::path::Path;
+
+use engine_common::*;
+use statebench::backend::BackendError;
+use statebench::engine::{Engine, EngineOptions};
+
+fn prefix_copy(src: &Path, dst: &Path, n: usize) {
+    let mut buf = vec![0u8; n];
+    std::fs::File::open(src)
+        .expect("open")
+        .read_exact(&mut buf)
+        .expect("read");
+    std::fs::File::create(dst)
+        .expect("create")
+        .write_all(&buf)
+        .expect("write");
+}
+
+fn load_err(path: &Path) -> BackendError {
+    Engine::load(&path.to_string_lossy(), EngineOptions::default())
+        .err()
+        .expect("loading must fail")
+}
+
+#[test]
+fn truncated_gguf_is_reported_with_its_path() {
+    let Some(model) = default_model() else { return };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // Cut inside the metadata, and cut inside the tensor data.
+    for n in [100usize, 3_000_000, 200_000_000] {
+        let p = tmp.path().join(format!("cut-{n}.gguf"));
+        prefix_copy(&model, &p, n);
+        let err = load_err(&p);
+        let msg = err.to_string();
+        assert!(matches!(err, BackendError::CorruptWeights { .. }), "{msg}");
+        assert!(msg.contains(&format!("cut-{n}.gguf")), "{msg}");
+        assert!(!msg.contains('\n'), "one line: {msg}");
+        if n == 200_000_000 {
+            assert!(msg.contains("truncated"), "{msg}");
+        }
+    }
+}
+
+#[test]
+fn corrupt_magic_is_reported() {
+    let Some(model) = default_model() else { return };
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let p = tmp.path().join("bad-magic.gguf");
+    prefix_copy(&model, &p, 1 << 20);
+    let mut bytes = std::fs::read(&p).expect("read");
+    bytes[..4].copy_from_slice(b"NOPE");
+    std::fs::write(&p, bytes).expect("write");
+    let err = load_err(&p);
+    let msg = err.to_string();
+    assert!(matches!(err, BackendError::CorruptWeights { .. }), "{msg}");
+    assert!(
+        msg.contains("bad-magic.gguf") && msg.contains("GGUF"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn cli_reports_bad_model_in_one_line() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_statebench"))
+        .args(["generate", "--model", "/nonexistent/x.gguf"])
+        .output()
+        .expect("spawn");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("/nonexistent/x.gguf") && err.contains("not found"),
+        "{err}"
+    );
+}

@@ -1,0 +1,177 @@
+//! Helpers shared by the engine tests.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use statebench::backend::{Backend, ChatReply, ChatRequest, Message, Role, SessionId};
+use statebench::engine::model::{BatchItem, KvCache};
+use statebench::engine::{Engine, EngineOptions, DEFAULT_MODEL};
+
+/// The repository root.
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The default GGUF, fetched with `models/fetch.sh` when missing; `None`
+/// (with the reason printed) when it is absent and cannot be fetched.
+pub fn default_model() -> Option<PathBuf> {
+    let path = root().join(DEFAULT_MODEL);
+    if path.is_file() {
+        return Some(path);
+    }
+    let status = std::process::Command::new("bash")
+        .arg(root().join("models/fetch.sh"))
+        .status();
+    if path.is_file() {
+        return Some(path);
+    }
+    eprintln!(
+        "SKIP: default model {} is absent and could not be fetched ({status:?})",
+        path.display()
+    );
+    None
+}
+
+/// Loads an engine with two threads.
+pub fn load(spec: &Path) -> Engine {
+    Engine::load(&spec.to_string_lossy(), EngineOptions::default()).expect("model loads")
+}
+
+/// A one-message user request.
+pub fn ask(text: &str, max_tokens: usize) -> ChatRequest {
+    ChatRequest::greedy(vec![Message::new(Role::User, text)], max_tokens)
+}
+
+/// Runs one request alone on a fresh session.
+pub fn run_alone(engine: &mut Engine, req: ChatRequest) -> ChatReply {
+    let s = engine.open_session();
+    let r = engine.chat(s, req).expect("chat");
+    engine.close_session(s);
+    r
+}
+
+/// Runs `target` together with `others` in one batch; returns the target's reply.
+pub fn run_batched(engine: &mut Engine, target: ChatRequest, others: &[ChatRequest]) -> ChatReply {
+    let mut sessions: Vec<SessionId> = Vec::new();
+    let mut ids = Vec::new();
+    // Put the target in the middle of the batch so it is neither first nor last.
+    let mid = others.len() / 2;
+    let mut all: Vec<ChatRequest> = others.to_vec();
+    all.insert(mid, target);
+    for r in all {
+        let s = engine.open_session();
+        ids.push(engine.submit(s, r).expect("submit"));
+        sessions.push(s);
+    }
+    let want = ids[mid];
+    let mut reply = None;
+    while engine.has_pending() {
+        for (id, r) in engine.step().expect("step") {
+            if id == want {
+                reply = Some(r.expect("reply"));
+            }
+        }
+    }
+    for s in sessions {
+        engine.close_session(s);
+    }
+    reply.expect("target finished")
+}
+
+/// Last-token logits of a cold prefill of `tokens`.
+pub fn cold_logits(engine: &Engine, tokens: &[u32]) -> Vec<f32> {
+    let mut cache = KvCache::default();
+    engine
+        .forward(&mut [BatchItem {
+            tokens,
+            cache: &mut cache,
+        }])
+        .remove(0)
+}
+
+/// Greedy continuation by incremental decoding; returns tokens and each step's logits.
+pub fn greedy_incremental(engine: &Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut cache = KvCache::default();
+    let mut logits = engine
+        .forward(&mut [BatchItem {
+            tokens: prompt,
+            cache: &mut cache,
+        }])
+        .remove(0);
+    let mut toks = Vec::new();
+    let mut all = vec![logits.clone()];
+    for _ in 0..n {
+        let t = statebench::engine::sampling::argmax(&logits);
+        toks.push(t);
+        logits = engine
+            .forward(&mut [BatchItem {
+                tokens: &[t],
+                cache: &mut cache,
+            }])
+            .remove(0);
+        all.push(logits.clone());
+    }
+    (toks, all)
+}
+
+/// Largest absolute difference between two logit vectors.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+/// (a) KV-cached incremental decoding equals full recompute, bit for bit.
+pub fn check_incremental_equals_recompute(engine: &Engine, prompt: &[u32], n: usize) {
+    let (toks, inc) = greedy_incremental(engine, prompt, n);
+    for i in 0..=n {
+        let mut seq = prompt.to_vec();
+        seq.extend_from_slice(&toks[..i]);
+        let full = cold_logits(engine, &seq);
+        assert_eq!(
+            inc[i],
+            full,
+            "step {i}: incremental vs recompute differ (max abs diff {}); tolerance is 0 (bit-identical)",
+            max_abs_diff(&inc[i], &full)
+        );
+    }
+}
+
+/// (c) a prompt prefilled in two parts (cache + rest) equals a cold prefill, bit for bit.
+pub fn check_split_prefill(engine: &Engine, prompt: &[u32], splits: &[usize]) {
+    let cold = cold_logits(engine, prompt);
+    for &s in splits {
+        assert!(s > 0 && s < prompt.len());
+        let mut cache = KvCache::default();
+        engine.forward(&mut [BatchItem {
+            tokens: &prompt[..s],
+            cache: &mut cache,
+        }]);
+        let warm = engine
+            .forward(&mut [BatchItem {
+                tokens: &prompt[s..],
+                cache: &mut cache,
+            }])
+            .remove(0);
+        assert_eq!(
+            warm,
+            cold,
+            "split at {s}: cached-prefix logits differ from cold (max abs diff {})",
+            max_abs_diff(&warm, &cold)
+        );
+    }
+}
+
+/// (b) a request's tokens are identical alone and in ragged batches of 2, 4 and 16.
+pub fn check_batch_invariance(engine: &mut Engine, target: ChatRequest, others: &[ChatRequest]) {
+    let alone = run_alone(engine, target.clone());
+    for b in [2usize, 4, 16] {
+        let batched = run_batched(engine, target.clone(), &others[..b - 1]);
+        assert_eq!(
+            batched.tokens, alone.tokens,
+            "batch of {b}: tokens differ from the request alone"
+        );
+        assert_eq!(batched.content, alone.content);
+    }
+}

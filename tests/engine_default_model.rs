@@ -1,0 +1,272 @@
+//! The default GGUF (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M mix): reference
+//! agreement and the invariance promise (SPEC contract 4), bit for bit.
+
+mod engine_common;
+
+use engine_common::*;
+use statebench::backend::{Backend, BackendError, ChatRequest, Finish, Message, Role};
+use statebench::engine::template::ChatTemplate;
+use statebench::engine::{Engine, EngineOptions};
+
+fn fixture(name: &str) -> serde_json::Value {
+    let path = root().join("tests/fixtures/engine").join(name);
+    let text = std::fs::read_to_string(&path).expect("fixture exists");
+    serde_json::from_str(&text).expect("fixture parses")
+}
+
+fn others(n: usize) -> Vec<ChatRequest> {
+    let topics = [
+        "Write a haiku about rust.",
+        "List three prime numbers.",
+        "Explain recursion in one sentence to a child who likes trains and puzzles.",
+        "What is 17 times 23?",
+        "Name a colour.",
+        "Translate 'good morning' into German, French and Spanish, one per line.",
+        "Write a SQL query that counts rows in a table named orders.",
+        "Why is the sky blue?",
+    ];
+    (0..n)
+        .map(|i| {
+            let mut r = ask(topics[i % topics.len()], 6 + (i * 5) % 23);
+            if i % 3 == 1 {
+                // Sampled neighbours: their randomness must not leak into the target.
+                r.temperature = 0.8;
+                r.seed = i as u64;
+            }
+            r
+        })
+        .collect()
+}
+
+#[test]
+fn france_answers_paris_at_temperature_zero() {
+    let Some(path) = default_model() else { return };
+    let mut engine = load(&path);
+    let reply = run_alone(
+        &mut engine,
+        ask("What is the capital of France? Answer in one word.", 16),
+    );
+    assert!(
+        reply.content.contains("Paris"),
+        "reply: {:?}",
+        reply.content
+    );
+    assert_eq!(reply.finish, Finish::Stop);
+    let u = reply.usage;
+    assert_eq!(u.completion_tokens, reply.tokens.len());
+    assert!(u.prompt_tokens > 20 && u.cached_tokens == 0);
+    assert!(u.prefill_secs > 0.0);
+}
+
+#[test]
+fn tokenizer_matches_reference_ids() {
+    let Some(path) = default_model() else { return };
+    let engine = load(&path);
+    let cases = fixture("tokenizer_cases.json");
+    let cases = cases["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 10);
+    for c in cases {
+        let text = c["text"].as_str().expect("text");
+        let want: Vec<u32> = serde_json::from_value(c["ids"].clone()).expect("ids");
+        let got = engine.encode(text).expect("encode");
+        assert_eq!(got, want, "text {text:?}");
+    }
+}
+
+#[test]
+fn chat_templates_render_byte_identical() {
+    let cases = fixture("chat_template_cases.json");
+    let qwen3_src =
+        std::fs::read_to_string(root().join("tests/fixtures/engine/qwen3_chat_template.jinja"))
+            .expect("qwen3 template");
+    let qwen3 = ChatTemplate::new(&qwen3_src).expect("qwen3 compiles");
+    // Qwen2.5 cases render with the template read from the GGUF itself.
+    let engine = default_model().map(|p| load(&p));
+    let mut checked = 0;
+    for c in cases["cases"].as_array().expect("cases") {
+        let tmpl = match c["template"].as_str() {
+            Some("qwen3") => &qwen3,
+            Some("qwen2.5") => match &engine {
+                Some(e) => e.template(),
+                None => continue,
+            },
+            other => panic!("unknown template {other:?}"),
+        };
+        let got = tmpl
+            .render_json(
+                &c["messages"],
+                c["add_generation_prompt"].as_bool().unwrap_or(false),
+                c["enable_thinking"].as_bool(),
+            )
+            .expect("renders");
+        let want = c["rendered"].as_str().expect("rendered");
+        assert_eq!(got, want, "case {} ({})", c["name"], c["template"]);
+        if let (Some(e), Some(ids)) = (&engine, c.get("ids")) {
+            let want_ids: Vec<u32> = serde_json::from_value(ids.clone()).expect("ids");
+            assert_eq!(
+                e.encode(&got).expect("encode"),
+                want_ids,
+                "ids of case {}",
+                c["name"]
+            );
+        }
+        checked += 1;
+    }
+    assert!(checked >= 30, "only {checked} cases checked");
+}
+
+#[test]
+fn default_system_prompt_comes_from_the_template() {
+    let Some(path) = default_model() else { return };
+    let engine = load(&path);
+    let text = engine
+        .render(&[Message::new(Role::User, "hi")], false)
+        .expect("render");
+    assert!(text.starts_with(
+        "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n"
+    ));
+    assert!(text.ends_with("<|im_start|>assistant\n"));
+}
+
+/// Invariance (a): tolerance 0 — the logits are compared bit for bit.
+#[test]
+fn invariance_a_incremental_decode_equals_full_recompute() {
+    let Some(path) = default_model() else { return };
+    let engine = load(&path);
+    let text = engine
+        .render(
+            &[Message::new(Role::User, "Count from one to ten in words.")],
+            false,
+        )
+        .expect("render");
+    let prompt = engine.encode(&text).expect("encode");
+    check_incremental_equals_recompute(&engine, &prompt, 10);
+}
+
+#[test]
+fn invariance_b_tokens_identical_alone_and_in_batches_of_2_4_16() {
+    let Some(path) = default_model() else { return };
+    let mut engine = load(&path);
+    let mut target = ask("Name three rivers in Europe.", 20);
+    check_batch_invariance(&mut engine, target.clone(), &others(15));
+    // A sampled request too: its own seeded RNG makes it batch-independent.
+    target.temperature = 0.7;
+    target.seed = 1234;
+    check_batch_invariance(&mut engine, target, &others(15));
+}
+
+#[test]
+fn invariance_c_cached_prefix_equals_cold_prefill() {
+    let Some(path) = default_model() else { return };
+    let mut engine = load(&path);
+    let text = engine
+        .render(
+            &[
+                Message::new(Role::System, "You are a careful bookkeeper."),
+                Message::new(Role::User, "Book order 17 for ACME, then summarise."),
+            ],
+            false,
+        )
+        .expect("render");
+    let prompt = engine.encode(&text).expect("encode");
+    let n = prompt.len();
+    check_split_prefill(&engine, &prompt, &[1, 5, n / 3, n / 2, n - 2, n - 1]);
+
+    // Through sessions: turn 2 reuses turn 1's cache and equals a cold run.
+    let mut msgs = vec![Message::new(
+        Role::User,
+        "Give me a word that rhymes with cat.",
+    )];
+    let s = engine.open_session();
+    let r1 = engine
+        .chat(s, ChatRequest::greedy(msgs.clone(), 12))
+        .expect("turn 1");
+    msgs.push(Message::new(Role::Assistant, r1.content.clone()));
+    msgs.push(Message::new(Role::User, "And one that rhymes with dog?"));
+    let warm = engine
+        .chat(s, ChatRequest::greedy(msgs.clone(), 12))
+        .expect("turn 2");
+    assert!(
+        warm.usage.cached_tokens > r1.usage.prompt_tokens,
+        "turn 2 reused {} tokens",
+        warm.usage.cached_tokens
+    );
+    let cold = run_alone(&mut engine, ChatRequest::greedy(msgs, 12));
+    assert_eq!(cold.usage.cached_tokens, 0);
+    assert_eq!(warm.tokens, cold.tokens);
+}
+
+#[test]
+fn invariance_d_identical_across_processes_and_thread_counts() {
+    let Some(path) = default_model() else { return };
+    let run = |threads: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_statebench"))
+            .args(["generate", "--model"])
+            .arg(&path)
+            .args([
+                "--prompt",
+                "Write a limerick about a ledger.",
+                "--max-tokens",
+                "24",
+                "--temperature",
+                "0.9",
+                "--seed",
+                "7",
+                "--print-tokens",
+                "--threads",
+                threads,
+            ])
+            .output()
+            .expect("spawn statebench");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let a = run("2");
+    let b = run("2");
+    let c = run("1");
+    assert!(a.contains("tokens: ["));
+    assert_eq!(a, b, "two processes differ");
+    assert_eq!(a, c, "one thread differs from two");
+}
+
+#[test]
+fn context_overflow_is_its_own_error() {
+    let Some(path) = default_model() else { return };
+    let mut engine = load(&path);
+    let s = engine.open_session();
+    let err = engine
+        .submit(s, ask("hello", engine.context()))
+        .expect_err("overflow");
+    assert!(matches!(err, BackendError::ContextOverflow { .. }), "{err}");
+    assert!(err.to_string().contains("context overflow"));
+}
+
+#[test]
+fn kv_budget_queues_or_refuses() {
+    let Some(path) = default_model() else { return };
+    let per_token = 24 * 2 * 2 * 64 * 4;
+    let opts = EngineOptions {
+        kv_budget_bytes: 100 * per_token,
+        ..EngineOptions::default()
+    };
+    let mut engine = Engine::load(&path.to_string_lossy(), opts).expect("loads");
+    let s = engine.open_session();
+    let err = engine.submit(s, ask("hello", 90)).expect_err("never fits");
+    assert!(matches!(err, BackendError::ExceedsKvBudget { .. }), "{err}");
+    // Two requests that fit only one at a time: both finish, one after the other.
+    let (a, b) = (engine.open_session(), engine.open_session());
+    let ra = engine.submit(a, ask("Say yes.", 8)).expect("a");
+    let rb = engine.submit(b, ask("Say no.", 8)).expect("b");
+    let mut done = Vec::new();
+    while engine.has_pending() {
+        for (id, r) in engine.step().expect("step") {
+            r.expect("reply");
+            done.push(id);
+        }
+    }
+    assert_eq!(done, vec![ra, rb]);
+}
