@@ -6,7 +6,7 @@ use statebench::ladder::agent::Scripted;
 use statebench::ladder::arm::Arm;
 use statebench::ladder::domain::Domain;
 use statebench::ladder::generator::{config, generate};
-use statebench::ladder::module::{Compiler, OracleCompiler, OracleMatcher};
+use statebench::ladder::module::OracleMatcher;
 use statebench::ladder::runner::{run_episode, Compiled, RunOptions};
 
 fn bench(c: &mut Criterion) {
@@ -27,14 +27,7 @@ fn bench(c: &mut Criterion) {
                 b.iter(|| {
                     seed += 1;
                     let ep = generate(&config(Domain::Procurement, 10, 0.15, seed), None).unwrap();
-                    let mut oc = OracleCompiler;
-                    let (graph, x) = oc.compile_graph(&ep);
-                    let (revision, y) = oc.compile_revision(&ep);
-                    let compiled = Compiled {
-                        graph,
-                        revision,
-                        cost: vec![x, y],
-                    };
+                    let compiled = Compiled::oracle(&ep);
                     let (rec, _) = run_episode(
                         &ep,
                         arm,

@@ -42,8 +42,8 @@ enum Command {
     /// Manage model files.
     #[command(subcommand)]
     Model(ModelCommand),
-    /// Measure prefill, batched decode and growing-conversation cost.
-    Bench(cli_engine::BenchArgs),
+    /// Measure prefill, batched decode and growing-conversation cost; with --cell, a live cell batched against one episode at a time.
+    Bench(BenchCmd),
     /// Serve the in-process engine as an OpenAI-compatible chat-completions endpoint.
     Serve(statebench::serve::ServeArgs),
 }
@@ -246,6 +246,25 @@ struct CellArgs {
     quiet: bool,
 }
 
+/// `statebench bench`: engine figures, or with `--cell` the live-cell comparison.
+#[derive(Args)]
+struct BenchCmd {
+    #[command(flatten)]
+    engine: cli_engine::BenchArgs,
+    /// Instead of the engine figures: run one small live cell batched (every
+    /// episode-arm live at once) and again one episode-arm at a time, and
+    /// report episodes per hour per arm and the share of prompt tokens served
+    /// from cache.
+    #[arg(long)]
+    cell: bool,
+    /// Episodes per arm of the --cell benchmark.
+    #[arg(long, default_value_t = 2)]
+    cell_episodes: u64,
+    /// Steps S of the --cell benchmark.
+    #[arg(long, default_value_t = 5)]
+    cell_steps: usize,
+}
+
 /// The quick start: a small live ladder on the default model.
 #[derive(Args)]
 struct RunArgs {
@@ -307,7 +326,8 @@ fn run(cli: Cli) -> Result<()> {
         Command::Run(a) => quickstart(a),
         Command::Generate(a) => cli_engine::generate(a),
         Command::Model(ModelCommand::Fetch) => cli_engine::model_fetch(),
-        Command::Bench(a) => cli_engine::bench(a),
+        Command::Bench(a) if a.cell => bench_cell(a),
+        Command::Bench(a) => cli_engine::bench(a.engine),
         Command::Serve(a) => statebench::serve::serve_command(a),
     }
 }
@@ -519,38 +539,136 @@ fn paraphrase(a: ParaphraseArgs) -> Result<()> {
     Ok(())
 }
 
-fn quickstart(a: RunArgs) -> Result<()> {
-    let (served, model) = serve_model(&a.live)?;
-    let name = model
-        .get("name")
-        .and_then(|v| v.as_str())
-        .unwrap_or("?")
-        .to_string();
-    let cfg = CellConfig {
+/// The quick start's cell configuration on a model.
+fn live_ladder(
+    steps: usize,
+    episodes: u64,
+    model: &serde_json::Value,
+    thinking: bool,
+) -> CellConfig {
+    let name = model.get("name").and_then(|v| v.as_str()).unwrap_or("?");
+    CellConfig {
         domain: Domain::Procurement,
-        steps: a.steps,
+        steps,
         density: 0.15,
         brief: BriefVariant::Amended,
         protocol: Protocol::Text,
         paraphrase_tier: 0,
         ambiguous_rate: 0.0,
         seed_start: 100,
-        episodes: a.episodes,
+        episodes,
         arms: vec![Arm::Raw, Arm::Checklist, Arm::Directive, Arm::Enforce],
         agent: format!("model:{name}"),
         matcher: "model".into(),
         compiler: "model".into(),
-        thinking: a.live.think,
+        thinking,
         options: RunOptions::default(),
-    };
-    let parts = CellParts {
+    }
+}
+
+fn model_parts(served: &Served, model: serde_json::Value, thinking: bool) -> CellParts {
+    CellParts {
         scripted: None,
         matcher: Source::Model,
         compiler: Source::Model,
         client: Some(served.client()),
-        thinking: a.live.think,
+        thinking,
         model,
+    }
+}
+
+fn bench_cell(a: BenchCmd) -> Result<()> {
+    let live = LiveArgs {
+        model: a.engine.model.model.clone(),
+        matcher: None,
+        compiler: None,
+        think: false,
+        live: usize::MAX,
+        threads: a.engine.model.threads,
+        endpoint: None,
+        remote_model: None,
+        api_key_env: "OPENAI_API_KEY".into(),
     };
+    let (served, model) = serve_model(&live)?;
+    let cfg = live_ladder(a.cell_steps, a.cell_episodes, &model, false);
+    let parts = model_parts(&served, model, false);
+    let base = std::env::temp_dir().join(format!("statebench-bench-cell-{}", std::process::id()));
+    let total = cfg.episodes as usize * cfg.arms.len();
+    let mut walls = Vec::new();
+    for (name, workers) in [("batched", total), ("sequential", 1)] {
+        let dir = base.join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        let t = std::time::Instant::now();
+        run_cell(&cfg, &parts, None, &dir, workers, true)?;
+        walls.push((name, dir, t.elapsed().as_secs_f64()));
+    }
+    let runs: Vec<_> = walls
+        .iter()
+        .map(|(_, d, _)| read_run(d))
+        .collect::<Result<_, _>>()?;
+    let same = {
+        let key = |d: &std::path::Path| -> Result<Vec<String>> {
+            let mut v: Vec<String> = statebench::ladder::runlog::read_turns(d)?
+                .into_iter()
+                .map(|t| {
+                    serde_json::json!([t.seed, t.arm, t.turn, t.replies, t.bookings]).to_string()
+                })
+                .collect();
+            v.sort();
+            Ok(v)
+        };
+        key(&walls[0].1)? == key(&walls[1].1)?
+    };
+    let mut out = format!(
+        "live cell: procurement S={} rho=0.15, {} episodes x {} arms, model {}, {} threads\n\
+         batched: all {} episode-arms live at once, {:.1} s wall; sequential: one at a time, {:.1} s wall\n\
+         transcripts identical between the two: {}\n\n\
+         arm        episodes/hour batched  episodes/hour sequential  ratio  prompt tokens from cache\n",
+        cfg.steps, cfg.episodes, cfg.arms.len(),
+        runs[0].manifest.model.get("name").and_then(|v| v.as_str()).unwrap_or("?"),
+        a.engine.model.threads, total, walls[0].2, walls[1].2,
+        if same { "yes" } else { "NO" },
+    );
+    let (mut prompt, mut cached) = (0usize, 0usize);
+    for arm in &cfg.arms {
+        let eps = |r: &statebench::ladder::runlog::RunRead| -> Vec<statebench::ladder::runner::EpisodeRecord> {
+            r.episodes.iter().filter(|e| e.arm == *arm).cloned().collect()
+        };
+        let (b, q) = (eps(&runs[0]), eps(&runs[1]));
+        // Batched: the arm's episodes over the wall clock all arms shared.
+        let eph_b = b.len() as f64 / walls[0].2 * 3600.0;
+        // Sequential: the arm's episodes over the time they took, one at a time.
+        let seq_s: f64 = q.iter().map(|e| e.wall_s).sum();
+        let eph_s = q.len() as f64 / seq_s.max(1e-9) * 3600.0;
+        let p: usize = b.iter().map(|e| e.usage.prompt_tokens).sum();
+        let c: usize = b.iter().map(|e| e.usage.cached_tokens).sum();
+        prompt += p;
+        cached += c;
+        out += &format!(
+            "{:<10} {:>22.1}  {:>24.1}  {:>5.2}  {:>23.3}\n",
+            arm.name(),
+            eph_b,
+            eph_s,
+            eph_b / eph_s.max(1e-9),
+            c as f64 / p.max(1) as f64
+        );
+    }
+    out += &format!(
+        "{:<10} {:>22.1}  {:>24.1}  {:>5.2}  {:>23.3}\n",
+        "all",
+        total as f64 / walls[0].2 * 3600.0,
+        total as f64 / walls[1].2 * 3600.0,
+        walls[1].2 / walls[0].2,
+        cached as f64 / prompt.max(1) as f64
+    );
+    let _ = std::fs::remove_dir_all(&base);
+    emit(&out)
+}
+
+fn quickstart(a: RunArgs) -> Result<()> {
+    let (served, model) = serve_model(&a.live)?;
+    let cfg = live_ladder(a.steps, a.episodes, &model, a.live.think);
+    let parts = model_parts(&served, model, a.live.think);
     run_and_report(&cfg, &parts, None, &a.out, a.live.live, false)
 }
 

@@ -8,18 +8,11 @@ use statebench::ladder::arm::Arm;
 use statebench::ladder::domain::Domain;
 use statebench::ladder::episode::{Episode, Protocol};
 use statebench::ladder::generator::{config, generate};
-use statebench::ladder::module::{Compiler, OracleCompiler, OracleMatcher, Refusal};
+use statebench::ladder::module::{OracleMatcher, Refusal};
 use statebench::ladder::runner::{run_episode, Compiled, EpisodeRecord, RunOptions};
 
 fn compiled(ep: &Episode) -> Compiled {
-    let mut c = OracleCompiler;
-    let (graph, a) = c.compile_graph(ep);
-    let (revision, b) = c.compile_revision(ep);
-    Compiled {
-        graph,
-        revision,
-        cost: vec![a, b],
-    }
+    Compiled::oracle(ep)
 }
 
 fn run(ep: &Episode, arm: Arm, agent: Scripted, opts: RunOptions) -> EpisodeRecord {

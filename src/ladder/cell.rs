@@ -273,13 +273,7 @@ pub fn run_cell(
         let comp = if needs_compile && arm.uses_module() {
             let c = slot.get_or_init(|| {
                 let mut compiler = parts.compiler()?;
-                let (graph, a) = compiler.compile_graph(&ep);
-                let (revision, b) = compiler.compile_revision(&ep);
-                Ok(Compiled {
-                    graph,
-                    revision,
-                    cost: vec![a, b],
-                })
+                Ok(Compiled::compile(&mut *compiler, &ep))
             });
             match c {
                 Ok(c) => Some(c),

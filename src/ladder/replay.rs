@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use super::agent::{Agent, Message, Oracle, Reply};
 use super::arm::Arm;
 use super::episode::{Episode, EPISODE_VERSION};
-use super::module::{Compiler, OracleCompiler, OracleMatcher};
+use super::module::OracleMatcher;
 use super::runner::{run_episode, Compiled, EpisodeRecord, RunOptions, TurnRecord};
 use super::scorer::Label;
 
@@ -172,16 +172,7 @@ pub fn score_replies(
     if arm.same_turn_notice() {
         return Err(ReplayError::Arm(arm));
     }
-    let compiled = arm.uses_module().then(|| {
-        let mut c = OracleCompiler;
-        let (graph, a) = c.compile_graph(ep);
-        let (revision, b) = c.compile_revision(ep);
-        Compiled {
-            graph,
-            revision,
-            cost: vec![a, b],
-        }
-    });
+    let compiled = arm.uses_module().then(|| Compiled::oracle(ep));
     Ok(run_episode(
         ep,
         arm,

@@ -12,7 +12,7 @@ use super::corrupt::{Corruption, Corruptor};
 use super::decline;
 use super::episode::{Episode, StepId, TurnKind};
 use super::module::{
-    compile_accuracy, CallCost, CompileAccuracy, CompiledGraph, CompiledRevision, Defect,
+    compile_accuracy, CallCost, CompileAccuracy, CompiledGraph, CompiledRevision, Compiler, Defect,
     Directive, DirectiveKind, Match, Matcher,
 };
 use super::scorer::{score, ChannelCounts, Label, Truth, Violation};
@@ -44,6 +44,24 @@ pub struct Compiled {
     pub revision: CompiledRevision,
     /// Cost of the compile calls.
     pub cost: Vec<CallCost>,
+}
+
+impl Compiled {
+    /// Compiles an episode's plan and revision.
+    pub fn compile(compiler: &mut dyn Compiler, ep: &Episode) -> Compiled {
+        let (graph, a) = compiler.compile_graph(ep);
+        let (revision, b) = compiler.compile_revision(ep);
+        Compiled {
+            graph,
+            revision,
+            cost: vec![a, b],
+        }
+    }
+
+    /// The generator's own plan and revision.
+    pub fn oracle(ep: &Episode) -> Compiled {
+        Compiled::compile(&mut super::module::OracleCompiler, ep)
+    }
 }
 
 /// One line of `turns.jsonl`.
@@ -340,17 +358,10 @@ mod tests {
     use crate::ladder::agent::Scripted;
     use crate::ladder::domain::Domain;
     use crate::ladder::generator::{config, generate};
-    use crate::ladder::module::{Compiler, OracleCompiler, OracleMatcher};
+    use crate::ladder::module::OracleMatcher;
 
     fn compiled(ep: &Episode) -> Compiled {
-        let mut c = OracleCompiler;
-        let (graph, a) = c.compile_graph(ep);
-        let (revision, b) = c.compile_revision(ep);
-        Compiled {
-            graph,
-            revision,
-            cost: vec![a, b],
-        }
+        Compiled::oracle(ep)
     }
 
     #[test]
