@@ -62,9 +62,12 @@ pub struct Accounting {
     pub silent_refusals: u64,
     /// Wall-clock seconds per episode.
     pub wall_s: f64,
-    /// Prefill tokens per second over the arm.
+    /// Uncached prompt tokens per second of the prefill steps the arm's
+    /// requests took part in (a per-sequence rate: in a batched run the steps
+    /// are shared, so this is not the engine's throughput).
     pub prefill_tok_s: f64,
-    /// Decode tokens per second over the arm.
+    /// Completion tokens per second of the decode steps the arm's requests
+    /// took part in (per sequence, as above).
     pub decode_tok_s: f64,
     /// Per-turn accuracy (fraction of turns without a violation).
     pub turn_accuracy: f64,
@@ -510,8 +513,8 @@ fn accounting_table(c: &CellReport) -> Table {
             "refused",
             "silent",
             "wall s/ep",
-            "prefill tok/s",
-            "decode tok/s",
+            "prefill tok/s/seq",
+            "decode tok/s/seq",
         ]
         .map(String::from)
         .to_vec(),
