@@ -1,6 +1,6 @@
 //! Causal attention of one query row over its own sequence's KV cache.
 
-use crate::ops::dot_f32;
+use crate::ops::{dot_f32, exp_approx};
 
 /// Attention of the query heads that share KV head `kvh` (grouped-query
 /// attention), for one query row at position `len - 1` over cache positions
@@ -39,9 +39,12 @@ pub fn attend(
     for g in 0..group {
         let s = &mut scores[g * len..(g + 1) * len];
         let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        let mut sum = 0f32;
         for x in s.iter_mut() {
-            *x = (*x - max).exp();
+            *x = exp_approx(*x - max);
+        }
+        // A separate loop keeps the sum sequential in position order.
+        let mut sum = 0f32;
+        for x in s.iter() {
             sum += *x;
         }
         let inv = 1.0 / sum;
