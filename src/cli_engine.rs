@@ -14,7 +14,8 @@ use crate::engine::{Engine, EngineOptions, DEFAULT_MODEL};
 #[derive(clap::Args, Debug, Clone)]
 pub struct ModelArgs {
     /// A .gguf file, a directory with config.json + safetensors, or a Hugging
-    /// Face id in the local hub cache. Default: the default GGUF, fetched if missing.
+    /// Face id (from the hub cache; downloaded unless HF_HUB_OFFLINE=1).
+    /// Default: the default GGUF, fetched with models/fetch.sh if missing.
     #[arg(long)]
     pub model: Option<String>,
     /// Compute threads.

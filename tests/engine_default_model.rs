@@ -270,3 +270,25 @@ fn kv_budget_queues_or_refuses() {
     }
     assert_eq!(done, vec![ra, rb]);
 }
+
+#[test]
+fn stop_strings_and_length_end_replies() {
+    let Some(path) = default_model() else { return };
+    let mut engine = load(&path);
+    let mut req = ask("Count from 1 to 10, separated by commas, digits only.", 40);
+    let full = run_alone(&mut engine, req.clone());
+    assert!(full.content.contains("4,5"), "reply: {:?}", full.content);
+    req.stop = vec![",5".into()];
+    let cut = run_alone(&mut engine, req.clone());
+    assert_eq!(cut.finish, Finish::Stop);
+    assert!(
+        cut.content.ends_with('4') && !cut.content.contains('5'),
+        "{:?}",
+        cut.content
+    );
+    req.stop.clear();
+    req.max_tokens = 3;
+    let short = run_alone(&mut engine, req);
+    assert_eq!(short.finish, Finish::Length);
+    assert_eq!(short.usage.completion_tokens, 3);
+}

@@ -387,6 +387,15 @@ impl Backend for Engine {
                 "the prompt renders to no tokens".into(),
             ));
         }
+        if let Some(&t) = prompt
+            .iter()
+            .find(|&&t| t as usize >= self.model.embed.rows())
+        {
+            return Err(BackendError::BadRequest(format!(
+                "token id {t} is outside the model's {}-row embedding (tokenizer and weights do not match)",
+                self.model.embed.rows()
+            )));
+        }
         let context = self.model.cfg.context;
         if prompt.len() + req.max_tokens > context {
             return Err(BackendError::ContextOverflow {

@@ -252,12 +252,15 @@ impl Model {
                     .iter()
                     .map(|it| (it.cache.k[li].as_slice(), it.cache.v[li].as_slice()))
                     .collect();
-                att.par_chunks_mut(qd)
-                    .zip(q.par_chunks(qd))
+                // One task per (row, KV head): the query heads sharing a KV head.
+                let gd = qd / nkv;
+                att.par_chunks_mut(gd)
+                    .zip(q.par_chunks(gd))
                     .enumerate()
-                    .for_each_init(Vec::new, |scores, (r, (out, qr))| {
+                    .for_each_init(Vec::new, |scores, (i, (out, qg))| {
+                        let (r, kvh) = (i / nkv, i % nkv);
                         let (kc, vc) = caches[row_item[r]];
-                        attend(qr, kc, vc, row_pos[r] + 1, nh, nkv, hd, scores, out);
+                        attend(qg, kc, vc, row_pos[r] + 1, kvh, nkv, hd, scores, out);
                     });
             }
             let o = layer.attn.o.forward(&att, n);
