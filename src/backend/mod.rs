@@ -249,3 +249,37 @@ pub trait Backend {
     /// What model this backend serves.
     fn model_id(&self) -> ModelIdentity;
 }
+
+/// Splits `<think>…</think>` off a reply: (reasoning, content). One rule for
+/// the in-process engine and for servers without a reasoning parser.
+pub fn split_thinking(text: &str) -> (Option<String>, String) {
+    match text.find("</think>") {
+        Some(end) => {
+            let head = &text[..end];
+            let reasoning = head
+                .trim_start()
+                .strip_prefix("<think>")
+                .unwrap_or(head)
+                .trim()
+                .to_string();
+            let content = text[end + "</think>".len()..].trim_start().to_string();
+            (Some(reasoning), content)
+        }
+        None => (None, text.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::split_thinking;
+
+    #[test]
+    fn thinking_blocks_are_split_off() {
+        let (r, c) = split_thinking("<think>\nweigh it\n</think>\n\nParis");
+        assert_eq!(r.as_deref(), Some("weigh it"));
+        assert_eq!(c, "Paris");
+        let (r, c) = split_thinking("Paris");
+        assert_eq!(r, None);
+        assert_eq!(c, "Paris");
+    }
+}

@@ -36,8 +36,8 @@ use serde::Serialize;
 use serde_json::Value;
 
 use super::{
-    Backend, BackendError, ChatReply, ChatRequest, Finish, Finished, Message, ModelIdentity,
-    RequestId, SessionId, Usage,
+    split_thinking, Backend, BackendError, ChatReply, ChatRequest, Finish, Finished, Message,
+    ModelIdentity, RequestId, SessionId, Usage,
 };
 
 /// Where and how to reach the server.
@@ -561,25 +561,6 @@ fn overflow(msg: &str, max_tokens: usize) -> BackendError {
         prompt_tokens,
         max_tokens,
         context,
-    }
-}
-
-/// Splits `<think>…</think>` off a reply: (reasoning, content); the same
-/// rule as the in-process engine, for servers without a reasoning parser.
-fn split_thinking(text: &str) -> (Option<String>, String) {
-    match text.find("</think>") {
-        Some(end) => {
-            let head = &text[..end];
-            let reasoning = head
-                .trim_start()
-                .strip_prefix("<think>")
-                .unwrap_or(head)
-                .trim()
-                .to_string();
-            let content = text[end + "</think>".len()..].trim_start().to_string();
-            (Some(reasoning), content)
-        }
-        None => (None, text.to_string()),
     }
 }
 

@@ -17,8 +17,8 @@ use std::time::Instant;
 use sha2::{Digest, Sha256};
 
 use crate::backend::{
-    Backend, BackendError, ChatReply, ChatRequest, Finish, Finished, ModelIdentity, RequestId,
-    SessionId, Usage,
+    split_thinking, Backend, BackendError, ChatReply, ChatRequest, Finish, Finished, ModelIdentity,
+    RequestId, SessionId, Usage,
 };
 use model::{BatchItem, KvCache, Model};
 use sampling::Rng;
@@ -333,24 +333,6 @@ impl Engine {
     }
 }
 
-/// Splits `<think>…</think>` off a reply: (reasoning, content).
-fn split_thinking(text: &str) -> (Option<String>, String) {
-    match text.find("</think>") {
-        Some(end) => {
-            let head = &text[..end];
-            let reasoning = head
-                .trim_start()
-                .strip_prefix("<think>")
-                .unwrap_or(head)
-                .trim()
-                .to_string();
-            let content = text[end + "</think>".len()..].trim_start().to_string();
-            (Some(reasoning), content)
-        }
-        None => (None, text.to_string()),
-    }
-}
-
 impl Backend for Engine {
     fn open_session(&mut self) -> SessionId {
         let id = SessionId(self.fresh_id());
@@ -500,19 +482,4 @@ fn hash_files(files: &[PathBuf]) -> String {
     }
     let digest = h.finalize();
     digest.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-#[cfg(test)]
-mod tests {
-    use super::split_thinking;
-
-    #[test]
-    fn thinking_blocks_are_split_off() {
-        let (r, c) = split_thinking("<think>\nweigh it\n</think>\n\nParis");
-        assert_eq!(r.as_deref(), Some("weigh it"));
-        assert_eq!(c, "Paris");
-        let (r, c) = split_thinking("Paris");
-        assert_eq!(r, None);
-        assert_eq!(c, "Paris");
-    }
 }
