@@ -66,6 +66,19 @@ pub struct ChatRequest {
 }
 
 impl ChatRequest {
+    /// Rejects requests no backend can serve: no messages, or a zero budget.
+    pub fn validate(&self) -> Result<(), BackendError> {
+        if self.max_tokens == 0 {
+            return Err(BackendError::BadRequest(
+                "max_tokens must be at least 1".into(),
+            ));
+        }
+        if self.messages.is_empty() {
+            return Err(BackendError::BadRequest("no messages".into()));
+        }
+        Ok(())
+    }
+
     /// A greedy request for the given messages and token budget.
     pub fn greedy(messages: Vec<Message>, max_tokens: usize) -> Self {
         Self {

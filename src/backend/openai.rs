@@ -328,14 +328,7 @@ impl Backend for OpenAiBackend {
         if self.busy.contains(&s) {
             return Err(BackendError::SessionBusy(s));
         }
-        if req.max_tokens == 0 {
-            return Err(BackendError::BadRequest(
-                "max_tokens must be at least 1".into(),
-            ));
-        }
-        if req.messages.is_empty() {
-            return Err(BackendError::BadRequest("no messages".into()));
-        }
+        req.validate()?;
         self.next_id += 1;
         let id = RequestId(self.next_id);
         self.busy.insert(s);

@@ -354,14 +354,7 @@ impl Backend for Engine {
         if session.busy {
             return Err(BackendError::SessionBusy(s));
         }
-        if req.max_tokens == 0 {
-            return Err(BackendError::BadRequest(
-                "max_tokens must be at least 1".into(),
-            ));
-        }
-        if req.messages.is_empty() {
-            return Err(BackendError::BadRequest("no messages".into()));
-        }
+        req.validate()?;
         let text = self.template.render(&req.messages, req.thinking)?;
         let prompt = self.encode(&text)?;
         if prompt.is_empty() {
