@@ -6,32 +6,12 @@ use candle_core::quantized::GgmlDType;
 use criterion::{criterion_group, criterion_main, Criterion};
 use statebench_kernels::Matrix;
 
-fn matmul(c: &mut Criterion) {
-    let (rows, cols) = (4864, 896);
+/// One quantized projection of a model shape at batch 1, 4 and 16.
+fn projection(c: &mut Criterion, dtype: GgmlDType, rows: usize, cols: usize, name: &str) {
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
         .collect();
-    let m = Matrix::quantize(GgmlDType::Q5_0, rows, cols, &w).expect("quantize");
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .expect("pool");
-    for n in [1usize, 4, 16] {
-        let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
-        let mut y = vec![0f32; n * rows];
-        c.bench_function(&format!("q5_0 4864x896 batch {n}"), |b| {
-            b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)))
-        });
-    }
-}
-
-fn big_matmul(c: &mut Criterion) {
-    // The output head's shape: too big for cache, so weights stream from memory.
-    let (rows, cols) = (151_936, 896);
-    let w: Vec<f32> = (0..rows * cols)
-        .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
-        .collect();
-    let m = Matrix::quantize(GgmlDType::Q8_0, rows, cols, &w).expect("quantize");
+    let m = Matrix::quantize(dtype, rows, cols, &w).expect("quantize");
     drop(w);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
@@ -40,10 +20,19 @@ fn big_matmul(c: &mut Criterion) {
     for n in [1usize, 4, 16] {
         let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
         let mut y = vec![0f32; n * rows];
-        c.bench_function(&format!("q8_0 151936x896 batch {n}"), |b| {
+        c.bench_function(&format!("{name} {rows}x{cols} batch {n}"), |b| {
             b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)))
         });
     }
+}
+
+fn matmul(c: &mut Criterion) {
+    projection(c, GgmlDType::Q5_0, 4864, 896, "q5_0");
+}
+
+fn big_matmul(c: &mut Criterion) {
+    // The output head's shape: too big for cache, so weights stream from memory.
+    projection(c, GgmlDType::Q8_0, 151_936, 896, "q8_0");
 }
 
 fn decode_step(c: &mut Criterion) {

@@ -269,7 +269,7 @@ impl ArmState {
         let mut directive = None;
         let mut gated = false;
         if let Some(m) = &mut self.module {
-            m.authorize(matched.cloned().as_ref().unwrap_or(&Match::default()));
+            m.authorize(matched);
             if let (Some(c), Some(_)) = (&mut self.corruptor, turn.step) {
                 c.apply(m, turn.index);
             }

@@ -154,16 +154,6 @@ pub enum DirectiveKind {
     Eligible,
 }
 
-impl DirectiveKind {
-    /// Trap directives tell the agent not to execute; obedience is measured on them.
-    pub fn is_trap(self) -> bool {
-        matches!(
-            self,
-            DirectiveKind::Cancelled | DirectiveKind::Done | DirectiveKind::Blocked
-        )
-    }
-}
-
 /// A directive as issued.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Directive {
@@ -269,10 +259,10 @@ impl Module {
             .map(|i| StepId(i as u8))
     }
 
-    /// Sets α for this turn from the matcher's flag.
-    pub fn authorize(&mut self, m: &Match) {
-        let a = match (m.step, m.explicit_redo) {
-            (Some(v), true) => vec![v],
+    /// Sets α for this turn from the matcher's flag (nothing when the matcher did not run).
+    pub fn authorize(&mut self, m: Option<&Match>) {
+        let a = match m.map(|m| (m.step, m.explicit_redo)) {
+            Some((Some(v), true)) => vec![v],
             _ => Vec::new(),
         };
         self.state.authorize(a);
