@@ -9,7 +9,7 @@
 
 use candle_core::quantized::k_quants::{BlockQ4K, BlockQ6K};
 
-use crate::q8::Q8Row;
+use crate::q8::{Group, Q8Row};
 
 /// 32 weights: `w[j] = s[j / 16] * q[j] - m`.
 #[repr(C)]
@@ -141,6 +141,29 @@ pub fn dot_k_rows(w: &[KBlock], xs: &[Q8Row<'_>], out: &mut [f32]) {
     }
 }
 
+/// `WR` weight rows × `XR` activation rows (4 × 4 or 2 × 8); the same bits
+/// as [`dot_k_rows`] for every dot product. Only call when
+/// [`crate::q8::has_tile`] is true.
+pub fn dot_k_tile<const WR: usize, const XR: usize>(
+    w: [&[KBlock]; WR],
+    xs: &Group<'_, XR>,
+) -> [[f32; XR]; WR] {
+    assert!(crate::q8::has_tile(), "dot_k_tile needs AVX-512 VNNI");
+    assert!(crate::q8::tile_shape_ok(WR, XR), "no {WR} x {XR} tile");
+    let n = w[0].len();
+    assert!(w.iter().all(|r| r.len() == n) && xs.scales.len() >= n && xs.sums.len() >= n);
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: VNNI is present (asserted) and all lengths were checked
+        // here and in `Group::new`.
+        unsafe { vnni::tile(w, xs) }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        unreachable!()
+    }
+}
+
 /// The same arithmetic as the AVX2 kernel, lane by lane.
 fn scalar_dot(w: &[KBlock], x: Q8Row<'_>) -> f32 {
     let mut acc = [0f32; 8];
@@ -206,6 +229,79 @@ mod avx2 {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::KBlock;
+    use crate::q8::Group;
+    use std::arch::x86_64::*;
+
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn hsum(x: __m256) -> f32 {
+        let s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
+        _mm_cvtss_f32(s)
+    }
+
+    /// `WR × XR` tile: the integer lanes by `vpdpbusd` on unsigned
+    /// activations (as in `q8::vnni::tile`), the offset term `m · dx · Σx`
+    /// four rows per 128-bit multiply and fused multiply-add, lane for lane
+    /// the scalar operations of the AVX2 kernel.
+    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+    // The indices address several arrays at once.
+    #[allow(clippy::needless_range_loop)]
+    pub(super) unsafe fn tile<const WR: usize, const XR: usize>(
+        w: [&[KBlock]; WR],
+        x: &Group<'_, XR>,
+    ) -> [[f32; XR]; WR] {
+        let n = w[0].len();
+        let c80 = _mm256_set1_epi8(0x80u8 as i8);
+        let zero = _mm256_setzero_si256();
+        let mut acc = [[_mm256_setzero_ps(); XR]; WR];
+        // corr[j][c] holds rows 4c..4c+4 of weight row j.
+        let mut corr = [[_mm_setzero_ps(); 2]; WR];
+        for i in 0..n {
+            let dx = x.scales.get_unchecked(i);
+            let sums = x.sums.get_unchecked(i);
+            let mut q = [zero; WR];
+            let mut nc = [zero; WR];
+            let mut sv = [_mm256_setzero_ps(); WR];
+            for j in 0..WR {
+                let b = w.get_unchecked(j).get_unchecked(i);
+                _mm_prefetch::<_MM_HINT_T0>((b as *const KBlock).wrapping_add(90) as *const i8);
+                q[j] = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                nc[j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, c80, q[j]));
+                sv[j] = _mm256_set_m128(_mm_set1_ps(b.s[1]), _mm_set1_ps(b.s[0]));
+                for c in 0..XR / 4 {
+                    let dxv = _mm_loadu_ps(dx.as_ptr().add(4 * c));
+                    let sv4 = _mm_loadu_ps(sums.as_ptr().add(4 * c));
+                    let md = _mm_mul_ps(_mm_set1_ps(b.m), dxv);
+                    corr[j][c] = _mm_fmadd_ps(md, sv4, corr[j][c]);
+                }
+            }
+            for r in 0..XR {
+                let xr = x.rows.get_unchecked(r);
+                let xu = _mm256_loadu_si256(xr.offset.get_unchecked(i).as_ptr() as *const __m256i);
+                let d = _mm256_set1_ps(*dx.get_unchecked(r));
+                for j in 0..WR {
+                    let l = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(nc[j], xu, q[j]));
+                    acc[j][r] = _mm256_fmadd_ps(_mm256_mul_ps(sv[j], d), l, acc[j][r]);
+                }
+            }
+        }
+        let mut out = [[0f32; XR]; WR];
+        for j in 0..WR {
+            let mut c = [0f32; 8];
+            _mm_storeu_ps(c.as_mut_ptr(), corr[j][0]);
+            _mm_storeu_ps(c.as_mut_ptr().add(4), corr[j][1]);
+            for r in 0..XR {
+                out[j][r] = hsum(acc[j][r]) - c[r];
+            }
+        }
+        out
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -235,6 +331,15 @@ mod tests {
             offset: &offset,
             sums: &sums,
         };
+        let x2: Vec<f32> = x.iter().rev().map(|v| v * 0.7 + 0.05).collect();
+        let mut xq2: Vec<BlockQ8_0> = (0..n / 32).map(|_| BlockQ8_0::zeros()).collect();
+        let (scales2, offset2, sums2) = quantize_row(&x2, &mut xq2);
+        let row2 = Q8Row {
+            blocks: &xq2,
+            scales: &scales2,
+            offset: &offset2,
+            sums: &sums2,
+        };
         let q4: Vec<BlockQ4K> = blocks(&w);
         let q6: Vec<BlockQ6K> = blocks(&w);
         for (name, k, stock) in [
@@ -258,6 +363,37 @@ mod tests {
             dot_k_rows(&k, &[row], &mut one);
             assert_eq!(one[0], four[2], "{name}: one row vs four");
             assert_eq!(scalar_dot(&k, row), one[0], "{name}: scalar emulation");
+            if crate::q8::has_tile() {
+                let ws: Vec<Vec<KBlock>> = (0..4)
+                    .map(|j| {
+                        let v: Vec<f32> =
+                            w.iter().map(|a| a * (1.0 + j as f32 / 3.0) - 0.1).collect();
+                        if name == "q4k" {
+                            widen_q4k(&blocks::<BlockQ4K>(&v))
+                        } else {
+                            widen_q6k(&blocks::<BlockQ6K>(&v))
+                        }
+                    })
+                    .collect();
+                let xs = [row, row2, row, row2];
+                let single = |wj: &[KBlock]| {
+                    let mut v = [0f32; 4];
+                    dot_k_rows(wj, &xs, &mut v);
+                    v
+                };
+                let quad = Group::new(xs, n / 32);
+                let t = dot_k_tile::<4, 4>(std::array::from_fn(|j| ws[j].as_slice()), &quad);
+                for (j, wj) in ws.iter().enumerate() {
+                    assert_eq!(t[j], single(wj), "{name}: 4x4 row {j}");
+                }
+                let eight = Group::new([row, row2, row, row2, row2, row, row2, row], n / 32);
+                let t = dot_k_tile::<2, 8>([&ws[0], &ws[2]], &eight);
+                for (jj, j) in [0, 2].into_iter().enumerate() {
+                    let a = single(&ws[j]);
+                    let want = [a[0], a[1], a[0], a[1], a[1], a[0], a[1], a[0]];
+                    assert_eq!(t[jj], want, "{name}: 2x8 row {j}");
+                }
+            }
             let exact: f32 = stock.iter().zip(&x).map(|(a, b)| a * b).sum();
             assert!(
                 (one[0] - exact).abs() < 0.02 * exact.abs().max(1.0),

@@ -9,10 +9,11 @@ use candle_core::quantized::k_quants::{BlockQ4_1, BlockQ5K, BlockQ5_1, BlockQ8_0
 use candle_core::quantized::GgmlDType;
 use rayon::prelude::*;
 
-use crate::kq::{dot_k_rows, widen_q4k, widen_q6k, KBlock};
+use crate::kq::{dot_k_rows, dot_k_tile, widen_q4k, widen_q6k, KBlock};
 use crate::ops::dot_f32;
 use crate::q8::{
-    dot_q8_rows, dot_q8_tile, has_tile, quantize_row, widen_q4_0, widen_q5_0, Q8Row, RowQuant,
+    dot_q8_rows, dot_q8_tile, has_tile, quantize_row, widen_q4_0, widen_q5_0, Group, Q8Row,
+    RowQuant,
 };
 
 /// Why a weight matrix could not be built.
@@ -312,28 +313,25 @@ trait QWeight: Sync {
     fn rows(w: &[Self], xs: &[Q8Row<'_>], out: &mut [f32])
     where
         Self: Sized;
-    /// Whether `tile` may be called.
-    fn tile_available() -> bool {
-        false
-    }
-    /// Two weight rows by four activation rows; the same bits as `rows`.
-    fn tile(_w0: &[Self], _w1: &[Self], _xs: [Q8Row<'_>; 4]) -> [[f32; 4]; 2]
+    /// `WR` weight rows by `XR` activation rows (4 × 4 or 2 × 8); the same
+    /// bits as `rows`. Only called when [`has_tile`] is true.
+    fn tile<const WR: usize, const XR: usize>(
+        w: [&[Self]; WR],
+        xs: &Group<'_, XR>,
+    ) -> [[f32; XR]; WR]
     where
-        Self: Sized,
-    {
-        unreachable!("no tile kernel")
-    }
+        Self: Sized;
 }
 
 impl QWeight for BlockQ8_0 {
     fn rows(w: &[Self], xs: &[Q8Row<'_>], out: &mut [f32]) {
         dot_q8_rows(w, xs, out)
     }
-    fn tile_available() -> bool {
-        has_tile()
-    }
-    fn tile(w0: &[Self], w1: &[Self], xs: [Q8Row<'_>; 4]) -> [[f32; 4]; 2] {
-        dot_q8_tile(w0, w1, xs)
+    fn tile<const WR: usize, const XR: usize>(
+        w: [&[Self]; WR],
+        xs: &Group<'_, XR>,
+    ) -> [[f32; XR]; WR] {
+        dot_q8_tile(w, xs)
     }
 }
 
@@ -341,13 +339,20 @@ impl QWeight for KBlock {
     fn rows(w: &[Self], xs: &[Q8Row<'_>], out: &mut [f32]) {
         dot_k_rows(w, xs, out)
     }
+    fn tile<const WR: usize, const XR: usize>(
+        w: [&[Self]; WR],
+        xs: &Group<'_, XR>,
+    ) -> [[f32; XR]; WR] {
+        dot_k_tile(w, xs)
+    }
 }
 
-/// Activation rows per tile: a tile stays in L1 while weight rows stream by.
+/// Activation rows per tile of the fallback loop.
 const ROW_TILE: usize = 8;
 
 /// Q8_0 weights: each weight block is loaded once for several activation
-/// rows (2 weight rows × 4 activation rows where VNNI allows).
+/// rows: 2 weight rows × 8 activation rows where VNNI allows, 4 × 4 for a
+/// remaining four, one weight row at a time for the rest.
 fn matmul_q8<W: QWeight>(w: &[W], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
     let bpr = cols / 32;
     let mut xq: Vec<BlockQ8_0> = (0..n * bpr).map(|_| BlockQ8_0::zeros()).collect();
@@ -366,41 +371,75 @@ fn matmul_q8<W: QWeight>(w: &[W], rows: usize, cols: usize, x: &[f32], n: usize,
             sums,
         })
         .collect();
-    let tile = W::tile_available();
+    // Activation rows grouped once for the tile kernels: eights, then a four.
+    let tile = has_tile();
+    let n8 = if tile { n / 8 * 8 } else { 0 };
+    let n4 = if tile && n - n8 >= 4 { n8 + 4 } else { n8 };
+    let eights: Vec<Group<'_, 8>> = xrows[..n8]
+        .chunks_exact(8)
+        .map(|g| Group::new(std::array::from_fn(|r| g[r]), bpr))
+        .collect();
+    let four: Option<Group<'_, 4>> =
+        (n4 > n8).then(|| Group::new(std::array::from_fn(|r| xrows[n8 + r]), bpr));
     let out = OutPtr(y.as_mut_ptr());
     let put = |b: usize, r: usize, v: f32| {
         // SAFETY: `b < n` and `r < rows`, so the index is inside `y`; only the
         // task owning row `r` writes it.
         unsafe { *out.at(b * rows + r) = v };
     };
+    let wrow = |r: usize| &w[r * bpr..(r + 1) * bpr];
     let tasks = rows.div_ceil(ROWS_PER_TASK);
     (0..tasks).into_par_iter().for_each(|t| {
         let (lo, hi) = (t * ROWS_PER_TASK, ((t + 1) * ROWS_PER_TASK).min(rows));
-        let mut vals = [0f32; 4];
-        for (ti, xtile) in xrows.chunks(ROW_TILE).enumerate() {
-            for (g, group) in xtile.chunks(4).enumerate() {
-                let b0 = ti * ROW_TILE + g * 4;
-                let mut r = lo;
-                if tile && group.len() == 4 {
-                    while r + 2 <= hi {
-                        let v = W::tile(
-                            &w[r * bpr..(r + 1) * bpr],
-                            &w[(r + 1) * bpr..(r + 2) * bpr],
-                            [group[0], group[1], group[2], group[3]],
-                        );
-                        for (k, (a, b)) in v[0].iter().zip(&v[1]).enumerate() {
-                            put(b0 + k, r, *a);
-                            put(b0 + k, r + 1, *b);
-                        }
-                        r += 2;
+        for (g, group) in eights.iter().enumerate() {
+            let mut r = lo;
+            while r + 2 <= hi {
+                let v = W::tile::<2, 8>([wrow(r), wrow(r + 1)], group);
+                for (j, vj) in v.iter().enumerate() {
+                    for (k, a) in vj.iter().enumerate() {
+                        put(8 * g + k, r + j, *a);
                     }
                 }
-                while r < hi {
-                    W::rows(&w[r * bpr..(r + 1) * bpr], group, &mut vals[..group.len()]);
-                    for (k, v) in vals[..group.len()].iter().enumerate() {
-                        put(b0 + k, r, *v);
+                r += 2;
+            }
+            if r < hi {
+                let mut vals = [0f32; 4];
+                for half in 0..2 {
+                    W::rows(wrow(r), &group.rows[4 * half..4 * half + 4], &mut vals);
+                    for (k, a) in vals.iter().enumerate() {
+                        put(8 * g + 4 * half + k, r, *a);
                     }
-                    r += 1;
+                }
+            }
+        }
+        let mut vals = [0f32; 4];
+        if let Some(group) = &four {
+            let mut r = lo;
+            while r + 4 <= hi {
+                let v = W::tile::<4, 4>(std::array::from_fn(|j| wrow(r + j)), group);
+                for (j, vj) in v.iter().enumerate() {
+                    for (k, a) in vj.iter().enumerate() {
+                        put(n8 + k, r + j, *a);
+                    }
+                }
+                r += 4;
+            }
+            for r in r..hi {
+                W::rows(wrow(r), &group.rows, &mut vals);
+                for (k, a) in vals.iter().enumerate() {
+                    put(n8 + k, r, *a);
+                }
+            }
+        }
+        // Without the tile kernels (or for the last rows): tiles of
+        // activation rows stay in L1 while the task's weight rows stream by.
+        for (ti, xtile) in xrows[n4..].chunks(ROW_TILE).enumerate() {
+            for r in lo..hi {
+                for (c, chunk) in xtile.chunks(4).enumerate() {
+                    W::rows(wrow(r), chunk, &mut vals[..chunk.len()]);
+                    for (k, v) in vals[..chunk.len()].iter().enumerate() {
+                        put(n4 + ti * ROW_TILE + 4 * c + k, r, *v);
+                    }
                 }
             }
         }
@@ -432,27 +471,35 @@ mod tests {
 
     #[test]
     fn quantized_batches_equal_single_rows() {
-        let (rows, cols) = (40, 512);
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
-            .collect();
-        let x: Vec<f32> = (0..7 * cols)
-            .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
-            .collect();
-        for dt in [
-            GgmlDType::Q4_0,
-            GgmlDType::Q5_0,
-            GgmlDType::Q8_0,
-            GgmlDType::Q4K,
-            GgmlDType::Q6K,
-        ] {
-            let m = Matrix::quantize(dt, rows, cols, &w).unwrap();
-            let mut y = vec![0f32; 7 * rows];
-            m.matmul(&x, 7, &mut y);
-            for b in 0..7 {
-                let mut y1 = vec![0f32; rows];
-                m.matmul(&x[b * cols..(b + 1) * cols], 1, &mut y1);
-                assert_eq!(y1, y[b * rows..(b + 1) * rows], "{dt:?}");
+        // Row and batch counts that reach every path: 2 × 8 and 4 × 4 tiles,
+        // their leftovers, and single rows.
+        for (rows, n) in [(40, 7), (41, 13), (42, 20)] {
+            let cols = 512;
+            let w: Vec<f32> = (0..rows * cols)
+                .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
+                .collect();
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
+                .collect();
+            for dt in [
+                GgmlDType::Q4_0,
+                GgmlDType::Q5_0,
+                GgmlDType::Q8_0,
+                GgmlDType::Q4K,
+                GgmlDType::Q6K,
+            ] {
+                let m = Matrix::quantize(dt, rows, cols, &w).unwrap();
+                let mut y = vec![0f32; n * rows];
+                m.matmul(&x, n, &mut y);
+                for b in 0..n {
+                    let mut y1 = vec![0f32; rows];
+                    m.matmul(&x[b * cols..(b + 1) * cols], 1, &mut y1);
+                    assert_eq!(
+                        y1,
+                        y[b * rows..(b + 1) * rows],
+                        "{dt:?} rows {rows} batch {n}"
+                    );
+                }
             }
         }
     }

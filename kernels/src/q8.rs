@@ -127,7 +127,7 @@ pub fn quantize_row(x: &[f32], blocks: &mut [BlockQ8_0]) -> RowQuant {
     (scales, offset, sums)
 }
 
-/// Whether [`dot_q8_tile`] runs on this CPU.
+/// Whether the tile kernels ([`dot_q8_tile`], [`crate::kq::dot_k_tile`]) run on this CPU.
 pub fn has_tile() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
@@ -139,22 +139,55 @@ pub fn has_tile() -> bool {
     }
 }
 
-/// Two weight rows × four activation rows at once; the same bits as
-/// [`dot_q8_rows`] for each of the eight dot products. Only call when
+/// `R` activation rows with their per-block scales and sums interleaved
+/// (`scales[i][r]` is row `r`'s block `i`), so a tile kernel loads them
+/// together.
+pub struct Group<'a, const R: usize> {
+    /// The rows.
+    pub rows: [Q8Row<'a>; R],
+    /// Block scales, the rows side by side.
+    pub scales: Vec<[f32; R]>,
+    /// Block sums as f32 (exact: at most 32 · 128), the rows side by side.
+    pub sums: Vec<[f32; R]>,
+}
+
+impl<'a, const R: usize> Group<'a, R> {
+    /// Interleaves the scales and sums of `R` rows of `n` blocks.
+    pub fn new(rows: [Q8Row<'a>; R], n: usize) -> Self {
+        assert!(rows
+            .iter()
+            .all(|x| x.scales.len() >= n && x.offset.len() >= n && x.blocks.len() >= n));
+        let scales = (0..n)
+            .map(|i| std::array::from_fn(|r| rows[r].scales[i]))
+            .collect();
+        let sums = (0..n)
+            .map(|i| std::array::from_fn(|r| rows[r].sums.get(i).map_or(0.0, |&s| s as f32)))
+            .collect();
+        Group { rows, scales, sums }
+    }
+}
+
+/// Whether a `WR × XR` tile has a kernel: 4 × 4 or 2 × 8.
+pub const fn tile_shape_ok(wr: usize, xr: usize) -> bool {
+    matches!((wr, xr), (4, 4) | (2, 8))
+}
+
+/// `WR` weight rows × `XR` activation rows at once (4 × 4 or 2 × 8); the
+/// same bits as [`dot_q8_rows`] for every dot product. Only call when
 /// [`has_tile`] is true.
-pub fn dot_q8_tile(w0: &[BlockQ8_0], w1: &[BlockQ8_0], xs: [Q8Row<'_>; 4]) -> [[f32; 4]; 2] {
+pub fn dot_q8_tile<const WR: usize, const XR: usize>(
+    w: [&[BlockQ8_0]; WR],
+    xs: &Group<'_, XR>,
+) -> [[f32; XR]; WR] {
     assert!(has_tile(), "dot_q8_tile needs AVX-512 VNNI");
-    let n = w0.len();
-    assert!(
-        w1.len() == n
-            && xs
-                .iter()
-                .all(|x| x.scales.len() >= n && x.offset.len() >= n)
-    );
+    assert!(tile_shape_ok(WR, XR), "no {WR} x {XR} tile");
+    let n = w[0].len();
+    assert!(w.iter().all(|r| r.len() == n) && xs.scales.len() >= n);
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: VNNI is present (asserted) and all lengths were checked.
-        unsafe { vnni::tile(raw8(w0), raw8(w1), xs) }
+        // SAFETY: VNNI is present (asserted) and all lengths were checked
+        // here and in `Group::new`.
+        unsafe { vnni::tile(w.map(raw8), xs) }
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -351,40 +384,58 @@ mod vnni {
     }
     q8_kernels!("avx2,fma,avx512vnni,avx512vl", block);
 
-    /// 2 × 4 tile. Activations are unsigned (`q + 128`), so one `vpdpbusd`
-    /// per pair does the block product; starting its accumulator at
-    /// `-128 · Σw` per lane leaves exactly the signed lanes of `block`.
-    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-    pub(super) unsafe fn tile(w0: &[RawQ8], w1: &[RawQ8], x: [Q8Row<'_>; 4]) -> [[f32; 4]; 2] {
-        let n = w0.len();
+    /// `WR × XR` tile. Activations are unsigned (`q + 128`), so one
+    /// `vpdpbusd` per pair does the block product; starting its accumulator
+    /// at `-128 · Σw` per lane leaves exactly the signed lanes of `block`.
+    /// The scale products of a block (the same f32 products as `dw * dx`)
+    /// are computed together and read back as broadcasts, which keeps the
+    /// multiply pipes for the dot products.
+    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl,f16c")]
+    // The indices address several arrays at once.
+    #[allow(clippy::needless_range_loop)]
+    pub(crate) unsafe fn tile<const WR: usize, const XR: usize>(
+        w: [&[RawQ8]; WR],
+        x: &super::Group<'_, XR>,
+    ) -> [[f32; XR]; WR] {
+        let n = w[0].len();
         let c80 = _mm256_set1_epi8(0x80u8 as i8);
         let zero = _mm256_setzero_si256();
-        let mut acc0 = [_mm256_setzero_ps(); 4];
-        let mut acc1 = [_mm256_setzero_ps(); 4];
+        let mut acc = [[_mm256_setzero_ps(); XR]; WR];
+        let mut prod = [0f32; 32];
         for i in 0..n {
-            let (b0, b1) = (w0.get_unchecked(i), w1.get_unchecked(i));
-            _mm_prefetch::<_MM_HINT_T0>((b0 as *const RawQ8).wrapping_add(PREFETCH) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>((b1 as *const RawQ8).wrapping_add(PREFETCH) as *const i8);
-            let q0 = _mm256_loadu_si256(b0.qs.as_ptr() as *const __m256i);
-            let q1 = _mm256_loadu_si256(b1.qs.as_ptr() as *const __m256i);
-            let nc0 = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, c80, q0));
-            let nc1 = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, c80, q1));
-            let d0 = _mm256_set1_ps(b0.d.to_f32());
-            let d1 = _mm256_set1_ps(b1.d.to_f32());
-            for r in 0..4 {
-                let xr = x.get_unchecked(r);
+            let dx = x.scales.get_unchecked(i);
+            let mut q = [zero; WR];
+            let mut nc = [zero; WR];
+            for j in 0..WR {
+                let b = w.get_unchecked(j).get_unchecked(i);
+                _mm_prefetch::<_MM_HINT_T0>((b as *const RawQ8).wrapping_add(PREFETCH) as *const i8);
+                q[j] = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
+                nc[j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, c80, q[j]));
+                let dw = b.d.to_f32();
+                for r in 0..XR {
+                    *prod.get_unchecked_mut(j * XR + r) = dw * *dx.get_unchecked(r);
+                }
+            }
+            // Opaque to the optimiser, so the products are read back with
+            // broadcast loads rather than rebuilt with shuffles.
+            let prod = std::hint::black_box(&prod);
+            for r in 0..XR {
+                let xr = x.rows.get_unchecked(r);
                 let xu = _mm256_loadu_si256(xr.offset.get_unchecked(i).as_ptr() as *const __m256i);
-                let dx = _mm256_set1_ps(*xr.scales.get_unchecked(i));
-                let l0 = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(nc0, xu, q0));
-                let l1 = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(nc1, xu, q1));
-                acc0[r] = _mm256_fmadd_ps(_mm256_mul_ps(d0, dx), l0, acc0[r]);
-                acc1[r] = _mm256_fmadd_ps(_mm256_mul_ps(d1, dx), l1, acc1[r]);
+                for j in 0..WR {
+                    let l = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(nc[j], xu, q[j]));
+                    let d = _mm256_broadcast_ss(prod.get_unchecked(j * XR + r));
+                    acc[j][r] = _mm256_fmadd_ps(d, l, acc[j][r]);
+                }
             }
         }
-        [
-            [hsum(acc0[0]), hsum(acc0[1]), hsum(acc0[2]), hsum(acc0[3])],
-            [hsum(acc1[0]), hsum(acc1[1]), hsum(acc1[2]), hsum(acc1[3])],
-        ]
+        let mut out = [[0f32; XR]; WR];
+        for j in 0..WR {
+            for r in 0..XR {
+                out[j][r] = hsum(acc[j][r]);
+            }
+        }
+        out
     }
 }
 
@@ -460,15 +511,35 @@ mod tests {
             assert!((stock - all[i]).abs() <= 1e-3 * stock.abs().max(1.0));
         }
         if has_tile() {
-            let w2: Vec<f32> = (0..n)
-                .map(|i| ((i * 53) % 97) as f32 / 40.0 - 1.2)
+            let ws: Vec<Vec<BlockQ8_0>> = (0..4)
+                .map(|j| {
+                    let w: Vec<f32> = (0..n)
+                        .map(|i| ((i * (53 + 10 * j)) % 97) as f32 / 40.0 - 1.2)
+                        .collect();
+                    widen_q5_0(&blocks::<BlockQ5_0>(&w))
+                })
                 .collect();
-            let wide2 = widen_q5_0(&blocks::<BlockQ5_0>(&w2));
-            let t = dot_q8_tile(&wide, &wide2, [rows[0], rows[1], rows[2], rows[3]]);
-            let mut second = vec![0f32; 4];
-            dot_q8_rows(&wide2, &rows[..4], &mut second);
-            assert_eq!(t[0].to_vec(), all[..4].to_vec(), "tile row 0");
-            assert_eq!(t[1].to_vec(), second, "tile row 1");
+            let rows8: [Q8Row<'_>; 8] = std::array::from_fn(|r| rows[r % rows.len()]);
+            let single = |wj: &[BlockQ8_0], xs: &[Q8Row<'_>]| {
+                let mut v = vec![0f32; xs.len()];
+                dot_q8_rows(wj, xs, &mut v);
+                v
+            };
+            for first in [0, 2] {
+                let quad = Group::new(std::array::from_fn(|r| rows[first + r]), n / 32);
+                let t = dot_q8_tile::<4, 4>(std::array::from_fn(|j| ws[j].as_slice()), &quad);
+                for (j, wj) in ws.iter().enumerate() {
+                    assert_eq!(
+                        t[j].to_vec(),
+                        single(wj, &rows[first..first + 4]),
+                        "4x4 row {j}"
+                    );
+                }
+            }
+            let eight = Group::new(rows8, n / 32);
+            let t = dot_q8_tile::<2, 8>([&ws[1], &ws[3]], &eight);
+            assert_eq!(t[0].to_vec(), single(&ws[1], &rows8), "2x8 row 0");
+            assert_eq!(t[1].to_vec(), single(&ws[3], &rows8), "2x8 row 1");
         }
     }
 }
