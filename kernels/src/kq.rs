@@ -1,15 +1,15 @@
-//! K-quant weights (Q4_K, Q6_K) unpacked at load into an exact 32-element form
-//! the batched integer kernels can use: `w[j] = s[j / 16] * q[j] - m`.
+//! K-quant weights (Q4_K, Q6_K) unpacked at load into an exact 32-element form,
+//! `w[j] = s[j / 16] · q[j] − m`, then interleaved eight rows at a time like
+//! [`crate::q8`]'s weights.
 //!
-//! The sub-block scales land on the kernels' lane boundaries (lanes 0–3 hold
-//! elements 0–15, lanes 4–7 elements 16–31), so a block's dot product with a
-//! Q8_0 activation block is eight exact integer lanes times two scales, minus
+//! A block's dot product with a Q8_0 activation block is two exact integer
+//! half-dots (columns 0..16 and 16..32) times their scales, minus
 //! `m · dx · Σx`. As in [`crate::q8`], every path performs the same f32
 //! operations in the same order, so batching never changes a result.
 
 use candle_core::quantized::k_quants::{BlockQ4K, BlockQ6K};
 
-use crate::q8::{Group, Q8Row};
+use crate::q8::{int_dots, slot, Q8Row};
 
 /// 32 weights: `w[j] = s[j / 16] * q[j] - m`.
 #[repr(C)]
@@ -117,196 +117,178 @@ pub fn to_f32(xs: &[KBlock], out: &mut [f32]) {
     }
 }
 
-/// `out[i] = dot(w, xs[i])` for up to four activation rows.
-pub fn dot_k_rows(w: &[KBlock], xs: &[Q8Row<'_>], out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if crate::q8::has_avx2() {
-        let mut i = 0;
-        while i + 4 <= xs.len() {
-            // SAFETY: AVX2 and FMA are present; lengths are checked inside.
-            let v = unsafe { avx2::dot::<4>(w, [xs[i], xs[i + 1], xs[i + 2], xs[i + 3]]) };
-            out[i..i + 4].copy_from_slice(&v);
-            i += 4;
+/// Eight K-quant weight rows × one block of 32 columns, interleaved as in
+/// [`crate::q8::Q8x8`]: `w = s[c / 16] · q − m` per row.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct K8 {
+    /// Scales of columns 0..16, one per row.
+    pub s0: [f32; 8],
+    /// Scales of columns 16..32, one per row.
+    pub s1: [f32; 8],
+    /// Offsets, one per row.
+    pub m: [f32; 8],
+    /// `qs[32 g + 4 k + e]` is row `k`, column `4 g + e`, plus 128.
+    pub qs: [u8; 256],
+}
+
+/// Interleaves rows of `bpr` unpacked blocks eight at a time (missing rows of
+/// the last group are zero); ordered group by group, block by block.
+pub fn pack_k(blocks: &[KBlock], rows: usize, bpr: usize) -> Vec<K8> {
+    assert_eq!(
+        blocks.len(),
+        rows * bpr,
+        "K blocks for {rows} rows of {bpr}"
+    );
+    let mut out = Vec::with_capacity(rows.div_ceil(8) * bpr);
+    for g in 0..rows.div_ceil(8) {
+        for i in 0..bpr {
+            let mut p = K8 {
+                s0: [0.0; 8],
+                s1: [0.0; 8],
+                m: [0.0; 8],
+                qs: [128; 256],
+            };
+            for k in 0..8 {
+                let r = 8 * g + k;
+                if r < rows {
+                    let src = &blocks[r * bpr + i];
+                    p.s0[k] = src.s[0];
+                    p.s1[k] = src.s[1];
+                    p.m[k] = src.m;
+                    for c in 0..32 {
+                        p.qs[slot(k, c)] = (src.qs[c] as u8) ^ 0x80;
+                    }
+                }
+            }
+            out.push(p);
         }
-        while i < xs.len() {
-            // SAFETY: as above.
-            let v = unsafe { avx2::dot::<1>(w, [xs[i]]) };
-            out[i] = v[0];
-            i += 1;
-        }
-        return;
     }
-    for (o, x) in out.iter_mut().zip(xs) {
-        *o = scalar_dot(w, *x);
+    out
+}
+
+/// Dequantizes row `r` of packed weights (the ggml formulas, as [`to_f32`]).
+pub fn unpack_k_row(w: &[K8], bpr: usize, r: usize, out: &mut [f32]) {
+    let (g, k) = (r / 8, r % 8);
+    for (b, o) in w[g * bpr..(g + 1) * bpr]
+        .iter()
+        .zip(out.chunks_exact_mut(32))
+    {
+        for (c, v) in o.iter_mut().enumerate() {
+            let q = ((b.qs[slot(k, c)] ^ 0x80) as i8) as f32;
+            let s = if c < 16 { b.s0[k] } else { b.s1[k] };
+            *v = s * q - b.m[k];
+        }
     }
 }
 
-/// `WR` weight rows × `XR` activation rows (4 × 4 or 2 × 8); the same bits
-/// as [`dot_k_rows`] for every dot product. Only call when
-/// [`crate::q8::has_tile`] is true.
-pub fn dot_k_tile<const WR: usize, const XR: usize>(
-    w: [&[KBlock]; WR],
-    xs: &Group<'_, XR>,
-) -> [[f32; XR]; WR] {
-    assert!(crate::q8::has_tile(), "dot_k_tile needs AVX-512 VNNI");
-    assert!(crate::q8::tile_shape_ok(WR, XR), "no {WR} x {XR} tile");
-    let n = w[0].len();
-    assert!(w.iter().all(|r| r.len() == n) && xs.scales.len() >= n && xs.sums.len() >= n);
+/// `out[r][k] = dot(weight row k of the group, xs[r])`. Per block: the two
+/// exact integer half-dots `lo`, `hi`, then `acc = fma(s0·dx, lo, acc)`,
+/// `acc = fma(s1·dx, hi, acc)`, `corr = fma(m·dx, Σx, corr)`; the result is
+/// `acc − corr`, on every path.
+pub fn dot_k_group<const XR: usize>(w: &[K8], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+    let n = w.len();
+    assert!(xs
+        .iter()
+        .all(|x| x.qs.len() >= n && x.scales.len() >= n && x.sums.len() >= n));
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: VNNI is present (asserted) and all lengths were checked
-        // here and in `Group::new`.
-        unsafe { vnni::tile(w, xs) }
+        use crate::q8::{simd_level, Simd};
+        // SAFETY: the CPU has the features of each path; lengths were checked.
+        match simd_level() {
+            Simd::Vnni => return unsafe { simd::group_vnni(w, xs) },
+            Simd::Avx2 => return unsafe { simd::group_avx2(w, xs) },
+            Simd::None => {}
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        unreachable!()
-    }
+    std::array::from_fn(|r| scalar_group(w, xs[r]))
 }
 
-/// The same arithmetic as the AVX2 kernel, lane by lane.
-fn scalar_dot(w: &[KBlock], x: Q8Row<'_>) -> f32 {
+/// The arithmetic of the SIMD kernels, one element at a time.
+fn scalar_group(w: &[K8], x: Q8Row<'_>) -> [f32; 8] {
     let mut acc = [0f32; 8];
-    let mut corr = 0f32;
-    for (i, bw) in w.iter().enumerate() {
-        let xq = crate::q8::qs(&x.blocks[i]);
+    let mut corr = [0f32; 8];
+    for (i, b) in w.iter().enumerate() {
         let dx = x.scales[i];
-        for (l, a) in acc.iter_mut().enumerate() {
-            let s: i32 = bw.qs[4 * l..4 * l + 4]
-                .iter()
-                .zip(&xq[4 * l..4 * l + 4])
-                .map(|(&a, &b)| a as i32 * b as i32)
-                .sum();
-            *a = (bw.s[l / 4] * dx).mul_add(s as f32, *a);
+        let sx = (x.sums[i][0] + x.sums[i][1]) as f32;
+        for k in 0..8 {
+            let [lo, hi] = int_dots(&b.qs, k, &x.qs[i]);
+            acc[k] = (b.s0[k] * dx).mul_add(lo as f32, acc[k]);
+            acc[k] = (b.s1[k] * dx).mul_add(hi as f32, acc[k]);
+            corr[k] = (b.m[k] * dx).mul_add(sx, corr[k]);
         }
-        corr = (bw.m * dx).mul_add(x.sums[i] as f32, corr);
     }
-    crate::q8::hsum_scalar(acc) - corr
+    std::array::from_fn(|k| acc[k] - corr[k])
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::KBlock;
-    use crate::q8::Q8Row;
+mod simd {
+    use super::K8;
+    use crate::q8::{avx2, vnni, Q8Row};
     use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum(x: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-
-    #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn dot<const R: usize>(w: &[KBlock], x: [Q8Row<'_>; R]) -> [f32; R] {
-        let n = w.len();
-        assert!(x
-            .iter()
-            .all(|r| r.blocks.len() >= n && r.scales.len() >= n && r.sums.len() >= n));
-        let ones = _mm256_set1_epi16(1);
-        let mut acc = [_mm256_setzero_ps(); R];
-        let mut corr = [0f32; R];
-        for (i, bw) in w.iter().enumerate() {
-            // Fewer bytes ahead than the Q8_0 kernels: these blocks are larger.
-            _mm_prefetch::<_MM_HINT_T0>((bw as *const KBlock).wrapping_add(90) as *const i8);
-            let qw = _mm256_loadu_si256(bw.qs.as_ptr() as *const __m256i);
-            let ax = _mm256_sign_epi8(qw, qw);
-            let sv = _mm256_set_m128(_mm_set1_ps(bw.s[1]), _mm_set1_ps(bw.s[0]));
-            for r in 0..R {
-                let xr = x.get_unchecked(r);
-                let xb = xr.blocks.get_unchecked(i);
-                let qx = _mm256_loadu_si256(crate::q8::qs(xb).as_ptr() as *const __m256i);
-                let dx = *xr.scales.get_unchecked(i);
-                let sy = _mm256_sign_epi8(qx, qw);
-                let lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), ones);
-                let d = _mm256_mul_ps(sv, _mm256_set1_ps(dx));
-                acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(lanes), acc[r]);
-                corr[r] = (bw.m * dx).mul_add(*xr.sums.get_unchecked(i) as f32, corr[r]);
-            }
-        }
-        std::array::from_fn(|r| hsum(acc[r]) - corr[r])
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod vnni {
-    use super::KBlock;
-    use crate::q8::Group;
-    use std::arch::x86_64::*;
-
-    #[target_feature(enable = "avx2,fma")]
-    unsafe fn hsum(x: __m256) -> f32 {
-        let s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        _mm_cvtss_f32(s)
-    }
-
-    /// `WR × XR` tile: the integer lanes by `vpdpbusd` on unsigned
-    /// activations (as in `q8::vnni::tile`), the offset term `m · dx · Σx`
-    /// four rows per 128-bit multiply and fused multiply-add, lane for lane
-    /// the scalar operations of the AVX2 kernel.
-    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
-    // The indices address several arrays at once.
-    #[allow(clippy::needless_range_loop)]
-    pub(super) unsafe fn tile<const WR: usize, const XR: usize>(
-        w: [&[KBlock]; WR],
-        x: &Group<'_, XR>,
-    ) -> [[f32; XR]; WR] {
-        let n = w[0].len();
-        let c80 = _mm256_set1_epi8(0x80u8 as i8);
-        let zero = _mm256_setzero_si256();
-        let mut acc = [[_mm256_setzero_ps(); XR]; WR];
-        // corr[j][c] holds rows 4c..4c+4 of weight row j.
-        let mut corr = [[_mm_setzero_ps(); 2]; WR];
-        for i in 0..n {
-            let dx = x.scales.get_unchecked(i);
-            let sums = x.sums.get_unchecked(i);
-            let mut q = [zero; WR];
-            let mut nc = [zero; WR];
-            let mut sv = [_mm256_setzero_ps(); WR];
-            for j in 0..WR {
-                let b = w.get_unchecked(j).get_unchecked(i);
-                _mm_prefetch::<_MM_HINT_T0>((b as *const KBlock).wrapping_add(90) as *const i8);
-                q[j] = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
-                nc[j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, c80, q[j]));
-                sv[j] = _mm256_set_m128(_mm_set1_ps(b.s[1]), _mm_set1_ps(b.s[0]));
-                for c in 0..XR / 4 {
-                    let dxv = _mm_loadu_ps(dx.as_ptr().add(4 * c));
-                    let sv4 = _mm_loadu_ps(sums.as_ptr().add(4 * c));
-                    let md = _mm_mul_ps(_mm_set1_ps(b.m), dxv);
-                    corr[j][c] = _mm_fmadd_ps(md, sv4, corr[j][c]);
+    /// Generates the group kernel for one instruction set; only the integer
+    /// half-dots differ between them, so both give the same bits.
+    macro_rules! k_group {
+        ($name:ident, $features:literal, |$q:ident, $x:ident, $s:ident| $dots:expr, $load:path) => {
+            #[target_feature(enable = $features)]
+            pub(super) unsafe fn $name<const XR: usize>(
+                w: &[K8],
+                x: &[Q8Row<'_>; XR],
+            ) -> [[f32; 8]; XR] {
+                let mut acc = [_mm256_setzero_ps(); XR];
+                let mut corr = [_mm256_setzero_ps(); XR];
+                for (i, b) in w.iter().enumerate() {
+                    let p = (b as *const K8 as *const i8).wrapping_add(crate::q8::PREFETCH);
+                    for line in 0..6 {
+                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line));
+                    }
+                    let s0 = _mm256_loadu_ps(b.s0.as_ptr());
+                    let s1 = _mm256_loadu_ps(b.s1.as_ptr());
+                    let m = _mm256_loadu_ps(b.m.as_ptr());
+                    let $q = $load(&b.qs);
+                    for r in 0..XR {
+                        let xr = x.get_unchecked(r);
+                        let $x = xr.qs.get_unchecked(i);
+                        let $s = *xr.sums.get_unchecked(i);
+                        let (lo, hi) = $dots;
+                        let dx = _mm256_set1_ps(*xr.scales.get_unchecked(i));
+                        let sx = _mm256_set1_ps(($s[0] + $s[1]) as f32);
+                        let a =
+                            _mm256_fmadd_ps(_mm256_mul_ps(s0, dx), _mm256_cvtepi32_ps(lo), acc[r]);
+                        acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s1, dx), _mm256_cvtepi32_ps(hi), a);
+                        corr[r] = _mm256_fmadd_ps(_mm256_mul_ps(m, dx), sx, corr[r]);
+                    }
                 }
+                std::array::from_fn(|r| {
+                    std::mem::transmute::<__m256, [f32; 8]>(_mm256_sub_ps(acc[r], corr[r]))
+                })
             }
-            for r in 0..XR {
-                let xr = x.rows.get_unchecked(r);
-                let xu = _mm256_loadu_si256(xr.offset.get_unchecked(i).as_ptr() as *const __m256i);
-                let d = _mm256_set1_ps(*dx.get_unchecked(r));
-                for j in 0..WR {
-                    let l = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(nc[j], xu, q[j]));
-                    acc[j][r] = _mm256_fmadd_ps(_mm256_mul_ps(sv[j], d), l, acc[j][r]);
-                }
-            }
-        }
-        let mut out = [[0f32; XR]; WR];
-        for j in 0..WR {
-            let mut c = [0f32; 8];
-            _mm_storeu_ps(c.as_mut_ptr(), corr[j][0]);
-            _mm_storeu_ps(c.as_mut_ptr().add(4), corr[j][1]);
-            for r in 0..XR {
-                out[j][r] = hsum(acc[j][r]) - c[r];
-            }
-        }
-        out
+        };
     }
+
+    k_group!(
+        group_vnni,
+        "avx2,fma,f16c,avx512vnni,avx512vl",
+        |q, x, s| vnni::dots(&q, x, s),
+        vnni::load
+    );
+    k_group!(
+        group_avx2,
+        "avx2,fma,f16c",
+        |q, x, s| {
+            let _ = s;
+            avx2::dots(&q, x)
+        },
+        avx2::load
+    );
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::q8::quantize_row;
-    use candle_core::quantized::k_quants::{BlockQ8_0, GgmlType};
+    use crate::q8::Activations;
+    use candle_core::quantized::k_quants::GgmlType;
 
     fn blocks<T: GgmlType>(v: &[f32]) -> Vec<T> {
         let mut b: Vec<T> = (0..v.len() / T::BLCK_SIZE).map(|_| T::zeros()).collect();
@@ -315,91 +297,75 @@ mod tests {
     }
 
     #[test]
-    fn unpacking_is_exact_and_kernels_agree() {
-        let n = 512;
-        let w: Vec<f32> = (0..n)
+    fn unpacking_and_packing_are_exact_and_every_path_agrees() {
+        let (rows, cols) = (10, 512);
+        let bpr = cols / 32;
+        let w: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 37) % 101) as f32 / 50.0 - 0.9)
             .collect();
-        let x: Vec<f32> = (0..n)
+        let x: Vec<f32> = (0..8 * cols)
             .map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0)
             .collect();
-        let mut xq: Vec<BlockQ8_0> = (0..n / 32).map(|_| BlockQ8_0::zeros()).collect();
-        let (scales, offset, sums) = quantize_row(&x, &mut xq);
-        let row = Q8Row {
-            blocks: &xq,
-            scales: &scales,
-            offset: &offset,
-            sums: &sums,
-        };
-        let x2: Vec<f32> = x.iter().rev().map(|v| v * 0.7 + 0.05).collect();
-        let mut xq2: Vec<BlockQ8_0> = (0..n / 32).map(|_| BlockQ8_0::zeros()).collect();
-        let (scales2, offset2, sums2) = quantize_row(&x2, &mut xq2);
-        let row2 = Q8Row {
-            blocks: &xq2,
-            scales: &scales2,
-            offset: &offset2,
-            sums: &sums2,
-        };
+        let acts = Activations::quantize(&x, 8, cols);
+        let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| acts.row(r));
         let q4: Vec<BlockQ4K> = blocks(&w);
         let q6: Vec<BlockQ6K> = blocks(&w);
         for (name, k, stock) in [
             ("q4k", widen_q4k(&q4), {
-                let mut v = vec![0f32; n];
+                let mut v = vec![0f32; rows * cols];
                 BlockQ4K::to_float(&q4, &mut v);
                 v
             }),
             ("q6k", widen_q6k(&q6), {
-                let mut v = vec![0f32; n];
+                let mut v = vec![0f32; rows * cols];
                 BlockQ6K::to_float(&q6, &mut v);
                 v
             }),
         ] {
-            let mut ours = vec![0f32; n];
+            let mut ours = vec![0f32; rows * cols];
             to_f32(&k, &mut ours);
             assert_eq!(ours, stock, "{name} unpacking must be exact");
-            let mut four = [0f32; 4];
-            dot_k_rows(&k, &[row, row, row, row], &mut four);
-            let mut one = [0f32];
-            dot_k_rows(&k, &[row], &mut one);
-            assert_eq!(one[0], four[2], "{name}: one row vs four");
-            assert_eq!(scalar_dot(&k, row), one[0], "{name}: scalar emulation");
-            if crate::q8::has_tile() {
-                let ws: Vec<Vec<KBlock>> = (0..4)
-                    .map(|j| {
-                        let v: Vec<f32> =
-                            w.iter().map(|a| a * (1.0 + j as f32 / 3.0) - 0.1).collect();
-                        if name == "q4k" {
-                            widen_q4k(&blocks::<BlockQ4K>(&v))
-                        } else {
-                            widen_q6k(&blocks::<BlockQ6K>(&v))
+            let packed = pack_k(&k, rows, bpr);
+            for r in 0..rows {
+                let mut row = vec![0f32; cols];
+                unpack_k_row(&packed, bpr, r, &mut row);
+                assert_eq!(
+                    row,
+                    stock[r * cols..(r + 1) * cols],
+                    "{name} row {r} packed"
+                );
+            }
+            for g in 0..rows.div_ceil(8) {
+                let wg = &packed[g * bpr..(g + 1) * bpr];
+                let eight = dot_k_group(wg, &xs);
+                for r in 0..8 {
+                    let one = dot_k_group(wg, &[xs[r]]);
+                    assert_eq!(one[0], eight[r], "{name}: one row vs eight");
+                    assert_eq!(scalar_group(wg, xs[r]), one[0], "{name}: scalar emulation");
+                    #[cfg(target_arch = "x86_64")]
+                    if crate::q8::simd_level() == crate::q8::Simd::Vnni {
+                        // SAFETY: VNNI implies AVX2, FMA and F16C were detected.
+                        let avx = unsafe { simd::group_avx2(wg, &[xs[r]]) };
+                        assert_eq!(avx[0], one[0], "{name}: AVX2 vs VNNI");
+                    }
+                    for (kk, &got) in eight[r].iter().enumerate() {
+                        let row = 8 * g + kk;
+                        if row >= rows {
+                            continue;
                         }
-                    })
-                    .collect();
-                let xs = [row, row2, row, row2];
-                let single = |wj: &[KBlock]| {
-                    let mut v = [0f32; 4];
-                    dot_k_rows(wj, &xs, &mut v);
-                    v
-                };
-                let quad = Group::new(xs, n / 32);
-                let t = dot_k_tile::<4, 4>(std::array::from_fn(|j| ws[j].as_slice()), &quad);
-                for (j, wj) in ws.iter().enumerate() {
-                    assert_eq!(t[j], single(wj), "{name}: 4x4 row {j}");
-                }
-                let eight = Group::new([row, row2, row, row2, row2, row, row2, row], n / 32);
-                let t = dot_k_tile::<2, 8>([&ws[0], &ws[2]], &eight);
-                for (jj, j) in [0, 2].into_iter().enumerate() {
-                    let a = single(&ws[j]);
-                    let want = [a[0], a[1], a[0], a[1], a[1], a[0], a[1], a[0]];
-                    assert_eq!(t[jj], want, "{name}: 2x8 row {j}");
+                        let (exact, scale) = stock[row * cols..(row + 1) * cols]
+                            .iter()
+                            .zip(&x[r * cols..(r + 1) * cols])
+                            .fold((0f32, 0f32), |(e, s), (a, b)| {
+                                (e + a * b, s + (a * b).abs())
+                            });
+                        assert!(
+                            (got - exact).abs() <= 0.01 * scale,
+                            "{name} row {row}: {got} vs {exact}"
+                        );
+                    }
                 }
             }
-            let exact: f32 = stock.iter().zip(&x).map(|(a, b)| a * b).sum();
-            assert!(
-                (one[0] - exact).abs() < 0.02 * exact.abs().max(1.0),
-                "{name}: {} vs {exact}",
-                one[0]
-            );
         }
     }
 }

@@ -5,16 +5,13 @@
 //! order. Work is split over output rows only, and the loop is weights-outer so
 //! a batch of activation rows reuses each weight row while it is in cache.
 
-use candle_core::quantized::k_quants::{BlockQ4_1, BlockQ5K, BlockQ5_1, BlockQ8_0, GgmlType};
+use candle_core::quantized::k_quants::{BlockQ4_1, BlockQ5K, BlockQ5_1, GgmlType};
 use candle_core::quantized::GgmlDType;
 use rayon::prelude::*;
 
-use crate::kq::{dot_k_rows, dot_k_tile, widen_q4k, widen_q6k, KBlock};
+use crate::kq::{dot_k_group, pack_k, unpack_k_row, widen_q4k, widen_q6k, KBlock, K8};
 use crate::ops::dot_f32;
-use crate::q8::{
-    dot_q8_rows, dot_q8_tile, has_tile, quantize_row, widen_q4_0, widen_q5_0, Group, Q8Row,
-    RowQuant,
-};
+use crate::q8::{dot_q8_group, pack_q8, unpack_q8_row, Activations, Q8Blocks, Q8Row, Q8x8};
 
 /// Why a weight matrix could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -44,10 +41,11 @@ pub enum WeightData {
     Q4_1(Vec<BlockQ4_1>),
     /// GGML Q5_1.
     Q5_1(Vec<BlockQ5_1>),
-    /// GGML Q8_0; Q4_0 and Q5_0 weights are widened to it exactly at load.
-    Q8_0(Vec<BlockQ8_0>),
-    /// GGML Q4_K and Q6_K, unpacked exactly into 32-element blocks.
-    K(Vec<KBlock>),
+    /// GGML Q8_0, eight rows interleaved; Q4_0 and Q5_0 weights are widened
+    /// to it exactly at load.
+    Q8_0(Vec<Q8x8>),
+    /// GGML Q4_K and Q6_K, unpacked exactly and eight rows interleaved.
+    K(Vec<K8>),
     /// GGML Q5_K.
     Q5K(Vec<BlockQ5K>),
 }
@@ -106,6 +104,8 @@ impl Matrix {
             )));
         }
         let nb = rows * cols / bs;
+        let q8 = |b: Q8Blocks| WeightData::Q8_0(pack_q8(&b, rows, cols / 32));
+        let k = |b: Vec<KBlock>| WeightData::K(pack_k(&b, rows, cols / 32));
         let data = match dtype {
             GgmlDType::F32 => {
                 if bytes.len() != rows * cols * 4 {
@@ -133,14 +133,14 @@ impl Matrix {
                     .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
                     .collect(),
             ),
-            GgmlDType::Q4_0 => WeightData::Q8_0(widen_q4_0(&blocks_from_bytes(bytes, nb)?)),
+            GgmlDType::Q4_0 => q8(Q8Blocks::from_q4_0(&blocks_from_bytes(bytes, nb)?)),
             GgmlDType::Q4_1 => WeightData::Q4_1(blocks_from_bytes(bytes, nb)?),
-            GgmlDType::Q5_0 => WeightData::Q8_0(widen_q5_0(&blocks_from_bytes(bytes, nb)?)),
+            GgmlDType::Q5_0 => q8(Q8Blocks::from_q5_0(&blocks_from_bytes(bytes, nb)?)),
             GgmlDType::Q5_1 => WeightData::Q5_1(blocks_from_bytes(bytes, nb)?),
-            GgmlDType::Q8_0 => WeightData::Q8_0(blocks_from_bytes(bytes, nb)?),
-            GgmlDType::Q4K => WeightData::K(widen_q4k(&blocks_from_bytes(bytes, nb)?)),
+            GgmlDType::Q8_0 => q8(Q8Blocks::from_q8_0(&blocks_from_bytes(bytes, nb)?)),
+            GgmlDType::Q4K => k(widen_q4k(&blocks_from_bytes(bytes, nb)?)),
             GgmlDType::Q5K => WeightData::Q5K(blocks_from_bytes(bytes, nb)?),
-            GgmlDType::Q6K => WeightData::K(widen_q6k(&blocks_from_bytes(bytes, nb)?)),
+            GgmlDType::Q6K => k(widen_q6k(&blocks_from_bytes(bytes, nb)?)),
             other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
         };
         if let WeightData::F32(v) = &data {
@@ -173,13 +173,15 @@ impl Matrix {
             )));
         }
         let bs = dtype.block_size();
+        let q8 = |b: Q8Blocks| WeightData::Q8_0(pack_q8(&b, rows, cols / 32));
+        let k = |b: Vec<KBlock>| WeightData::K(pack_k(&b, rows, cols / 32));
         let data = match dtype {
             GgmlDType::F32 => WeightData::F32(data.to_vec()),
-            GgmlDType::Q4_0 => WeightData::Q8_0(widen_q4_0(&q(data, bs))),
-            GgmlDType::Q5_0 => WeightData::Q8_0(widen_q5_0(&q(data, bs))),
-            GgmlDType::Q8_0 => WeightData::Q8_0(q(data, bs)),
-            GgmlDType::Q4K => WeightData::K(widen_q4k(&q(data, bs))),
-            GgmlDType::Q6K => WeightData::K(widen_q6k(&q(data, bs))),
+            GgmlDType::Q4_0 => q8(Q8Blocks::from_q4_0(&q(data, bs))),
+            GgmlDType::Q5_0 => q8(Q8Blocks::from_q5_0(&q(data, bs))),
+            GgmlDType::Q8_0 => q8(Q8Blocks::from_q8_0(&q(data, bs))),
+            GgmlDType::Q4K => k(widen_q4k(&q(data, bs))),
+            GgmlDType::Q6K => k(widen_q6k(&q(data, bs))),
             other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
         };
         Ok(Self { rows, cols, data })
@@ -218,8 +220,8 @@ impl Matrix {
             WeightData::F32(w) => out[..c].copy_from_slice(&w[r * c..(r + 1) * c]),
             WeightData::Q4_1(w) => deq(w, r, c, out),
             WeightData::Q5_1(w) => deq(w, r, c, out),
-            WeightData::Q8_0(w) => deq(w, r, c, out),
-            WeightData::K(w) => crate::kq::to_f32(&w[r * c / 32..(r + 1) * c / 32], &mut out[..c]),
+            WeightData::Q8_0(w) => unpack_q8_row(w, c / 32, r, &mut out[..c]),
+            WeightData::K(w) => unpack_k_row(w, c / 32, r, &mut out[..c]),
             WeightData::Q5K(w) => deq(w, r, c, out),
         }
     }
@@ -241,8 +243,8 @@ impl Matrix {
             WeightData::F32(w) => matmul_f32(w, self.rows, self.cols, x, n, y),
             WeightData::Q4_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q5_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
-            WeightData::Q8_0(w) => matmul_q8(w, self.rows, self.cols, x, n, y),
-            WeightData::K(w) => matmul_q8(w, self.rows, self.cols, x, n, y),
+            WeightData::Q8_0(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
+            WeightData::K(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
             WeightData::Q5K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
         }
     }
@@ -282,6 +284,9 @@ fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut 
     });
 }
 
+/// Activation rows per tile of the generic quantized loop.
+const ROW_TILE: usize = 8;
+
 fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
     let bpr = cols / T::BLCK_SIZE;
     let xbpr = cols / T::VecDotType::BLCK_SIZE;
@@ -307,143 +312,78 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
     });
 }
 
-/// Weight blocks of 32 that multiply Q8_0 activation rows.
-trait QWeight: Sync {
-    /// Up to four dot products of one weight row.
-    fn rows(w: &[Self], xs: &[Q8Row<'_>], out: &mut [f32])
-    where
-        Self: Sized;
-    /// `WR` weight rows by `XR` activation rows (4 × 4 or 2 × 8); the same
-    /// bits as `rows`. Only called when [`has_tile`] is true.
-    fn tile<const WR: usize, const XR: usize>(
-        w: [&[Self]; WR],
-        xs: &Group<'_, XR>,
-    ) -> [[f32; XR]; WR]
+/// Weights stored eight rows interleaved, multiplied by Q8_0 activation rows.
+trait Packed: Sync {
+    /// `out[r][k] = dot(row k of the group, xs[r])`; the group's blocks are `w`.
+    fn group<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR]
     where
         Self: Sized;
 }
 
-impl QWeight for BlockQ8_0 {
-    fn rows(w: &[Self], xs: &[Q8Row<'_>], out: &mut [f32]) {
-        dot_q8_rows(w, xs, out)
-    }
-    fn tile<const WR: usize, const XR: usize>(
-        w: [&[Self]; WR],
-        xs: &Group<'_, XR>,
-    ) -> [[f32; XR]; WR] {
-        dot_q8_tile(w, xs)
+impl Packed for Q8x8 {
+    fn group<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        dot_q8_group(w, xs)
     }
 }
 
-impl QWeight for KBlock {
-    fn rows(w: &[Self], xs: &[Q8Row<'_>], out: &mut [f32]) {
-        dot_k_rows(w, xs, out)
-    }
-    fn tile<const WR: usize, const XR: usize>(
-        w: [&[Self]; WR],
-        xs: &Group<'_, XR>,
-    ) -> [[f32; XR]; WR] {
-        dot_k_tile(w, xs)
+impl Packed for K8 {
+    fn group<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        dot_k_group(w, xs)
     }
 }
 
-/// Activation rows per tile of the fallback loop.
-const ROW_TILE: usize = 8;
+/// Activation rows per slice of the batch: a task's weights stay in cache
+/// while a slice streams by.
+const X_SLICE: usize = 64;
 
-/// Q8_0 weights: each weight block is loaded once for several activation
-/// rows: 2 weight rows × 8 activation rows where VNNI allows, 4 × 4 for a
-/// remaining four, one weight row at a time for the rest.
-fn matmul_q8<W: QWeight>(w: &[W], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+/// Packed weights: each weight block is loaded once for eight activation rows
+/// (then four, then one at a time for the rest of the batch).
+fn matmul_packed<W: Packed>(w: &[W], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
     let bpr = cols / 32;
-    let mut xq: Vec<BlockQ8_0> = (0..n * bpr).map(|_| BlockQ8_0::zeros()).collect();
-    let quant: Vec<RowQuant> = xq
-        .par_chunks_mut(bpr)
-        .zip(x.par_chunks(cols))
-        .map(|(q, r)| quantize_row(r, q))
-        .collect();
-    let xrows: Vec<Q8Row<'_>> = xq
-        .chunks_exact(bpr)
-        .zip(&quant)
-        .map(|(blocks, (s, o, sums))| Q8Row {
-            blocks,
-            scales: s,
-            offset: o,
-            sums,
-        })
-        .collect();
-    // Activation rows grouped once for the tile kernels: eights, then a four.
-    let tile = has_tile();
-    let n8 = if tile { n / 8 * 8 } else { 0 };
-    let n4 = if tile && n - n8 >= 4 { n8 + 4 } else { n8 };
-    let eights: Vec<Group<'_, 8>> = xrows[..n8]
-        .chunks_exact(8)
-        .map(|g| Group::new(std::array::from_fn(|r| g[r]), bpr))
-        .collect();
-    let four: Option<Group<'_, 4>> =
-        (n4 > n8).then(|| Group::new(std::array::from_fn(|r| xrows[n8 + r]), bpr));
+    let acts = Activations::quantize(x, n, cols);
+    let xrows: Vec<Q8Row<'_>> = (0..n).map(|b| acts.row(b)).collect();
     let out = OutPtr(y.as_mut_ptr());
-    let put = |b: usize, r: usize, v: f32| {
-        // SAFETY: `b < n` and `r < rows`, so the index is inside `y`; only the
-        // task owning row `r` writes it.
-        unsafe { *out.at(b * rows + r) = v };
-    };
-    let wrow = |r: usize| &w[r * bpr..(r + 1) * bpr];
-    let tasks = rows.div_ceil(ROWS_PER_TASK);
-    (0..tasks).into_par_iter().for_each(|t| {
-        let (lo, hi) = (t * ROWS_PER_TASK, ((t + 1) * ROWS_PER_TASK).min(rows));
-        for (g, group) in eights.iter().enumerate() {
-            let mut r = lo;
-            while r + 2 <= hi {
-                let v = W::tile::<2, 8>([wrow(r), wrow(r + 1)], group);
-                for (j, vj) in v.iter().enumerate() {
-                    for (k, a) in vj.iter().enumerate() {
-                        put(8 * g + k, r + j, *a);
+    let groups = rows.div_ceil(8);
+    let per_task = ROWS_PER_TASK / 8;
+    (0..groups.div_ceil(per_task))
+        .into_par_iter()
+        .for_each(|t| {
+            let put = |b0: usize, g: usize, v: &[[f32; 8]]| {
+                for (r, vr) in v.iter().enumerate() {
+                    for (k, val) in vr.iter().enumerate() {
+                        let row = 8 * g + k;
+                        if row < rows {
+                            // SAFETY: `b0 + r < n` and `row < rows`, so the
+                            // index is inside `y`; only the task owning group
+                            // `g` writes its rows.
+                            unsafe { *out.at((b0 + r) * rows + row) = *val };
+                        }
                     }
                 }
-                r += 2;
-            }
-            if r < hi {
-                let mut vals = [0f32; 4];
-                for half in 0..2 {
-                    W::rows(wrow(r), &group.rows[4 * half..4 * half + 4], &mut vals);
-                    for (k, a) in vals.iter().enumerate() {
-                        put(8 * g + 4 * half + k, r, *a);
+            };
+            let task_groups = t * per_task..((t + 1) * per_task).min(groups);
+            for s0 in (0..n).step_by(X_SLICE) {
+                let s1 = (s0 + X_SLICE).min(n);
+                for g in task_groups.clone() {
+                    let wg = &w[g * bpr..(g + 1) * bpr];
+                    let mut b = s0;
+                    while b + 8 <= s1 {
+                        let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| xrows[b + r]);
+                        put(b, g, &W::group(wg, &xs));
+                        b += 8;
                     }
-                }
-            }
-        }
-        let mut vals = [0f32; 4];
-        if let Some(group) = &four {
-            let mut r = lo;
-            while r + 4 <= hi {
-                let v = W::tile::<4, 4>(std::array::from_fn(|j| wrow(r + j)), group);
-                for (j, vj) in v.iter().enumerate() {
-                    for (k, a) in vj.iter().enumerate() {
-                        put(n8 + k, r + j, *a);
+                    if b + 4 <= s1 {
+                        let xs: [Q8Row<'_>; 4] = std::array::from_fn(|r| xrows[b + r]);
+                        put(b, g, &W::group(wg, &xs));
+                        b += 4;
                     }
-                }
-                r += 4;
-            }
-            for r in r..hi {
-                W::rows(wrow(r), &group.rows, &mut vals);
-                for (k, a) in vals.iter().enumerate() {
-                    put(n8 + k, r, *a);
-                }
-            }
-        }
-        // Without the tile kernels (or for the last rows): tiles of
-        // activation rows stay in L1 while the task's weight rows stream by.
-        for (ti, xtile) in xrows[n4..].chunks(ROW_TILE).enumerate() {
-            for r in lo..hi {
-                for (c, chunk) in xtile.chunks(4).enumerate() {
-                    W::rows(wrow(r), chunk, &mut vals[..chunk.len()]);
-                    for (k, v) in vals[..chunk.len()].iter().enumerate() {
-                        put(n4 + ti * ROW_TILE + 4 * c + k, r, *v);
+                    while b < s1 {
+                        put(b, g, &W::group(wg, &[xrows[b]]));
+                        b += 1;
                     }
                 }
             }
-        }
-    });
+        });
 }
 
 #[cfg(test)]

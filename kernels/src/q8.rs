@@ -1,34 +1,41 @@
-//! Q8_0 weights × Q8_0 activations, several activation rows per weight block.
+//! Q8_0 weights × Q8_0 activations, eight weight rows interleaved.
 //!
-//! Q4_0 and Q5_0 weights are widened to Q8_0 blocks at load (exactly: same
-//! scale, integer values -16..=15 fit in i8), so one kernel serves all three.
-//! Per output element the arithmetic is always the same sequence: an exact
-//! integer dot per block, eight f32 lanes accumulated block by block with
-//! fused multiply-adds, then a fixed horizontal sum. Processing 1 or 4 rows at
-//! a time only changes how many elements run side by side, never the bits;
-//! the scalar fallback emulates the same lanes, so results match on CPUs
-//! without AVX2 too.
+//! Q4_0 and Q5_0 weights are widened to Q8_0 values at load (exactly: same
+//! scale, integer values -16..=15 fit in i8). Weights are then stored eight
+//! rows at a time: per block of 32 columns, the eight rows' scales and their
+//! values shifted to unsigned (`q + 128`), interleaved four bytes at a time.
+//! One `vpdpbusd` of a register of weights with a broadcast 4-byte group of an
+//! activation row then advances eight dot products, and each weight block is
+//! loaded once for all the activation rows of a tile.
+//!
+//! Per output element the arithmetic is fixed: the exact integer dot product
+//! of each block, then `acc = fma(dw · dx, s, acc)` block by block in column
+//! order. The VNNI, AVX2 and scalar paths compute the same integers and the
+//! same f32 operations, so a result never depends on the batch, the tiling or
+//! the CPU.
 
 use candle_core::quantized::k_quants::{BlockQ4_0, BlockQ5_0, BlockQ8_0};
+use half::f16;
+use rayon::prelude::*;
 
 /// Byte layout of a Q8_0 block.
 #[repr(C)]
 #[derive(Clone, Copy)]
 struct RawQ8 {
-    d: half::f16,
+    d: f16,
     qs: [i8; 32],
 }
 
 #[repr(C)]
 struct RawQ5 {
-    d: half::f16,
+    d: f16,
     qh: [u8; 4],
     qs: [u8; 16],
 }
 
 #[repr(C)]
 struct RawQ4 {
-    d: half::f16,
+    d: f16,
     qs: [u8; 16],
 }
 
@@ -41,243 +48,255 @@ fn raw8(b: &[BlockQ8_0]) -> &[RawQ8] {
     unsafe { std::slice::from_raw_parts(b.as_ptr() as *const RawQ8, b.len()) }
 }
 
-fn from_raw8(v: Vec<RawQ8>) -> Vec<BlockQ8_0> {
-    let mut v = std::mem::ManuallyDrop::new(v);
-    // SAFETY: same size and alignment (both hold an f16 then bytes), same
-    // layout; the allocation is handed over unchanged.
-    unsafe { Vec::from_raw_parts(v.as_mut_ptr() as *mut BlockQ8_0, v.len(), v.capacity()) }
-}
+/// One row's Q8_0 blocks as (scale, values), whatever the source type.
+pub struct Q8Blocks(Vec<RawQ8>);
 
-/// Widens Q5_0 blocks to Q8_0 blocks holding exactly the same values.
-pub fn widen_q5_0(xs: &[BlockQ5_0]) -> Vec<BlockQ8_0> {
-    // SAFETY: identical `repr(C)` layouts (size checked above).
-    let xs = unsafe { std::slice::from_raw_parts(xs.as_ptr() as *const RawQ5, xs.len()) };
-    let out = xs
-        .iter()
-        .map(|b| {
-            let qh = u32::from_le_bytes(b.qh);
-            let mut qs = [0i8; 32];
-            for j in 0..16 {
-                let lo = (b.qs[j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
-                let hi = (b.qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
-                qs[j] = lo as i8 - 16;
-                qs[j + 16] = hi as i8 - 16;
+impl Q8Blocks {
+    /// Q8_0 blocks as they are.
+    pub fn from_q8_0(xs: &[BlockQ8_0]) -> Self {
+        Q8Blocks(raw8(xs).to_vec())
+    }
+
+    /// Widens Q5_0 blocks to Q8_0 values exactly.
+    pub fn from_q5_0(xs: &[BlockQ5_0]) -> Self {
+        // SAFETY: identical `repr(C)` layouts (size checked above).
+        let xs = unsafe { std::slice::from_raw_parts(xs.as_ptr() as *const RawQ5, xs.len()) };
+        Q8Blocks(
+            xs.iter()
+                .map(|b| {
+                    let qh = u32::from_le_bytes(b.qh);
+                    let mut qs = [0i8; 32];
+                    for j in 0..16 {
+                        let lo = (b.qs[j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+                        let hi = (b.qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
+                        qs[j] = lo as i8 - 16;
+                        qs[j + 16] = hi as i8 - 16;
+                    }
+                    RawQ8 { d: b.d, qs }
+                })
+                .collect(),
+        )
+    }
+
+    /// Widens Q4_0 blocks to Q8_0 values exactly.
+    pub fn from_q4_0(xs: &[BlockQ4_0]) -> Self {
+        // SAFETY: identical `repr(C)` layouts (size checked above).
+        let xs = unsafe { std::slice::from_raw_parts(xs.as_ptr() as *const RawQ4, xs.len()) };
+        Q8Blocks(
+            xs.iter()
+                .map(|b| {
+                    let mut qs = [0i8; 32];
+                    for j in 0..16 {
+                        qs[j] = (b.qs[j] & 0x0F) as i8 - 8;
+                        qs[j + 16] = (b.qs[j] >> 4) as i8 - 8;
+                    }
+                    RawQ8 { d: b.d, qs }
+                })
+                .collect(),
+        )
+    }
+
+    /// Dequantizes (the ggml formula `q · d`).
+    pub fn to_f32(&self, out: &mut [f32]) {
+        for (b, o) in self.0.iter().zip(out.chunks_exact_mut(32)) {
+            let d = b.d.to_f32();
+            for (v, q) in o.iter_mut().zip(b.qs) {
+                *v = q as f32 * d;
             }
-            RawQ8 { d: b.d, qs }
-        })
-        .collect();
-    from_raw8(out)
+        }
+    }
 }
 
-/// Widens Q4_0 blocks to Q8_0 blocks holding exactly the same values.
-pub fn widen_q4_0(xs: &[BlockQ4_0]) -> Vec<BlockQ8_0> {
-    // SAFETY: identical `repr(C)` layouts (size checked above).
-    let xs = unsafe { std::slice::from_raw_parts(xs.as_ptr() as *const RawQ4, xs.len()) };
-    let out = xs
-        .iter()
-        .map(|b| {
-            let mut qs = [0i8; 32];
-            for j in 0..16 {
-                qs[j] = (b.qs[j] & 0x0F) as i8 - 8;
-                qs[j + 16] = (b.qs[j] >> 4) as i8 - 8;
+/// Eight weight rows × one block of 32 columns.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct Q8x8 {
+    /// Scales of the eight rows.
+    pub d: [f16; 8],
+    /// `qs[32 g + 4 k + e]` is row `k`, column `4 g + e`, plus 128.
+    pub qs: [u8; 256],
+}
+
+/// Position of row `k`, column `c` of a block in the interleaved layout.
+pub(crate) fn slot(k: usize, c: usize) -> usize {
+    32 * (c / 4) + 4 * k + c % 4
+}
+
+/// Interleaves rows of `bpr` blocks eight at a time (missing rows of the last
+/// group are zero); the result is ordered group by group, block by block.
+pub fn pack_q8(blocks: &Q8Blocks, rows: usize, bpr: usize) -> Vec<Q8x8> {
+    let b = &blocks.0;
+    assert_eq!(b.len(), rows * bpr, "Q8_0 blocks for {rows} rows of {bpr}");
+    let mut out = Vec::with_capacity(rows.div_ceil(8) * bpr);
+    for g in 0..rows.div_ceil(8) {
+        for i in 0..bpr {
+            let mut p = Q8x8 {
+                d: [f16::ZERO; 8],
+                qs: [128; 256],
+            };
+            for k in 0..8 {
+                let r = 8 * g + k;
+                if r < rows {
+                    let src = &b[r * bpr + i];
+                    p.d[k] = src.d;
+                    for c in 0..32 {
+                        p.qs[slot(k, c)] = (src.qs[c] as u8) ^ 0x80;
+                    }
+                }
             }
-            RawQ8 { d: b.d, qs }
-        })
-        .collect();
-    from_raw8(out)
+            out.push(p);
+        }
+    }
+    out
 }
 
-/// One activation row quantized to Q8_0, with its block scales as f32.
+/// Dequantizes row `r` of packed weights (the ggml formula `q · d`).
+pub fn unpack_q8_row(w: &[Q8x8], bpr: usize, r: usize, out: &mut [f32]) {
+    let (g, k) = (r / 8, r % 8);
+    for (b, o) in w[g * bpr..(g + 1) * bpr]
+        .iter()
+        .zip(out.chunks_exact_mut(32))
+    {
+        let d = b.d[k].to_f32();
+        for (c, v) in o.iter_mut().enumerate() {
+            *v = ((b.qs[slot(k, c)] ^ 0x80) as i8) as f32 * d;
+        }
+    }
+}
+
+/// A batch of activation rows quantized to Q8_0 (ggml's rounding), with
+/// the per-block data the kernels need.
+pub struct Activations {
+    bpr: usize,
+    qs: Vec<[i8; 32]>,
+    scales: Vec<f32>,
+    sums: Vec<[i32; 2]>,
+}
+
+/// One quantized activation row.
 #[derive(Clone, Copy)]
 pub struct Q8Row<'a> {
-    /// Blocks of the row.
-    pub blocks: &'a [BlockQ8_0],
-    /// `blocks[i].d` as f32, converted once per row rather than per dot product.
+    /// Values of each block.
+    pub qs: &'a [[i8; 32]],
+    /// Scale of each block, as f32.
     pub scales: &'a [f32],
-    /// `blocks[i].qs` shifted to unsigned (`q + 128`), for the VNNI tile kernel.
-    pub offset: &'a [[u8; 32]],
-    /// Sum of each block's integer values, for weights with an offset (Q4_K).
-    pub sums: &'a [i32],
+    /// Sums of each block's values over columns 0..16 and 16..32.
+    pub sums: &'a [[i32; 2]],
 }
 
-/// A quantized activation row's side data: f32 scales, unsigned values, block sums.
-pub type RowQuant = (Vec<f32>, Vec<[u8; 32]>, Vec<i32>);
-
-/// The integer values of a Q8_0 block.
-pub(crate) fn qs(b: &BlockQ8_0) -> &[i8; 32] {
-    // SAFETY: `RawQ8` mirrors the block layout (size checked above).
-    unsafe { &(*(b as *const BlockQ8_0 as *const RawQ8)).qs }
-}
-
-/// Quantizes one f32 row to Q8_0; returns its block scales as f32 and its
-/// values shifted to unsigned.
-pub fn quantize_row(x: &[f32], blocks: &mut [BlockQ8_0]) -> RowQuant {
-    use candle_core::quantized::k_quants::GgmlType;
-    BlockQ8_0::from_float(x, blocks);
-    let raw = raw8(blocks);
-    let scales = raw.iter().map(|b| b.d.to_f32()).collect();
-    let offset = raw
-        .iter()
-        .map(|b| std::array::from_fn(|k| (b.qs[k] as u8) ^ 0x80))
-        .collect();
-    let sums = raw
-        .iter()
-        .map(|b| b.qs.iter().map(|&q| q as i32).sum())
-        .collect();
-    (scales, offset, sums)
-}
-
-/// Whether the tile kernels ([`dot_q8_tile`], [`crate::kq::dot_k_tile`]) run on this CPU.
-pub fn has_tile() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        simd_level() == Simd::Vnni
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
-}
-
-/// `R` activation rows with their per-block scales and sums interleaved
-/// (`scales[i][r]` is row `r`'s block `i`), so a tile kernel loads them
-/// together.
-pub struct Group<'a, const R: usize> {
-    /// The rows.
-    pub rows: [Q8Row<'a>; R],
-    /// Block scales, the rows side by side.
-    pub scales: Vec<[f32; R]>,
-    /// Block sums as f32 (exact: at most 32 · 128), the rows side by side.
-    pub sums: Vec<[f32; R]>,
-}
-
-impl<'a, const R: usize> Group<'a, R> {
-    /// Interleaves the scales and sums of `R` rows of `n` blocks.
-    pub fn new(rows: [Q8Row<'a>; R], n: usize) -> Self {
-        assert!(rows
-            .iter()
-            .all(|x| x.scales.len() >= n && x.offset.len() >= n && x.blocks.len() >= n));
-        let scales = (0..n)
-            .map(|i| std::array::from_fn(|r| rows[r].scales[i]))
-            .collect();
-        let sums = (0..n)
-            .map(|i| std::array::from_fn(|r| rows[r].sums.get(i).map_or(0.0, |&s| s as f32)))
-            .collect();
-        Group { rows, scales, sums }
-    }
-}
-
-/// Whether a `WR × XR` tile has a kernel: 4 × 4 or 2 × 8.
-pub const fn tile_shape_ok(wr: usize, xr: usize) -> bool {
-    matches!((wr, xr), (4, 4) | (2, 8))
-}
-
-/// `WR` weight rows × `XR` activation rows at once (4 × 4 or 2 × 8); the
-/// same bits as [`dot_q8_rows`] for every dot product. Only call when
-/// [`has_tile`] is true.
-pub fn dot_q8_tile<const WR: usize, const XR: usize>(
-    w: [&[BlockQ8_0]; WR],
-    xs: &Group<'_, XR>,
-) -> [[f32; XR]; WR] {
-    assert!(has_tile(), "dot_q8_tile needs AVX-512 VNNI");
-    assert!(tile_shape_ok(WR, XR), "no {WR} x {XR} tile");
-    let n = w[0].len();
-    assert!(w.iter().all(|r| r.len() == n) && xs.scales.len() >= n);
-    #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: VNNI is present (asserted) and all lengths were checked
-        // here and in `Group::new`.
-        unsafe { vnni::tile(w.map(raw8), xs) }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        unreachable!()
-    }
-}
-
-/// `out[i] = dot(w, xs[i])` for up to four activation rows (same length as `w`).
-pub fn dot_q8_rows(w: &[BlockQ8_0], xs: &[Q8Row<'_>], out: &mut [f32]) {
-    let w = raw8(w);
-    #[cfg(target_arch = "x86_64")]
-    {
-        let level = simd_level();
-        if level != Simd::None {
-            let mut i = 0;
-            while i + 4 <= xs.len() {
-                let r = [xs[i], xs[i + 1], xs[i + 2], xs[i + 3]];
-                // SAFETY: the CPU has the features of `level`; all rows have
-                // `w.len()` blocks.
-                let v = unsafe {
-                    match level {
-                        Simd::Vnni => vnni::dot4(w, r),
-                        _ => avx2::dot4(w, r),
-                    }
-                };
-                out[i..i + 4].copy_from_slice(&v);
-                i += 4;
-            }
-            while i < xs.len() {
-                // SAFETY: as above.
-                out[i] = unsafe {
-                    match level {
-                        Simd::Vnni => vnni::dot1(w, xs[i]),
-                        _ => avx2::dot1(w, xs[i]),
-                    }
-                };
-                i += 1;
-            }
-            return;
+impl Activations {
+    /// Quantizes `n` rows of `cols` values, each row on its own (a row's
+    /// quantization never depends on the other rows).
+    pub fn quantize(x: &[f32], n: usize, cols: usize) -> Self {
+        assert!(cols.is_multiple_of(32) && x.len() == n * cols);
+        let bpr = cols / 32;
+        let mut qs = vec![[0i8; 32]; n * bpr];
+        let mut scales = vec![0f32; n * bpr];
+        let mut sums = vec![[0i32; 2]; n * bpr];
+        qs.par_chunks_mut(bpr.max(1))
+            .zip(scales.par_chunks_mut(bpr.max(1)))
+            .zip(sums.par_chunks_mut(bpr.max(1)))
+            .zip(x.par_chunks(cols.max(1)))
+            .for_each(|(((q, s), m), row)| {
+                for (i, xb) in row.chunks_exact(32).enumerate() {
+                    let (d, qs) = quantize_block(xb);
+                    q[i] = qs;
+                    s[i] = d.to_f32();
+                    let lo: i32 = qs[..16].iter().map(|&v| v as i32).sum();
+                    let hi: i32 = qs[16..].iter().map(|&v| v as i32).sum();
+                    m[i] = [lo, hi];
+                }
+            });
+        Activations {
+            bpr,
+            qs,
+            scales,
+            sums,
         }
     }
-    for (o, x) in out.iter_mut().zip(xs) {
-        *o = scalar_dot(w, *x);
+
+    /// Row `b`.
+    pub fn row(&self, b: usize) -> Q8Row<'_> {
+        let r = b * self.bpr..(b + 1) * self.bpr;
+        Q8Row {
+            qs: &self.qs[r.clone()],
+            scales: &self.scales[r.clone()],
+            sums: &self.sums[r],
+        }
     }
 }
 
-/// The same arithmetic as the SIMD kernels, lane by lane.
-fn scalar_dot(w: &[RawQ8], x: Q8Row<'_>) -> f32 {
-    let xb = raw8(x.blocks);
+/// ggml's Q8_0 quantization of 32 values, operation for operation:
+/// `d = amax / 127`, `q = round(x / d)` (computed as `x · (1 / d)`).
+pub fn quantize_block(x: &[f32]) -> (f16, [i8; 32]) {
+    let x: &[f32; 32] = x.try_into().expect("a block of 32 values");
+    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = amax / 127.0;
+    let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+    (
+        f16::from_f32(d),
+        std::array::from_fn(|j| (x[j] * id).round() as i8),
+    )
+}
+
+/// `out[r][k] = dot(weight row k of the group, xs[r])` for a group of eight
+/// weight rows (`w` holds its blocks) and `XR` activation rows.
+pub fn dot_q8_group<const XR: usize>(w: &[Q8x8], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+    let n = w.len();
+    assert!(xs
+        .iter()
+        .all(|x| x.qs.len() >= n && x.scales.len() >= n && x.sums.len() >= n));
+    #[cfg(target_arch = "x86_64")]
+    {
+        // SAFETY: the CPU has the features of each path; lengths were checked.
+        match simd_level() {
+            Simd::Vnni => return unsafe { vnni::group(w, xs) },
+            Simd::Avx2 => return unsafe { avx2::group(w, xs) },
+            Simd::None => {}
+        }
+    }
+    std::array::from_fn(|r| scalar_group(w, xs[r]))
+}
+
+/// The exact integer dot of row `k` of a packed block with activation values,
+/// over columns 0..16 and 16..32.
+pub(crate) fn int_dots(qs: &[u8; 256], k: usize, x: &[i8; 32]) -> [i32; 2] {
+    let mut s = [0i32; 2];
+    for (c, &xv) in x.iter().enumerate() {
+        s[c / 16] += ((qs[slot(k, c)] ^ 0x80) as i8) as i32 * xv as i32;
+    }
+    s
+}
+
+/// The arithmetic of the SIMD kernels, one element at a time.
+fn scalar_group(w: &[Q8x8], x: Q8Row<'_>) -> [f32; 8] {
     let mut acc = [0f32; 8];
-    for ((bw, bx), dx) in w.iter().zip(xb).zip(x.scales) {
-        let d = bw.d.to_f32() * dx;
-        for (l, a) in acc.iter_mut().enumerate() {
-            let mut s = 0i32;
-            for k in 4 * l..4 * l + 4 {
-                s += bw.qs[k] as i32 * bx.qs[k] as i32;
-            }
-            *a = d.mul_add(s as f32, *a);
+    for (i, b) in w.iter().enumerate() {
+        for (k, a) in acc.iter_mut().enumerate() {
+            let [lo, hi] = int_dots(&b.qs, k, &x.qs[i]);
+            let d = b.d[k].to_f32() * x.scales[i];
+            *a = d.mul_add((lo + hi) as f32, *a);
         }
     }
-    hsum_scalar(acc)
-}
-
-/// The horizontal sum in the order the `_mm256` code below performs it.
-pub(crate) fn hsum_scalar(a: [f32; 8]) -> f32 {
-    let s = [a[0] + a[4], a[1] + a[5], a[2] + a[6], a[3] + a[7]];
-    let t0 = s[0] + s[2];
-    let t1 = s[1] + s[3];
-    t0 + t1
+    acc
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum Simd {
+pub(crate) enum Simd {
     None,
     Avx2,
     Vnni,
 }
 
-/// Whether AVX2 and FMA kernels run on this CPU.
+/// The widest kernel family this CPU runs (`STATEBENCH_NO_VNNI` forces AVX2).
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn has_avx2() -> bool {
-    simd_level() != Simd::None
-}
-
-#[cfg(target_arch = "x86_64")]
-fn simd_level() -> Simd {
+pub(crate) fn simd_level() -> Simd {
     use std::sync::OnceLock;
     static LEVEL: OnceLock<Simd> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        let avx2 = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
+        let avx2 = is_x86_feature_detected!("avx2")
+            && is_x86_feature_detected!("fma")
+            && is_x86_feature_detected!("f16c");
         let vnni = is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl");
         if std::env::var_os("STATEBENCH_NO_VNNI").is_some() {
             return if avx2 { Simd::Avx2 } else { Simd::None };
@@ -290,152 +309,112 @@ fn simd_level() -> Simd {
     })
 }
 
-/// Weight blocks to prefetch ahead of use (about 4 KiB): the tiled loops do so
-/// much work per block that out-of-order execution alone keeps too few loads
-/// in flight while weights stream from memory.
-pub(crate) const PREFETCH: usize = 120;
-
-/// Generates `dot1`/`dot4` for one instruction set; only the exact integer
-/// block product differs between them, so all give the same bits.
+/// Bytes ahead of use to prefetch: the hardware prefetcher alone keeps too
+/// few weight loads in flight at batch 1.
 #[cfg(target_arch = "x86_64")]
-macro_rules! q8_kernels {
-    ($features:literal, $block:ident) => {
-        use super::{Q8Row, RawQ8};
-        use std::arch::x86_64::*;
+pub(crate) const PREFETCH: usize = 2048;
 
-        #[target_feature(enable = $features)]
-        unsafe fn hsum(x: __m256) -> f32 {
-            // (a0+a4, a1+a5, a2+a6, a3+a7) -> (s0+s2, s1+s3) -> their sum.
-            let s = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps(x, 1));
-            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-            let s = _mm_add_ss(s, _mm_movehdup_ps(s));
-            _mm_cvtss_f32(s)
+/// Integer dot products of a packed block (eight registers of 4-byte groups)
+/// with one activation block, as eight i32 lanes (one per weight row) for
+/// columns 0..16 and 16..32. VNNI: weights are unsigned (`q + 128`), so each
+/// `vpdpbusd` starts from `-128 · Σx` to leave the signed products exactly.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod vnni {
+    use std::arch::x86_64::*;
+
+    /// Broadcasts the 4-byte group `g` of an activation block.
+    #[inline(always)]
+    pub(crate) unsafe fn group4(x: &[i8; 32], g: usize) -> __m256i {
+        _mm256_set1_epi32(std::ptr::read_unaligned(x.as_ptr().add(4 * g) as *const i32))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    #[inline]
+    pub(crate) unsafe fn dots(q: &[__m256i; 8], x: &[i8; 32], s: [i32; 2]) -> (__m256i, __m256i) {
+        let mut lo = _mm256_set1_epi32(-128 * s[0]);
+        let mut hi = _mm256_set1_epi32(-128 * s[1]);
+        for g in 0..4 {
+            lo = _mm256_dpbusd_epi32(lo, q[g], group4(x, g));
+            hi = _mm256_dpbusd_epi32(hi, q[g + 4], group4(x, g + 4));
         }
+        (lo, hi)
+    }
 
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn dot1(w: &[RawQ8], x: Q8Row<'_>) -> f32 {
-            let xb = super::raw8(x.blocks);
-            let mut acc = _mm256_setzero_ps();
-            for (i, bw) in w.iter().enumerate() {
-                let qw = _mm256_loadu_si256(bw.qs.as_ptr() as *const __m256i);
-                let ax = _mm256_sign_epi8(qw, qw);
-                let dw = bw.d.to_f32();
-                let qx = _mm256_loadu_si256(xb[i].qs.as_ptr() as *const __m256i);
-                let d = _mm256_set1_ps(dw * x.scales[i]);
-                acc = _mm256_fmadd_ps(d, $block(ax, qw, qx), acc);
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    #[inline]
+    pub(crate) unsafe fn load(qs: &[u8; 256]) -> [__m256i; 8] {
+        std::array::from_fn(|g| _mm256_loadu_si256(qs.as_ptr().add(32 * g) as *const __m256i))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    pub(super) unsafe fn group<const XR: usize>(
+        w: &[super::Q8x8],
+        x: &[super::Q8Row<'_>; XR],
+    ) -> [[f32; 8]; XR] {
+        let mut acc = [_mm256_setzero_ps(); XR];
+        for (i, b) in w.iter().enumerate() {
+            let p = (b as *const super::Q8x8 as *const i8).wrapping_add(super::PREFETCH);
+            for line in 0..5 {
+                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line));
             }
-            hsum(acc)
-        }
-
-        #[target_feature(enable = $features)]
-        pub(super) unsafe fn dot4(w: &[RawQ8], x: [Q8Row<'_>; 4]) -> [f32; 4] {
-            let xb = [
-                super::raw8(x[0].blocks),
-                super::raw8(x[1].blocks),
-                super::raw8(x[2].blocks),
-                super::raw8(x[3].blocks),
-            ];
-            let mut acc = [_mm256_setzero_ps(); 4];
-            let n = w.len();
-            assert!((0..4).all(|r| xb[r].len() >= n && x[r].scales.len() >= n));
-            for (i, bw) in w.iter().enumerate() {
-                _mm_prefetch::<_MM_HINT_T0>(
-                    (bw as *const RawQ8).wrapping_add(super::PREFETCH) as *const i8
-                );
-                let qw = _mm256_loadu_si256(bw.qs.as_ptr() as *const __m256i);
-                let ax = _mm256_sign_epi8(qw, qw);
-                let dw = bw.d.to_f32();
-                for r in 0..4 {
-                    // SAFETY: `i < n` and every row has at least `n` blocks.
-                    let qx = _mm256_loadu_si256(
-                        xb.get_unchecked(r).get_unchecked(i).qs.as_ptr() as *const __m256i
-                    );
-                    let d = _mm256_set1_ps(dw * *x.get_unchecked(r).scales.get_unchecked(i));
-                    acc[r] = _mm256_fmadd_ps(d, $block(ax, qw, qx), acc[r]);
-                }
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(b.d.as_ptr() as *const __m128i));
+            let q = load(&b.qs);
+            for (a, xr) in acc.iter_mut().zip(x) {
+                let (lo, hi) = dots(&q, xr.qs.get_unchecked(i), *xr.sums.get_unchecked(i));
+                let s = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xr.scales.get_unchecked(i)));
+                *a = _mm256_fmadd_ps(d, s, *a);
             }
-            [hsum(acc[0]), hsum(acc[1]), hsum(acc[2]), hsum(acc[3])]
         }
-    };
+        acc.map(|a| std::mem::transmute::<__m256, [f32; 8]>(a))
+    }
 }
 
+/// The same integer lanes without VNNI: weights back to signed, then the
+/// sign trick (`|w| · sign(x, w)`) so `maddubs` cannot saturate.
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
-    /// Exact integer dot of one block pair as eight i32 lanes of four products.
-    #[target_feature(enable = "avx2,fma")]
-    #[inline]
-    unsafe fn block(ax: __m256i, qw: __m256i, qx: __m256i) -> __m256 {
-        let sy = _mm256_sign_epi8(qx, qw);
-        let dot = _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
-        _mm256_cvtepi32_ps(dot)
-    }
-    q8_kernels!("avx2,fma", block);
-}
+pub(crate) mod avx2 {
+    use std::arch::x86_64::*;
 
-#[cfg(target_arch = "x86_64")]
-mod vnni {
-    use super::PREFETCH;
-    /// The same eight i32 lanes as the AVX2 kernel, in one VNNI instruction.
-    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl")]
+    #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn block(ax: __m256i, qw: __m256i, qx: __m256i) -> __m256 {
-        let sy = _mm256_sign_epi8(qx, qw);
-        _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy))
-    }
-    q8_kernels!("avx2,fma,avx512vnni,avx512vl", block);
-
-    /// `WR × XR` tile. Activations are unsigned (`q + 128`), so one
-    /// `vpdpbusd` per pair does the block product; starting its accumulator
-    /// at `-128 · Σw` per lane leaves exactly the signed lanes of `block`.
-    /// The scale products of a block (the same f32 products as `dw * dx`)
-    /// are computed together and read back as broadcasts, which keeps the
-    /// multiply pipes for the dot products.
-    #[target_feature(enable = "avx2,fma,avx512vnni,avx512vl,f16c")]
-    // The indices address several arrays at once.
-    #[allow(clippy::needless_range_loop)]
-    pub(crate) unsafe fn tile<const WR: usize, const XR: usize>(
-        w: [&[RawQ8]; WR],
-        x: &super::Group<'_, XR>,
-    ) -> [[f32; XR]; WR] {
-        let n = w[0].len();
+    pub(crate) unsafe fn dots(q: &[__m256i; 8], x: &[i8; 32]) -> (__m256i, __m256i) {
+        let ones = _mm256_set1_epi16(1);
         let c80 = _mm256_set1_epi8(0x80u8 as i8);
-        let zero = _mm256_setzero_si256();
-        let mut acc = [[_mm256_setzero_ps(); XR]; WR];
-        let mut prod = [0f32; 32];
-        for i in 0..n {
-            let dx = x.scales.get_unchecked(i);
-            let mut q = [zero; WR];
-            let mut nc = [zero; WR];
-            for j in 0..WR {
-                let b = w.get_unchecked(j).get_unchecked(i);
-                _mm_prefetch::<_MM_HINT_T0>((b as *const RawQ8).wrapping_add(PREFETCH) as *const i8);
-                q[j] = _mm256_loadu_si256(b.qs.as_ptr() as *const __m256i);
-                nc[j] = _mm256_sub_epi32(zero, _mm256_dpbusd_epi32(zero, c80, q[j]));
-                let dw = b.d.to_f32();
-                for r in 0..XR {
-                    *prod.get_unchecked_mut(j * XR + r) = dw * *dx.get_unchecked(r);
-                }
-            }
-            // Opaque to the optimiser, so the products are read back with
-            // broadcast loads rather than rebuilt with shuffles.
-            let prod = std::hint::black_box(&prod);
-            for r in 0..XR {
-                let xr = x.rows.get_unchecked(r);
-                let xu = _mm256_loadu_si256(xr.offset.get_unchecked(i).as_ptr() as *const __m256i);
-                for j in 0..WR {
-                    let l = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(nc[j], xu, q[j]));
-                    let d = _mm256_broadcast_ss(prod.get_unchecked(j * XR + r));
-                    acc[j][r] = _mm256_fmadd_ps(d, l, acc[j][r]);
-                }
+        let mut s = [_mm256_setzero_si256(); 2];
+        for g in 0..8 {
+            let w = _mm256_xor_si256(q[g], c80);
+            let xg =
+                _mm256_set1_epi32(std::ptr::read_unaligned(x.as_ptr().add(4 * g) as *const i32));
+            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xg, w));
+            s[g / 4] = _mm256_add_epi32(s[g / 4], _mm256_madd_epi16(p, ones));
+        }
+        (s[0], s[1])
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) unsafe fn load(qs: &[u8; 256]) -> [__m256i; 8] {
+        std::array::from_fn(|g| _mm256_loadu_si256(qs.as_ptr().add(32 * g) as *const __m256i))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn group<const XR: usize>(
+        w: &[super::Q8x8],
+        x: &[super::Q8Row<'_>; XR],
+    ) -> [[f32; 8]; XR] {
+        let mut acc = [_mm256_setzero_ps(); XR];
+        for (i, b) in w.iter().enumerate() {
+            let dw = _mm256_cvtph_ps(_mm_loadu_si128(b.d.as_ptr() as *const __m128i));
+            let q = load(&b.qs);
+            for (a, xr) in acc.iter_mut().zip(x) {
+                let (lo, hi) = dots(&q, xr.qs.get_unchecked(i));
+                let s = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
+                let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xr.scales.get_unchecked(i)));
+                *a = _mm256_fmadd_ps(d, s, *a);
             }
         }
-        let mut out = [[0f32; XR]; WR];
-        for j in 0..WR {
-            for r in 0..XR {
-                out[j][r] = hsum(acc[j][r]);
-            }
-        }
-        out
+        acc.map(|a| std::mem::transmute::<__m256, [f32; 8]>(a))
     }
 }
 
@@ -451,95 +430,93 @@ mod tests {
     }
 
     #[test]
-    fn widening_is_exact_and_kernels_agree() {
-        let n = 896;
-        let w: Vec<f32> = (0..n)
+    fn quantization_matches_ggml() {
+        let x: Vec<f32> = (0..32 * 64)
+            .map(|i| (((i * 7919) % 2003) as f32 / 1001.0 - 1.0) * (1 + i % 5) as f32)
+            .chain([0.0; 32])
+            .chain((0..32).map(|i| if i % 2 == 0 { 0.5 } else { -1.5 }))
+            .collect();
+        let stock: Vec<BlockQ8_0> = blocks(&x);
+        for (b, xb) in raw8(&stock).iter().zip(x.chunks_exact(32)) {
+            let (d, qs) = quantize_block(xb);
+            assert_eq!((d.to_bits(), qs), (b.d.to_bits(), b.qs));
+        }
+    }
+
+    #[test]
+    fn widening_and_packing_are_exact_and_every_path_agrees() {
+        let (rows, cols) = (11, 896);
+        let bpr = cols / 32;
+        let w: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
             .collect();
-        let xs: Vec<Vec<BlockQ8_0>> = (0..6)
-            .map(|r| {
-                let x: Vec<f32> = (0..n)
-                    .map(|i| ((i * 13 + r) % 29) as f32 / 14.0 - 1.0)
-                    .collect();
-                blocks(&x)
-            })
-            .collect();
         let q5: Vec<BlockQ5_0> = blocks(&w);
-        let wide = widen_q5_0(&q5);
-        let mut a = vec![0f32; n];
-        let mut b = vec![0f32; n];
+        let wide = Q8Blocks::from_q5_0(&q5);
+        let mut a = vec![0f32; rows * cols];
+        let mut b = vec![0f32; rows * cols];
         BlockQ5_0::to_float(&q5, &mut a);
-        BlockQ8_0::to_float(&wide, &mut b);
+        wide.to_f32(&mut b);
         assert_eq!(a, b, "Q5_0 widening must be exact");
         let q4: Vec<BlockQ4_0> = blocks(&w);
         BlockQ4_0::to_float(&q4, &mut a);
-        BlockQ8_0::to_float(&widen_q4_0(&q4), &mut b);
+        Q8Blocks::from_q4_0(&q4).to_f32(&mut b);
         assert_eq!(a, b, "Q4_0 widening must be exact");
 
-        let scales: Vec<Vec<f32>> = xs
-            .iter()
-            .map(|x| raw8(x).iter().map(|b| b.d.to_f32()).collect())
-            .collect();
-        let offsets: Vec<Vec<[u8; 32]>> = xs
-            .iter()
-            .map(|x| {
-                raw8(x)
-                    .iter()
-                    .map(|b| std::array::from_fn(|k| (b.qs[k] as u8) ^ 0x80))
-                    .collect()
-            })
-            .collect();
-        let rows: Vec<Q8Row<'_>> = xs
-            .iter()
-            .zip(&scales)
-            .zip(&offsets)
-            .map(|((b, s), o)| Q8Row {
-                blocks: b,
-                scales: s,
-                offset: o,
-                sums: &[],
-            })
-            .collect();
-        let mut all = vec![0f32; 6];
-        dot_q8_rows(&wide, &rows, &mut all);
-        for (i, r) in rows.iter().enumerate() {
-            let mut one = [0f32];
-            dot_q8_rows(&wide, &[*r], &mut one);
-            assert_eq!(one[0], all[i]);
-            assert_eq!(scalar_dot(raw8(&wide), *r), all[i], "scalar emulation");
-            let stock = BlockQ8_0::vec_dot(n, &wide, r.blocks);
-            assert!((stock - all[i]).abs() <= 1e-3 * stock.abs().max(1.0));
+        let packed = pack_q8(&wide, rows, bpr);
+        let deq = |r: usize| {
+            let mut o = vec![0f32; cols];
+            unpack_q8_row(&packed, bpr, r, &mut o);
+            o
+        };
+        for r in 0..rows {
+            let mut want = vec![0f32; cols];
+            BlockQ5_0::to_float(&q5[r * bpr..(r + 1) * bpr], &mut want);
+            assert_eq!(deq(r), want, "row {r} through the packed layout");
         }
-        if has_tile() {
-            let ws: Vec<Vec<BlockQ8_0>> = (0..4)
-                .map(|j| {
-                    let w: Vec<f32> = (0..n)
-                        .map(|i| ((i * (53 + 10 * j)) % 97) as f32 / 40.0 - 1.2)
-                        .collect();
-                    widen_q5_0(&blocks::<BlockQ5_0>(&w))
-                })
-                .collect();
-            let rows8: [Q8Row<'_>; 8] = std::array::from_fn(|r| rows[r % rows.len()]);
-            let single = |wj: &[BlockQ8_0], xs: &[Q8Row<'_>]| {
-                let mut v = vec![0f32; xs.len()];
-                dot_q8_rows(wj, xs, &mut v);
-                v
-            };
-            for first in [0, 2] {
-                let quad = Group::new(std::array::from_fn(|r| rows[first + r]), n / 32);
-                let t = dot_q8_tile::<4, 4>(std::array::from_fn(|j| ws[j].as_slice()), &quad);
-                for (j, wj) in ws.iter().enumerate() {
-                    assert_eq!(
-                        t[j].to_vec(),
-                        single(wj, &rows[first..first + 4]),
-                        "4x4 row {j}"
+
+        let x: Vec<f32> = (0..8 * cols)
+            .map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0)
+            .collect();
+        let acts = Activations::quantize(&x, 8, cols);
+        let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| acts.row(r));
+        for g in 0..rows.div_ceil(8) {
+            let wg = &packed[g * bpr..(g + 1) * bpr];
+            let eight = dot_q8_group(wg, &xs);
+            let four = dot_q8_group(wg, &[xs[4], xs[5], xs[6], xs[7]]);
+            for r in 0..8 {
+                let one = dot_q8_group(wg, &[xs[r]]);
+                assert_eq!(one[0], eight[r], "group {g}: one row vs eight");
+                assert_eq!(
+                    scalar_group(wg, xs[r]),
+                    one[0],
+                    "group {g}: scalar emulation"
+                );
+                if r >= 4 {
+                    assert_eq!(four[r - 4], eight[r], "group {g}: four rows vs eight");
+                }
+                #[cfg(target_arch = "x86_64")]
+                if simd_level() == Simd::Vnni {
+                    // SAFETY: VNNI implies AVX2, FMA and F16C were detected.
+                    let avx = unsafe { avx2::group(wg, &[xs[r]]) };
+                    assert_eq!(avx[0], one[0], "group {g}: AVX2 vs VNNI");
+                }
+                for (k, &got) in eight[r].iter().enumerate() {
+                    let row = 8 * g + k;
+                    if row >= rows {
+                        continue;
+                    }
+                    let (exact, scale) = deq(row)
+                        .iter()
+                        .zip(&x[r * cols..(r + 1) * cols])
+                        .fold((0f32, 0f32), |(e, s), (a, b)| {
+                            (e + a * b, s + (a * b).abs())
+                        });
+                    assert!(
+                        (got - exact).abs() <= 0.01 * scale,
+                        "row {row}: {got} vs {exact}"
                     );
                 }
             }
-            let eight = Group::new(rows8, n / 32);
-            let t = dot_q8_tile::<2, 8>([&ws[1], &ws[3]], &eight);
-            assert_eq!(t[0].to_vec(), single(&ws[1], &rows8), "2x8 row 0");
-            assert_eq!(t[1].to_vec(), single(&ws[3], &rows8), "2x8 row 1");
         }
     }
 }
