@@ -208,6 +208,10 @@ struct LiveArgs {
     /// Compute threads of the engine.
     #[arg(long, default_value_t = 2)]
     threads: usize,
+    /// KV-cache memory of the engine in GiB (running requests and idle
+    /// sessions together; idle caches are dropped, least recently used first).
+    #[arg(long, default_value_t = 8.0)]
+    kv_budget_gib: f64,
 }
 
 #[derive(Args)]
@@ -406,6 +410,7 @@ fn serve_model(live: &LiveArgs) -> Result<(Served, serde_json::Value)> {
     let spec = cli_engine::resolve_model(&live.model)?;
     let opts = EngineOptions {
         threads: live.threads,
+        kv_budget_bytes: (live.kv_budget_gib * (1u64 << 30) as f64) as usize,
         ..EngineOptions::default()
     };
     let engine = Engine::load(&spec, opts)?;
@@ -588,6 +593,7 @@ fn bench_cell(a: BenchCmd) -> Result<()> {
         endpoint: None,
         remote_model: None,
         api_key_env: "OPENAI_API_KEY".into(),
+        kv_budget_gib: 8.0,
     };
     let (served, model) = serve_model(&live)?;
     let cfg = live_ladder(a.cell_steps, a.cell_episodes, &model, false);

@@ -272,6 +272,66 @@ fn kv_budget_queues_or_refuses() {
 }
 
 #[test]
+fn idle_session_caches_count_in_the_kv_budget_and_are_evicted_lru() {
+    let Some(path) = default_model() else { return };
+    let per_token = 24 * 2 * 2 * 64 * 4;
+    let budget = 100 * per_token;
+    let opts = EngineOptions {
+        kv_budget_bytes: budget,
+        ..EngineOptions::default()
+    };
+    let mut small = Engine::load(&path.to_string_lossy(), opts).expect("loads");
+    let mut large = load(&path);
+    let turn = |e: &mut Engine, s, messages: &[Message], max| {
+        e.submit(s, ChatRequest::greedy(messages.to_vec(), max))
+            .expect("submit");
+        let mut out = None;
+        while e.has_pending() {
+            for (_, r) in e.step().expect("step") {
+                out = Some(r.expect("reply"));
+            }
+        }
+        out.expect("a reply")
+    };
+    // Two short conversations leave their caches behind in both engines.
+    let first = vec![Message::new(Role::User, "Say yes.")];
+    let (a, b) = (small.open_session(), small.open_session());
+    let reply_a = turn(&mut small, a, &first, 8);
+    turn(&mut small, b, &[Message::new(Role::User, "Say no.")], 8);
+    let idle = small.kv_bytes_in_use();
+    assert!(idle > 0 && idle <= budget, "idle caches {idle} of {budget}");
+    // A third request that fits only without them: both are dropped, oldest first.
+    let long = vec![Message::new(
+        Role::User,
+        "Write the word pear. ".repeat(6).as_str(),
+    )];
+    let n = small
+        .encode(&small.render(&long, false).expect("render"))
+        .expect("encode")
+        .len();
+    let c = small.open_session();
+    turn(&mut small, c, &long, 100 - n - 2);
+    assert!(small.kv_bytes_in_use() <= budget);
+    // Session a's next turn re-prefills from nothing, with the same reply as
+    // an engine that kept its cache.
+    let mut second = first.clone();
+    second.push(Message::new(Role::Assistant, reply_a.content.clone()));
+    second.push(Message::new(Role::User, "Again."));
+    let evicted = turn(&mut small, a, &second, 8);
+    let la = large.open_session();
+    let kept_first = turn(&mut large, la, &first, 8);
+    assert_eq!(kept_first.content, reply_a.content);
+    let kept = turn(&mut large, la, &second, 8);
+    assert_eq!(evicted.usage.cached_tokens, 0, "a's cache was evicted");
+    assert!(
+        kept.usage.cached_tokens > 0,
+        "the large engine reused a's cache"
+    );
+    assert_eq!(evicted.content, kept.content);
+    assert!(small.kv_bytes_in_use() <= budget);
+}
+
+#[test]
 fn stop_strings_and_length_end_replies() {
     let Some(path) = default_model() else { return };
     let mut engine = load(&path);

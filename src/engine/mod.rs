@@ -32,7 +32,9 @@ pub const DEFAULT_MODEL: &str = "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
 pub struct EngineOptions {
     /// Compute threads.
     pub threads: usize,
-    /// Bytes of KV cache that in-flight requests may reserve together.
+    /// Bytes of KV cache that in-flight requests (their prompt plus
+    /// `max_tokens`) and idle sessions' caches may hold together; idle caches
+    /// are dropped, least recently used first, to admit a request.
     pub kv_budget_bytes: usize,
     /// Caps the model's context length (saves RoPE table memory), if set.
     pub max_context: Option<usize>,
@@ -42,7 +44,7 @@ impl Default for EngineOptions {
     fn default() -> Self {
         Self {
             threads: 2,
-            kv_budget_bytes: 4 << 30,
+            kv_budget_bytes: 8 << 30,
             max_context: None,
         }
     }
@@ -54,6 +56,8 @@ struct Session {
     tokens: Vec<u32>,
     cache: KvCache,
     busy: bool,
+    /// When the session last started or finished a request (engine clock).
+    last_used: u64,
 }
 
 /// A submitted request waiting for admission.
@@ -99,6 +103,8 @@ pub struct Engine {
     queue: VecDeque<Pending>,
     running: Vec<Running>,
     next_id: u64,
+    /// Counts admissions and finishes; orders sessions for eviction.
+    clock: u64,
 }
 
 impl Engine {
@@ -141,6 +147,7 @@ impl Engine {
             queue: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
+            clock: 0,
         })
     }
 
@@ -223,6 +230,41 @@ impl Engine {
         self.next_id
     }
 
+    /// Bytes of KV cache held now: running requests' reservations plus every
+    /// session's cached entries.
+    pub fn kv_bytes_in_use(&self) -> usize {
+        self.reserved_bytes() + self.idle_bytes_except(None)
+    }
+
+    fn idle_bytes_except(&self, keep: Option<SessionId>) -> usize {
+        let per = self.model.cfg.kv_bytes_per_token();
+        self.sessions
+            .iter()
+            .filter(|(id, _)| Some(**id) != keep)
+            .map(|(_, s)| s.cache.len() * per)
+            .sum()
+    }
+
+    /// Drops the cache of the least recently used session other than `keep`
+    /// (it re-prefills on its next turn, with the same result); false when
+    /// no such session holds a cache.
+    fn evict_lru_except(&mut self, keep: SessionId) -> bool {
+        let victim = self
+            .sessions
+            .iter()
+            .filter(|(id, s)| **id != keep && !s.cache.is_empty())
+            .min_by_key(|(id, s)| (s.last_used, **id))
+            .map(|(id, _)| *id);
+        match victim.and_then(|v| self.sessions.get_mut(&v)) {
+            Some(s) => {
+                s.cache = KvCache::default();
+                s.tokens.clear();
+                true
+            }
+            None => false,
+        }
+    }
+
     fn reserved_bytes(&self) -> usize {
         let per = self.model.cfg.kv_bytes_per_token();
         self.running
@@ -235,15 +277,22 @@ impl Engine {
     fn admit(&mut self) {
         let per = self.model.cfg.kv_bytes_per_token();
         while let Some(p) = self.queue.front() {
-            let need = (p.prompt.len() + p.req.max_tokens) * per;
-            if !self.running.is_empty() && self.reserved_bytes() + need > self.opts.kv_budget_bytes
-            {
+            let (need, keep) = ((p.prompt.len() + p.req.max_tokens) * per, p.session);
+            let budget = self.opts.kv_budget_bytes;
+            if !self.running.is_empty() && self.reserved_bytes() + need > budget {
                 break;
             }
+            // Idle caches make room for a request that fits beside the running ones.
+            while self.reserved_bytes() + self.idle_bytes_except(Some(keep)) + need > budget
+                && self.evict_lru_except(keep)
+            {}
             let Some(p) = self.queue.pop_front() else {
                 break;
             };
+            self.clock += 1;
+            let clock = self.clock;
             let session = self.sessions.entry(p.session).or_default();
+            session.last_used = clock;
             let mut tokens = std::mem::take(&mut session.tokens);
             let mut cache = std::mem::take(&mut session.cache);
             // Reuse the longest common prefix, but always recompute the last
@@ -436,10 +485,12 @@ impl Backend for Engine {
                 Some(finish) => {
                     let r = self.running.swap_remove(i);
                     let reply = self.reply(&r, finish);
+                    self.clock += 1;
                     if let Some(session) = self.sessions.get_mut(&r.session) {
                         session.tokens = r.tokens;
                         session.cache = r.cache;
                         session.busy = false;
+                        session.last_used = self.clock;
                     }
                     done.push((r.id, reply));
                 }
