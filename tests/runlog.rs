@@ -133,3 +133,24 @@ fn corrupt_middle_line_is_an_error_with_its_line_number() {
     let err = read_run(tmp.path()).unwrap_err().to_string();
     assert!(err.contains("episodes.jsonl:4:"), "{err}");
 }
+
+#[test]
+fn resuming_across_a_change_of_engine_arithmetic_is_refused() {
+    use statebench::ladder::runlog::{Manifest, RunDir, RUN_FORMAT};
+    let tmp = tempfile::tempdir().unwrap();
+    let manifest = |arithmetic: &str| Manifest {
+        format: RUN_FORMAT.into(),
+        config: serde_json::json!({ "steps": 5 }),
+        model: serde_json::json!({ "name": "m", "arithmetic": arithmetic }),
+        crate_version: "0".into(),
+        git_commit: "unknown".into(),
+    };
+    RunDir::open(tmp.path(), &manifest(statebench_kernels::ARITHMETIC)).unwrap();
+    RunDir::open(tmp.path(), &manifest(statebench_kernels::ARITHMETIC))
+        .expect("same engine resumes");
+    match RunDir::open(tmp.path(), &manifest("older kernels")) {
+        Err(RunLogError::ConfigMismatch { key, .. }) => assert_eq!(key, "model.arithmetic"),
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a run made by other kernels must not resume"),
+    }
+}

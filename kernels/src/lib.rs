@@ -6,6 +6,13 @@
 //! prompt was split between cache and prefill, or how many threads run. That is
 //! what makes a request's tokens bit-identical alone or batched, cached or cold.
 
+/// Names the per-element arithmetic of these kernels. Results are
+/// bit-identical across batches, tilings, threads and CPUs only within one
+/// arithmetic; run manifests record it so a run is never resumed across a
+/// change of it.
+pub const ARITHMETIC: &str =
+    "statebench-kernels/2: exact integer 32-column block dots, one f32 fma per block";
+
 pub mod attention;
 pub mod kq;
 pub mod matmul;

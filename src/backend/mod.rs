@@ -144,6 +144,9 @@ pub struct ModelIdentity {
     pub architecture: String,
     /// Storage format (e.g. `gguf Q4_K_M mix`, `safetensors bf16`).
     pub format: String,
+    /// The engine's per-element arithmetic (`statebench_kernels::ARITHMETIC`),
+    /// or `remote` for a served model.
+    pub arithmetic: String,
 }
 
 /// A conversation whose KV cache the backend keeps between calls.

@@ -372,6 +372,7 @@ impl Backend for OpenAiBackend {
             weights_sha256: String::new(),
             architecture: "remote".into(),
             format: "remote".into(),
+            arithmetic: "remote".into(),
         }
     }
 }

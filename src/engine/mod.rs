@@ -513,6 +513,7 @@ impl Backend for Engine {
             weights_sha256: sha,
             architecture: self.model.cfg.arch.as_str().to_string(),
             format: self.format.clone(),
+            arithmetic: statebench_kernels::ARITHMETIC.to_string(),
         }
     }
 }
