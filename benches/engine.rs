@@ -1,5 +1,5 @@
-//! Kernel benchmarks: a Q5_0 projection of the default model's MLP shape at
-//! batch 1 and 16 (weights-outer loops make the batch nearly free), and one
+//! Kernel benchmarks: the default model's projection shapes (Q5_0 MLP up,
+//! Q4_K / Q6_K MLP down, Q8_0 output head) at batch 1, 4 and 16, and one
 //! decode step of the default model when it is present.
 
 use candle_core::quantized::GgmlDType;
@@ -28,6 +28,9 @@ fn projection(c: &mut Criterion, dtype: GgmlDType, rows: usize, cols: usize, nam
 
 fn matmul(c: &mut Criterion) {
     projection(c, GgmlDType::Q5_0, 4864, 896, "q5_0");
+    // The MLP down projection, which the default file stores as Q4_K / Q6_K.
+    projection(c, GgmlDType::Q4K, 896, 4864, "q4_k");
+    projection(c, GgmlDType::Q6K, 896, 4864, "q6_k");
 }
 
 fn big_matmul(c: &mut Criterion) {

@@ -9,7 +9,7 @@
 
 use candle_core::quantized::k_quants::{BlockQ4K, BlockQ6K};
 
-use crate::q8::{int_dots, slot, Q8Row};
+use crate::q8::{int_dots, interleave, put_row, slot, Packed, Q8Row};
 
 /// 32 weights: `w[j] = s[j / 16] * q[j] - m`.
 #[repr(C)]
@@ -140,31 +140,17 @@ pub fn pack_k(blocks: &[KBlock], rows: usize, bpr: usize) -> Vec<K8> {
         rows * bpr,
         "K blocks for {rows} rows of {bpr}"
     );
-    let mut out = Vec::with_capacity(rows.div_ceil(8) * bpr);
-    for g in 0..rows.div_ceil(8) {
-        for i in 0..bpr {
-            let mut p = K8 {
-                s0: [0.0; 8],
-                s1: [0.0; 8],
-                m: [0.0; 8],
-                qs: [128; 256],
-            };
-            for k in 0..8 {
-                let r = 8 * g + k;
-                if r < rows {
-                    let src = &blocks[r * bpr + i];
-                    p.s0[k] = src.s[0];
-                    p.s1[k] = src.s[1];
-                    p.m[k] = src.m;
-                    for c in 0..32 {
-                        p.qs[slot(k, c)] = (src.qs[c] as u8) ^ 0x80;
-                    }
-                }
-            }
-            out.push(p);
-        }
-    }
-    out
+    let empty = K8 {
+        s0: [0.0; 8],
+        s1: [0.0; 8],
+        m: [0.0; 8],
+        qs: [128; 256],
+    };
+    interleave(rows, bpr, empty, |p, k, j| {
+        let src = &blocks[j];
+        (p.s0[k], p.s1[k], p.m[k]) = (src.s[0], src.s[1], src.m);
+        put_row(&mut p.qs, k, &src.qs);
+    })
 }
 
 /// Dequantizes row `r` of packed weights (the ggml formulas, as [`to_f32`]).
@@ -182,43 +168,33 @@ pub fn unpack_k_row(w: &[K8], bpr: usize, r: usize, out: &mut [f32]) {
     }
 }
 
-/// `out[r][k] = dot(weight row k of the group, xs[r])`. Per block: the two
-/// exact integer half-dots `lo`, `hi`, then `acc = fma(s0·dx, lo, acc)`,
-/// `acc = fma(s1·dx, hi, acc)`, `corr = fma(m·dx, Σx, corr)`; the result is
-/// `acc − corr`, on every path.
-pub fn dot_k_group<const XR: usize>(w: &[K8], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
-    let n = w.len();
-    assert!(xs
-        .iter()
-        .all(|x| x.qs.len() >= n && x.scales.len() >= n && x.sums.len() >= n));
+/// Per block: the two exact integer half-dots `lo`, `hi`, then
+/// `acc = fma(s0·dx, lo, acc)`, `acc = fma(s1·dx, hi, acc)`,
+/// `corr = fma(m·dx, Σx, corr)`; the result is `acc − corr`, on every path.
+impl Packed for K8 {
+    fn scalar(w: &[Self], x: Q8Row<'_>) -> [f32; 8] {
+        let mut acc = [0f32; 8];
+        let mut corr = [0f32; 8];
+        for (i, b) in w.iter().enumerate() {
+            let dx = x.scales[i];
+            let sx = (x.sums[i][0] + x.sums[i][1]) as f32;
+            for k in 0..8 {
+                let [lo, hi] = int_dots(&b.qs, k, &x.qs[i]);
+                acc[k] = (b.s0[k] * dx).mul_add(lo as f32, acc[k]);
+                acc[k] = (b.s1[k] * dx).mul_add(hi as f32, acc[k]);
+                corr[k] = (b.m[k] * dx).mul_add(sx, corr[k]);
+            }
+        }
+        std::array::from_fn(|k| acc[k] - corr[k])
+    }
     #[cfg(target_arch = "x86_64")]
-    {
-        use crate::q8::{simd_level, Simd};
-        // SAFETY: the CPU has the features of each path; lengths were checked.
-        match simd_level() {
-            Simd::Vnni => return unsafe { simd::group_vnni(w, xs) },
-            Simd::Avx2 => return unsafe { simd::group_avx2(w, xs) },
-            Simd::None => {}
-        }
+    unsafe fn vnni<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        simd::group_vnni(w, xs)
     }
-    std::array::from_fn(|r| scalar_group(w, xs[r]))
-}
-
-/// The arithmetic of the SIMD kernels, one element at a time.
-fn scalar_group(w: &[K8], x: Q8Row<'_>) -> [f32; 8] {
-    let mut acc = [0f32; 8];
-    let mut corr = [0f32; 8];
-    for (i, b) in w.iter().enumerate() {
-        let dx = x.scales[i];
-        let sx = (x.sums[i][0] + x.sums[i][1]) as f32;
-        for k in 0..8 {
-            let [lo, hi] = int_dots(&b.qs, k, &x.qs[i]);
-            acc[k] = (b.s0[k] * dx).mul_add(lo as f32, acc[k]);
-            acc[k] = (b.s1[k] * dx).mul_add(hi as f32, acc[k]);
-            corr[k] = (b.m[k] * dx).mul_add(sx, corr[k]);
-        }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        simd::group_avx2(w, xs)
     }
-    std::array::from_fn(|k| acc[k] - corr[k])
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -271,7 +247,7 @@ mod simd {
         group_vnni,
         "avx2,fma,f16c,avx512vnni,avx512vl",
         |q, x, s| vnni::dots(&q, x, s),
-        vnni::load
+        avx2::load
     );
     k_group!(
         group_avx2,
@@ -337,11 +313,11 @@ mod tests {
             }
             for g in 0..rows.div_ceil(8) {
                 let wg = &packed[g * bpr..(g + 1) * bpr];
-                let eight = dot_k_group(wg, &xs);
+                let eight = K8::group(wg, &xs);
                 for r in 0..8 {
-                    let one = dot_k_group(wg, &[xs[r]]);
+                    let one = K8::group(wg, &[xs[r]]);
                     assert_eq!(one[0], eight[r], "{name}: one row vs eight");
-                    assert_eq!(scalar_group(wg, xs[r]), one[0], "{name}: scalar emulation");
+                    assert_eq!(K8::scalar(wg, xs[r]), one[0], "{name}: scalar emulation");
                     #[cfg(target_arch = "x86_64")]
                     if crate::q8::simd_level() == crate::q8::Simd::Vnni {
                         // SAFETY: VNNI implies AVX2, FMA and F16C were detected.

@@ -9,9 +9,9 @@ use candle_core::quantized::k_quants::{BlockQ4_1, BlockQ5K, BlockQ5_1, GgmlType}
 use candle_core::quantized::GgmlDType;
 use rayon::prelude::*;
 
-use crate::kq::{dot_k_group, pack_k, unpack_k_row, widen_q4k, widen_q6k, KBlock, K8};
+use crate::kq::{pack_k, unpack_k_row, widen_q4k, widen_q6k, KBlock, K8};
 use crate::ops::dot_f32;
-use crate::q8::{dot_q8_group, pack_q8, unpack_q8_row, Activations, Q8Blocks, Q8Row, Q8x8};
+use crate::q8::{pack_q8, unpack_q8_row, Activations, Packed, Q8Blocks, Q8Row, Q8x8};
 
 /// Why a weight matrix could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -310,26 +310,6 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
             }
         }
     });
-}
-
-/// Weights stored eight rows interleaved, multiplied by Q8_0 activation rows.
-trait Packed: Sync {
-    /// `out[r][k] = dot(row k of the group, xs[r])`; the group's blocks are `w`.
-    fn group<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR]
-    where
-        Self: Sized;
-}
-
-impl Packed for Q8x8 {
-    fn group<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
-        dot_q8_group(w, xs)
-    }
-}
-
-impl Packed for K8 {
-    fn group<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
-        dot_k_group(w, xs)
-    }
 }
 
 /// Activation rows per slice of the batch: a task's weights stay in cache

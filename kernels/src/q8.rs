@@ -122,32 +122,48 @@ pub(crate) fn slot(k: usize, c: usize) -> usize {
     32 * (c / 4) + 4 * k + c % 4
 }
 
-/// Interleaves rows of `bpr` blocks eight at a time (missing rows of the last
-/// group are zero); the result is ordered group by group, block by block.
-pub fn pack_q8(blocks: &Q8Blocks, rows: usize, bpr: usize) -> Vec<Q8x8> {
-    let b = &blocks.0;
-    assert_eq!(b.len(), rows * bpr, "Q8_0 blocks for {rows} rows of {bpr}");
+/// Interleaves `rows` rows of `bpr` blocks eight at a time, ordered group by
+/// group, block by block: `fill(p, k, j)` copies source block `j` (row-major)
+/// into row `k` of `p`; missing rows of the last group stay as in `empty`.
+pub(crate) fn interleave<P: Copy>(
+    rows: usize,
+    bpr: usize,
+    empty: P,
+    mut fill: impl FnMut(&mut P, usize, usize),
+) -> Vec<P> {
     let mut out = Vec::with_capacity(rows.div_ceil(8) * bpr);
     for g in 0..rows.div_ceil(8) {
         for i in 0..bpr {
-            let mut p = Q8x8 {
-                d: [f16::ZERO; 8],
-                qs: [128; 256],
-            };
-            for k in 0..8 {
-                let r = 8 * g + k;
-                if r < rows {
-                    let src = &b[r * bpr + i];
-                    p.d[k] = src.d;
-                    for c in 0..32 {
-                        p.qs[slot(k, c)] = (src.qs[c] as u8) ^ 0x80;
-                    }
-                }
+            let mut p = empty;
+            for k in 0..8.min(rows - 8 * g) {
+                fill(&mut p, k, (8 * g + k) * bpr + i);
             }
             out.push(p);
         }
     }
     out
+}
+
+/// Writes one row's 32 values into a packed block, shifted to unsigned.
+pub(crate) fn put_row(qs: &mut [u8; 256], k: usize, src: &[i8; 32]) {
+    for (c, &v) in src.iter().enumerate() {
+        qs[slot(k, c)] = (v as u8) ^ 0x80;
+    }
+}
+
+/// Interleaves Q8_0 rows of `bpr` blocks eight at a time (missing rows of the
+/// last group are zero).
+pub fn pack_q8(blocks: &Q8Blocks, rows: usize, bpr: usize) -> Vec<Q8x8> {
+    let b = &blocks.0;
+    assert_eq!(b.len(), rows * bpr, "Q8_0 blocks for {rows} rows of {bpr}");
+    let empty = Q8x8 {
+        d: [f16::ZERO; 8],
+        qs: [128; 256],
+    };
+    interleave(rows, bpr, empty, |p, k, j| {
+        p.d[k] = b[j].d;
+        put_row(&mut p.qs, k, &b[j].qs);
+    })
 }
 
 /// Dequantizes row `r` of packed weights (the ggml formula `q · d`).
@@ -182,6 +198,13 @@ pub struct Q8Row<'a> {
     pub scales: &'a [f32],
     /// Sums of each block's values over columns 0..16 and 16..32.
     pub sums: &'a [[i32; 2]],
+}
+
+impl Q8Row<'_> {
+    /// Whether the row has at least `n` blocks.
+    pub fn covers(&self, n: usize) -> bool {
+        self.qs.len() >= n && self.scales.len() >= n && self.sums.len() >= n
+    }
 }
 
 impl Activations {
@@ -239,23 +262,64 @@ pub fn quantize_block(x: &[f32]) -> (f16, [i8; 32]) {
     )
 }
 
-/// `out[r][k] = dot(weight row k of the group, xs[r])` for a group of eight
-/// weight rows (`w` holds its blocks) and `XR` activation rows.
-pub fn dot_q8_group<const XR: usize>(w: &[Q8x8], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
-    let n = w.len();
-    assert!(xs
-        .iter()
-        .all(|x| x.qs.len() >= n && x.scales.len() >= n && x.sums.len() >= n));
+/// Weights stored eight rows interleaved: the group kernels of each
+/// instruction set, and the dispatch between them.
+pub trait Packed: Sized + Sync {
+    /// The arithmetic of the SIMD kernels, one element at a time.
+    fn scalar(w: &[Self], x: Q8Row<'_>) -> [f32; 8];
+    /// AVX-512 VNNI kernel.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA, F16C, AVX-512 VNNI and VL; every row covers `w`.
     #[cfg(target_arch = "x86_64")]
-    {
-        // SAFETY: the CPU has the features of each path; lengths were checked.
-        match simd_level() {
-            Simd::Vnni => return unsafe { vnni::group(w, xs) },
-            Simd::Avx2 => return unsafe { avx2::group(w, xs) },
-            Simd::None => {}
+    unsafe fn vnni<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR];
+    /// AVX2 kernel.
+    ///
+    /// # Safety
+    /// The CPU has AVX2, FMA and F16C; every row covers `w`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR];
+
+    /// `out[r][k] = dot(weight row k of the group, xs[r])` for a group of
+    /// eight weight rows (`w` holds its blocks) and `XR` activation rows.
+    fn group<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        assert!(
+            xs.iter().all(|x| x.covers(w.len())),
+            "activation rows too short"
+        );
+        #[cfg(target_arch = "x86_64")]
+        {
+            // SAFETY: the CPU has the features of each path; lengths were checked.
+            match simd_level() {
+                Simd::Vnni => return unsafe { Self::vnni(w, xs) },
+                Simd::Avx2 => return unsafe { Self::avx2(w, xs) },
+                Simd::None => {}
+            }
         }
+        std::array::from_fn(|r| Self::scalar(w, xs[r]))
     }
-    std::array::from_fn(|r| scalar_group(w, xs[r]))
+}
+
+impl Packed for Q8x8 {
+    fn scalar(w: &[Self], x: Q8Row<'_>) -> [f32; 8] {
+        let mut acc = [0f32; 8];
+        for (i, b) in w.iter().enumerate() {
+            for (k, a) in acc.iter_mut().enumerate() {
+                let [lo, hi] = int_dots(&b.qs, k, &x.qs[i]);
+                let d = b.d[k].to_f32() * x.scales[i];
+                *a = d.mul_add((lo + hi) as f32, *a);
+            }
+        }
+        acc
+    }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn vnni<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        vnni::group(w, xs)
+    }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        avx2::group(w, xs)
+    }
 }
 
 /// The exact integer dot of row `k` of a packed block with activation values,
@@ -266,19 +330,6 @@ pub(crate) fn int_dots(qs: &[u8; 256], k: usize, x: &[i8; 32]) -> [i32; 2] {
         s[c / 16] += ((qs[slot(k, c)] ^ 0x80) as i8) as i32 * xv as i32;
     }
     s
-}
-
-/// The arithmetic of the SIMD kernels, one element at a time.
-fn scalar_group(w: &[Q8x8], x: Q8Row<'_>) -> [f32; 8] {
-    let mut acc = [0f32; 8];
-    for (i, b) in w.iter().enumerate() {
-        for (k, a) in acc.iter_mut().enumerate() {
-            let [lo, hi] = int_dots(&b.qs, k, &x.qs[i]);
-            let d = b.d[k].to_f32() * x.scales[i];
-            *a = d.mul_add((lo + hi) as f32, *a);
-        }
-    }
-    acc
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -314,6 +365,38 @@ pub(crate) fn simd_level() -> Simd {
 #[cfg(target_arch = "x86_64")]
 pub(crate) const PREFETCH: usize = 2048;
 
+/// Generates `group` for one instruction set; only the integer block dots
+/// (`$dots`) differ between them, so all give the same bits.
+#[cfg(target_arch = "x86_64")]
+macro_rules! q8_group {
+    ($features:literal, |$q:ident, $x:ident, $s:ident| $dots:expr) => {
+        #[target_feature(enable = $features)]
+        pub(super) unsafe fn group<const XR: usize>(
+            w: &[super::Q8x8],
+            x: &[super::Q8Row<'_>; XR],
+        ) -> [[f32; 8]; XR] {
+            let mut acc = [_mm256_setzero_ps(); XR];
+            for (i, b) in w.iter().enumerate() {
+                let p = (b as *const super::Q8x8 as *const i8).wrapping_add(super::PREFETCH);
+                for line in 0..5 {
+                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line));
+                }
+                let dw = _mm256_cvtph_ps(_mm_loadu_si128(b.d.as_ptr() as *const __m128i));
+                let $q = super::avx2::load(&b.qs);
+                for (a, xr) in acc.iter_mut().zip(x) {
+                    let $x = xr.qs.get_unchecked(i);
+                    let $s = *xr.sums.get_unchecked(i);
+                    let (lo, hi) = $dots;
+                    let s = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
+                    let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xr.scales.get_unchecked(i)));
+                    *a = _mm256_fmadd_ps(d, s, *a);
+                }
+            }
+            acc.map(|a| std::mem::transmute::<__m256, [f32; 8]>(a))
+        }
+    };
+}
+
 /// Integer dot products of a packed block (eight registers of 4-byte groups)
 /// with one activation block, as eight i32 lanes (one per weight row) for
 /// columns 0..16 and 16..32. VNNI: weights are unsigned (`q + 128`), so each
@@ -340,34 +423,9 @@ pub(crate) mod vnni {
         (lo, hi)
     }
 
-    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-    #[inline]
-    pub(crate) unsafe fn load(qs: &[u8; 256]) -> [__m256i; 8] {
-        std::array::from_fn(|g| _mm256_loadu_si256(qs.as_ptr().add(32 * g) as *const __m256i))
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-    pub(super) unsafe fn group<const XR: usize>(
-        w: &[super::Q8x8],
-        x: &[super::Q8Row<'_>; XR],
-    ) -> [[f32; 8]; XR] {
-        let mut acc = [_mm256_setzero_ps(); XR];
-        for (i, b) in w.iter().enumerate() {
-            let p = (b as *const super::Q8x8 as *const i8).wrapping_add(super::PREFETCH);
-            for line in 0..5 {
-                _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line));
-            }
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(b.d.as_ptr() as *const __m128i));
-            let q = load(&b.qs);
-            for (a, xr) in acc.iter_mut().zip(x) {
-                let (lo, hi) = dots(&q, xr.qs.get_unchecked(i), *xr.sums.get_unchecked(i));
-                let s = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
-                let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xr.scales.get_unchecked(i)));
-                *a = _mm256_fmadd_ps(d, s, *a);
-            }
-        }
-        acc.map(|a| std::mem::transmute::<__m256, [f32; 8]>(a))
-    }
+    q8_group!("avx2,fma,f16c,avx512vnni,avx512vl", |q, x, s| dots(
+        &q, x, s
+    ));
 }
 
 /// The same integer lanes without VNNI: weights back to signed, then the
@@ -398,24 +456,7 @@ pub(crate) mod avx2 {
         std::array::from_fn(|g| _mm256_loadu_si256(qs.as_ptr().add(32 * g) as *const __m256i))
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn group<const XR: usize>(
-        w: &[super::Q8x8],
-        x: &[super::Q8Row<'_>; XR],
-    ) -> [[f32; 8]; XR] {
-        let mut acc = [_mm256_setzero_ps(); XR];
-        for (i, b) in w.iter().enumerate() {
-            let dw = _mm256_cvtph_ps(_mm_loadu_si128(b.d.as_ptr() as *const __m128i));
-            let q = load(&b.qs);
-            for (a, xr) in acc.iter_mut().zip(x) {
-                let (lo, hi) = dots(&q, xr.qs.get_unchecked(i));
-                let s = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
-                let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xr.scales.get_unchecked(i)));
-                *a = _mm256_fmadd_ps(d, s, *a);
-            }
-        }
-        acc.map(|a| std::mem::transmute::<__m256, [f32; 8]>(a))
-    }
+    q8_group!("avx2,fma,f16c", |q, x, _s| dots(&q, x));
 }
 
 #[cfg(test)]
@@ -481,13 +522,13 @@ mod tests {
         let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| acts.row(r));
         for g in 0..rows.div_ceil(8) {
             let wg = &packed[g * bpr..(g + 1) * bpr];
-            let eight = dot_q8_group(wg, &xs);
-            let four = dot_q8_group(wg, &[xs[4], xs[5], xs[6], xs[7]]);
+            let eight = Q8x8::group(wg, &xs);
+            let four = Q8x8::group(wg, &[xs[4], xs[5], xs[6], xs[7]]);
             for r in 0..8 {
-                let one = dot_q8_group(wg, &[xs[r]]);
+                let one = Q8x8::group(wg, &[xs[r]]);
                 assert_eq!(one[0], eight[r], "group {g}: one row vs eight");
                 assert_eq!(
-                    scalar_group(wg, xs[r]),
+                    Q8x8::scalar(wg, xs[r]),
                     one[0],
                     "group {g}: scalar emulation"
                 );
