@@ -316,3 +316,52 @@ fn cell_and_report_formats() {
         "config.steps",
     );
 }
+
+#[test]
+fn tier_two_episodes_draw_from_the_committed_rewrite_cache() {
+    // Written by `statebench ladder paraphrase` with the default model.
+    let cache_path = "tests/fixtures/ladder/paraphrases-default-model.json";
+    let cache: serde_json::Value =
+        serde_json::from_str(&fs::read_to_string(cache_path).unwrap()).unwrap();
+    let templates = cache["templates"].as_object().unwrap();
+    assert_eq!(templates.len(), 36, "both pools, every template");
+    let rewrites: Vec<String> = templates
+        .values()
+        .flat_map(|t| ["ask", "premature", "redo"].map(|f| t[f].clone()))
+        .flat_map(|v| serde_json::from_value::<Vec<String>>(v).unwrap())
+        .collect();
+    assert_eq!(rewrites.len(), 36 * 9);
+    let mut seen = 0;
+    for (domain, seed) in [("procurement", "100"), ("release", "101")] {
+        let o = statebench(&[
+            "ladder",
+            "episode",
+            "--domain",
+            domain,
+            "--steps",
+            "10",
+            "--seed",
+            seed,
+            "--json",
+            "--paraphrase-tier",
+            "2",
+            "--paraphrase-cache",
+            cache_path,
+        ]);
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let ep: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        for t in ep["turns"].as_array().unwrap() {
+            if !matches!(t["kind"].as_str(), Some("ask" | "premature" | "redo_probe")) {
+                continue;
+            }
+            let msg = t["message"].as_str().unwrap();
+            let text = msg.split(" (#W").next().unwrap();
+            assert!(
+                rewrites.iter().any(|r| r == text),
+                "{domain}: {msg:?} is not a cached rewrite"
+            );
+            seen += 1;
+        }
+    }
+    assert!(seen >= 20, "only {seen} rewritten turns");
+}

@@ -4,7 +4,7 @@
 //! Rewrite k of a family rewrites the template's wording k, so tier 2 keeps
 //! tier 0's assignment. Sampling is seeded per (template, family, k,
 //! attempt); a rewrite that is empty, repeats another wording of the family
-//! or carries a work order is drawn again, at most four times.
+//! or carries a work order is drawn again, at most twelve times.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -29,7 +29,8 @@ pub struct RewriteOptions {
 }
 
 const FAMILIES: [&str; 3] = ["ask", "premature", "redo"];
-const ATTEMPTS: u64 = 4;
+/// Small models often echo the original; each attempt draws a new sample.
+const ATTEMPTS: u64 = 12;
 
 fn family(t: &Template, f: &str) -> [&'static str; 3] {
     match f {
@@ -90,8 +91,13 @@ pub fn rewrite(
         }
     });
     let errors = errors.into_inner().expect("errors lock");
-    if let Some(e) = errors.first() {
-        return Err(format!("{e} ({} families failed)", errors.len()));
+    if !errors.is_empty() {
+        return Err(format!(
+            "{} of {} families failed: {}",
+            errors.len(),
+            jobs.len(),
+            errors.join("; ")
+        ));
     }
     Ok(ParaphraseCache {
         version: CACHE_VERSION.to_string(),

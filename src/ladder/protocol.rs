@@ -141,6 +141,6 @@ fn quote_list(items: &[&str]) -> String {
 /// Ours: the held-out rewriter's prompt (A.5 describes the rewriter, not its prompt).
 pub fn paraphrase_prompt(canonical: &str, wording: &str) -> String {
     format!(
-        "Rewrite the following request from a client to their project agent so that it says the same thing in different words. Keep it one sentence, keep it a request, and keep the work it refers to recognizable ({canonical}). Reply with the rewritten request only.\n\nRequest: {wording}"
+        "Rewrite the following request from a client to their project agent so that it says the same thing in different words. Keep it one sentence, keep it a request, and keep the work it refers to recognizable ({canonical}), but do not reuse the original wording. Reply with the rewritten request only.\n\nRequest: {wording}"
     )
 }
