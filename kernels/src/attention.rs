@@ -1,20 +1,49 @@
 //! Causal attention of one query row over its own sequence's KV cache.
+//!
+//! Keys are stored transposed in blocks of [`KEY_BLOCK`] positions
+//! (`[block][kv_head][dim][lane]`), so one vector instruction advances the
+//! scores of sixteen keys; values stay one row per position. Every reduction
+//! has an order fixed by the row's position alone: a score is four
+//! interleaved partial sums over the head dimensions, the softmax sum is
+//! sixteen lane sums over blocks then a fixed tree, and the output
+//! accumulates positions in order. So a row gives the same bits whether it
+//! was computed during prefill or as an incremental decode step, and
+//! whatever else is in the batch.
 
-use crate::ops::{dot_f32, exp_approx};
+use crate::ops::exp_approx;
+
+/// Positions per key block (one vector of lanes).
+pub const KEY_BLOCK: usize = 16;
+
+/// Floats of one key block for `n_kv_heads` heads of `head_dim`.
+pub fn key_block_len(n_kv_heads: usize, head_dim: usize) -> usize {
+    n_kv_heads * head_dim * KEY_BLOCK
+}
+
+/// Appends the keys of one position (`[kv_head][dim]`) at position `pos` of
+/// a transposed key cache (which holds exactly the blocks for `0..pos`).
+pub fn push_key(kt: &mut Vec<f32>, pos: usize, key: &[f32], n_kv_heads: usize, head_dim: usize) {
+    let per = key_block_len(n_kv_heads, head_dim);
+    if pos.is_multiple_of(KEY_BLOCK) {
+        kt.resize(kt.len() + per, 0.0);
+    }
+    let base = (pos / KEY_BLOCK) * per;
+    let lane = pos % KEY_BLOCK;
+    for (i, &v) in key.iter().enumerate() {
+        kt[base + i * KEY_BLOCK + lane] = v;
+    }
+}
 
 /// Attention of the query heads that share KV head `kvh` (grouped-query
 /// attention), for one query row at position `len - 1` over cache positions
 /// `0..len`.
 ///
-/// `q` and `out` hold the group's heads (`group × head_dim`); `k` and `v` are
-/// laid out `[position][kv_head][head_dim]`. Each key row is loaded once for
-/// the whole group. Every reduction over keys runs sequentially in position
-/// order, so a row gives the same bits whether it was computed during prefill
-/// or as an incremental decode step, and whatever else is in the batch.
+/// `q` and `out` hold the group's heads (`group × head_dim`); `kt` is the
+/// transposed key cache, `v` the values laid out `[position][kv_head][head_dim]`.
 #[allow(clippy::too_many_arguments)]
 pub fn attend(
     q: &[f32],
-    k: &[f32],
+    kt: &[f32],
     v: &[f32],
     len: usize,
     kvh: usize,
@@ -23,43 +52,207 @@ pub fn attend(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    const L: usize = KEY_BLOCK;
     let group = q.len() / head_dim;
     let kv_dim = n_kv_heads * head_dim;
     let scale = 1.0 / (head_dim as f32).sqrt();
-    // scores[g * len + t]
+    let blocks = len.div_ceil(L);
+    let per = key_block_len(n_kv_heads, head_dim);
+    let padded = blocks * L;
+    // scores[g * padded + t]
     scores.clear();
-    scores.resize(group * len, 0.0);
-    for t in 0..len {
-        let off = t * kv_dim + kvh * head_dim;
-        let kt = &k[off..off + head_dim];
+    scores.resize(group * padded, 0.0);
+    for b in 0..blocks {
+        let kb = &kt[b * per + kvh * head_dim * L..b * per + (kvh + 1) * head_dim * L];
         for g in 0..group {
-            scores[g * len + t] = dot_f32(&q[g * head_dim..(g + 1) * head_dim], kt) * scale;
+            let qg = &q[g * head_dim..(g + 1) * head_dim];
+            // Dimension d goes to partial sum d % 4 (unrolled so the four
+            // stay in registers).
+            let mut acc = [[0f32; L]; 4];
+            for d in (0..head_dim).step_by(4) {
+                for (j, a) in acc.iter_mut().enumerate() {
+                    let Some(&qj) = qg.get(d + j) else { break };
+                    let kd: &[f32; L] = kb[(d + j) * L..(d + j + 1) * L]
+                        .try_into()
+                        .expect("block lanes");
+                    for l in 0..L {
+                        a[l] = qj.mul_add(kd[l], a[l]);
+                    }
+                }
+            }
+            let s = &mut scores[g * padded + b * L..g * padded + (b + 1) * L];
+            for l in 0..L {
+                s[l] = ((acc[0][l] + acc[1][l]) + (acc[2][l] + acc[3][l])) * scale;
+            }
         }
     }
     for g in 0..group {
-        let s = &mut scores[g * len..(g + 1) * len];
-        let max = s.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-        for x in s.iter_mut() {
-            *x = exp_approx(*x - max);
+        let s = &mut scores[g * padded..(g + 1) * padded];
+        let max = s[..len].iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        for (t, x) in s.iter_mut().enumerate() {
+            *x = if t < len { exp_approx(*x - max) } else { 0.0 };
         }
-        // A separate loop keeps the sum sequential in position order.
-        let mut sum = 0f32;
-        for x in s.iter() {
-            sum += *x;
+        let mut lanes = [0f32; L];
+        for chunk in s.chunks_exact(L) {
+            for l in 0..L {
+                lanes[l] += chunk[l];
+            }
         }
-        let inv = 1.0 / sum;
+        let mut width = L;
+        while width > 1 {
+            width /= 2;
+            for l in 0..width {
+                lanes[l] += lanes[l + width];
+            }
+        }
+        let inv = 1.0 / lanes[0];
         for x in s.iter_mut() {
             *x *= inv;
         }
     }
-    out.fill(0.0);
-    for t in 0..len {
-        let off = t * kv_dim + kvh * head_dim;
-        let vt = &v[off..off + head_dim];
+    match head_dim {
+        64 => weighted_values::<64, 4>(scores, padded, v, len, kv_dim, kvh, out),
+        128 => weighted_values::<128, 2>(scores, padded, v, len, kv_dim, kvh, out),
+        _ => {
+            out.fill(0.0);
+            for t in 0..len {
+                let off = t * kv_dim + kvh * head_dim;
+                let vt = &v[off..off + head_dim];
+                for g in 0..group {
+                    let p = scores[g * padded + t];
+                    for (o, x) in out[g * head_dim..(g + 1) * head_dim].iter_mut().zip(vt) {
+                        *o = p.mul_add(*x, *o);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `out[g] = Σ_t p[g][t] · v[t]`, positions in order, `G` heads at a time so
+/// their accumulators stay in registers while each value row is loaded once.
+fn weighted_values<const HD: usize, const G: usize>(
+    p: &[f32],
+    padded: usize,
+    v: &[f32],
+    len: usize,
+    kv_dim: usize,
+    kvh: usize,
+    out: &mut [f32],
+) {
+    let group = out.len() / HD;
+    for g0 in (0..group).step_by(G) {
+        let mut acc = [[0f32; HD]; G];
+        let n = G.min(group - g0);
+        for t in 0..len {
+            let off = t * kv_dim + kvh * HD;
+            let vt: &[f32; HD] = v[off..off + HD].try_into().expect("value row");
+            // Heads past the group's end weigh every value by zero.
+            let w: [f32; G] =
+                std::array::from_fn(|j| if j < n { p[(g0 + j) * padded + t] } else { 0.0 });
+            for (a, &pj) in acc.iter_mut().zip(&w) {
+                for d in 0..HD {
+                    a[d] = pj.mul_add(vt[d], a[d]);
+                }
+            }
+        }
+        for (j, a) in acc.iter().take(n).enumerate() {
+            out[(g0 + j) * HD..(g0 + j + 1) * HD].copy_from_slice(a);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Plain attention in f64 for comparison.
+    fn reference(q: &[f32], keys: &[Vec<f32>], vals: &[Vec<f32>], hd: usize) -> Vec<f32> {
+        let group = q.len() / hd;
+        let mut out = vec![0f32; q.len()];
         for g in 0..group {
-            let p = scores[g * len + t];
-            for (o, x) in out[g * head_dim..(g + 1) * head_dim].iter_mut().zip(vt) {
-                *o = p.mul_add(*x, *o);
+            let qg = &q[g * hd..(g + 1) * hd];
+            let s: Vec<f64> = keys
+                .iter()
+                .map(|k| {
+                    qg.iter()
+                        .zip(k)
+                        .map(|(a, b)| *a as f64 * *b as f64)
+                        .sum::<f64>()
+                        / (hd as f64).sqrt()
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for d in 0..hd {
+                let v: f64 = e.iter().zip(vals).map(|(p, v)| p * v[d] as f64).sum();
+                out[g * hd + d] = (v / z) as f32;
+            }
+        }
+        out
+    }
+
+    #[test]
+    fn matches_reference_and_ignores_stale_lanes() {
+        let val = |i: usize| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5;
+        // Head sizes of the specialised paths (64, 128) and the generic one.
+        for ((nkv, hd, group), len) in [(2, 64, 7), (1, 128, 3), (2, 32, 2)]
+            .into_iter()
+            .flat_map(|s| [1, 15, 16, 17, 40].map(|len| (s, len)))
+        {
+            let keys: Vec<Vec<f32>> = (0..len)
+                .map(|t| (0..nkv * hd).map(|i| val(t * 131 + i)).collect())
+                .collect();
+            let vals: Vec<Vec<f32>> = (0..len)
+                .map(|t| (0..nkv * hd).map(|i| val(t * 71 + i + 5)).collect())
+                .collect();
+            let mut kt = Vec::new();
+            for (t, k) in keys.iter().enumerate() {
+                push_key(&mut kt, t, k, nkv, hd);
+            }
+            let v: Vec<f32> = vals.concat();
+            let q: Vec<f32> = (0..group * hd).map(|i| val(i * 3 + 1) * 2.0).collect();
+            for kvh in 0..nkv {
+                let mut out = vec![0f32; group * hd];
+                attend(&q, &kt, &v, len, kvh, nkv, hd, &mut Vec::new(), &mut out);
+                let ks: Vec<Vec<f32>> = keys
+                    .iter()
+                    .map(|k| k[kvh * hd..(kvh + 1) * hd].to_vec())
+                    .collect();
+                let vs: Vec<Vec<f32>> = vals
+                    .iter()
+                    .map(|x| x[kvh * hd..(kvh + 1) * hd].to_vec())
+                    .collect();
+                let want = reference(&q, &ks, &vs, hd);
+                for (a, b) in out.iter().zip(&want) {
+                    assert!((a - b).abs() < 1e-5, "len {len}: {a} vs {b}");
+                }
+                // Stale keys in the last block's unused lanes change nothing.
+                let mut dirty = kt.clone();
+                let used = len % KEY_BLOCK;
+                if used != 0 {
+                    let per = key_block_len(nkv, hd);
+                    let base = (len / KEY_BLOCK) * per;
+                    for i in 0..nkv * hd {
+                        for l in used..KEY_BLOCK {
+                            dirty[base + i * KEY_BLOCK + l] = f32::NAN;
+                        }
+                    }
+                }
+                let mut again = vec![0f32; group * hd];
+                attend(
+                    &q,
+                    &dirty,
+                    &v,
+                    len,
+                    kvh,
+                    nkv,
+                    hd,
+                    &mut Vec::new(),
+                    &mut again,
+                );
+                assert_eq!(out, again, "len {len}");
             }
         }
     }

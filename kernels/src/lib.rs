@@ -10,8 +10,9 @@
 /// bit-identical across batches, tilings, threads and CPUs only within one
 /// arithmetic; run manifests record it so a run is never resumed across a
 /// change of it.
-pub const ARITHMETIC: &str =
-    "statebench-kernels/2: exact integer 32-column block dots, one f32 fma per block";
+pub const ARITHMETIC: &str = "statebench-kernels/3: exact integer 32-column block dots, \
+     one f32 fma per block; attention scores as four interleaved partial sums, \
+     softmax sums over sixteen lanes";
 
 pub mod attention;
 pub mod kq;

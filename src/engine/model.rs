@@ -6,6 +6,7 @@
 //! attention runs per row over that row's own sequence.
 
 use rayon::prelude::*;
+use statebench_kernels::attention::{push_key, KEY_BLOCK};
 use statebench_kernels::{attend, rms_norm, rope_neox, silu_mul, Matrix, RopeTable};
 
 /// Which member of the Qwen family the weights are.
@@ -139,7 +140,9 @@ pub struct Model {
     pub rope: RopeTable,
 }
 
-/// One sequence's keys and values, `[position][kv_head][head_dim]` per layer.
+/// One sequence's keys and values per layer: keys transposed in blocks of
+/// [`KEY_BLOCK`] positions (see `statebench_kernels::attention`), values
+/// `[position][kv_head][head_dim]`.
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
     k: Vec<Vec<f32>>,
@@ -163,14 +166,14 @@ impl KvCache {
         if len >= self.len {
             return;
         }
-        let per = if self.len == 0 {
-            0
-        } else {
-            self.k.first().map_or(0, |k| k.len() / self.len)
-        };
+        let (old_blocks, new_blocks) = (self.len.div_ceil(KEY_BLOCK), len.div_ceil(KEY_BLOCK));
         for (k, v) in self.k.iter_mut().zip(self.v.iter_mut()) {
-            k.truncate(len * per);
-            v.truncate(len * per);
+            // Lanes past `len` in the last key block go stale; attention
+            // never reads them and the next positions overwrite them.
+            let per_block = k.len() / old_blocks;
+            k.truncate(new_blocks * per_block);
+            let per_pos = v.len() / self.len;
+            v.truncate(len * per_pos);
         }
         self.len = len;
     }
@@ -242,7 +245,10 @@ impl Model {
             let mut row = 0;
             for it in items.iter_mut() {
                 let m = it.tokens.len();
-                it.cache.k[li].extend_from_slice(&k[row * kvd..(row + m) * kvd]);
+                for j in 0..m {
+                    let key = &k[(row + j) * kvd..(row + j + 1) * kvd];
+                    push_key(&mut it.cache.k[li], it.cache.len + j, key, nkv, hd);
+                }
                 it.cache.v[li].extend_from_slice(&v[row * kvd..(row + m) * kvd]);
                 row += m;
             }
