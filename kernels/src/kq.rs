@@ -108,8 +108,10 @@ pub fn widen_q6k(xs: &[BlockQ6K]) -> Vec<KBlock> {
     out
 }
 
-/// Dequantizes blocks into `out` (same formula and rounding as the ggml dequantizers).
-pub fn to_f32(xs: &[KBlock], out: &mut [f32]) {
+/// Dequantizes blocks into `out` (same formula and rounding as the ggml
+/// dequantizers); the tests' reference for the packed layout.
+#[cfg(test)]
+fn to_f32(xs: &[KBlock], out: &mut [f32]) {
     for (b, o) in xs.iter().zip(out.chunks_exact_mut(32)) {
         for (j, v) in o.iter_mut().enumerate() {
             *v = b.s[j / 16] * b.qs[j] as f32 - b.m;
@@ -153,7 +155,7 @@ pub fn pack_k(blocks: &[KBlock], rows: usize, bpr: usize) -> Vec<K8> {
     })
 }
 
-/// Dequantizes row `r` of packed weights (the ggml formulas, as [`to_f32`]).
+/// Dequantizes row `r` of packed weights (the ggml formulas).
 pub fn unpack_k_row(w: &[K8], bpr: usize, r: usize, out: &mut [f32]) {
     let (g, k) = (r / 8, r % 8);
     for (b, o) in w[g * bpr..(g + 1) * bpr]
@@ -252,10 +254,7 @@ mod simd {
     k_group!(
         group_avx2,
         "avx2,fma,f16c",
-        |q, x, s| {
-            let _ = s;
-            avx2::dots(&q, x)
-        },
+        |q, x, _s| avx2::dots(&q, x),
         avx2::load
     );
 }

@@ -96,8 +96,9 @@ impl Q8Blocks {
         )
     }
 
-    /// Dequantizes (the ggml formula `q · d`).
-    pub fn to_f32(&self, out: &mut [f32]) {
+    /// Dequantizes (the ggml formula `q · d`); the tests' reference.
+    #[cfg(test)]
+    fn to_f32(&self, out: &mut [f32]) {
         for (b, o) in self.0.iter().zip(out.chunks_exact_mut(32)) {
             let d = b.d.to_f32();
             for (v, q) in o.iter_mut().zip(b.qs) {

@@ -246,23 +246,21 @@ impl Engine {
     }
 
     /// Drops the cache of the least recently used session other than `keep`
-    /// (it re-prefills on its next turn, with the same result); false when
-    /// no such session holds a cache.
-    fn evict_lru_except(&mut self, keep: SessionId) -> bool {
+    /// (it re-prefills on its next turn, with the same result); returns the
+    /// bytes freed, or None when no such session holds a cache.
+    fn evict_lru_except(&mut self, keep: SessionId) -> Option<usize> {
+        let per = self.model.cfg.kv_bytes_per_token();
         let victim = self
             .sessions
             .iter()
             .filter(|(id, s)| **id != keep && !s.cache.is_empty())
             .min_by_key(|(id, s)| (s.last_used, **id))
             .map(|(id, _)| *id);
-        match victim.and_then(|v| self.sessions.get_mut(&v)) {
-            Some(s) => {
-                s.cache = KvCache::default();
-                s.tokens.clear();
-                true
-            }
-            None => false,
-        }
+        let s = self.sessions.get_mut(&victim?)?;
+        let freed = s.cache.len() * per;
+        s.cache = KvCache::default();
+        s.tokens.clear();
+        Some(freed)
     }
 
     fn reserved_bytes(&self) -> usize {
@@ -283,9 +281,13 @@ impl Engine {
                 break;
             }
             // Idle caches make room for a request that fits beside the running ones.
-            while self.reserved_bytes() + self.idle_bytes_except(Some(keep)) + need > budget
-                && self.evict_lru_except(keep)
-            {}
+            let mut in_use = self.reserved_bytes() + self.idle_bytes_except(Some(keep));
+            while in_use + need > budget {
+                match self.evict_lru_except(keep) {
+                    Some(freed) => in_use -= freed,
+                    None => break,
+                }
+            }
             let Some(p) = self.queue.pop_front() else {
                 break;
             };
