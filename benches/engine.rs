@@ -39,7 +39,8 @@ fn big_matmul(c: &mut Criterion) {
 }
 
 fn decode_step(c: &mut Criterion) {
-    use statebench::engine::model::{BatchItem, KvCache};
+    use statebench::engine::kv_cache::KvCache;
+    use statebench::engine::model::BatchItem;
     use statebench::engine::{Engine, EngineOptions, DEFAULT_MODEL};
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join(DEFAULT_MODEL);
     let Ok(engine) = Engine::load(&path.to_string_lossy(), EngineOptions::default()) else {

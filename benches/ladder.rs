@@ -2,12 +2,13 @@
 //! scored with the scripted perfect agent, per arm (S = 10, ρ = 0.15).
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
-use statebench::ladder::agent::Scripted;
-use statebench::ladder::arm::Arm;
-use statebench::ladder::domain::Domain;
-use statebench::ladder::generator::{config, generate};
-use statebench::ladder::module::OracleMatcher;
-use statebench::ladder::runner::{run_episode, Compiled, RunOptions};
+use statebench::ladder::arms::Arm;
+use statebench::ladder::episode::domain::Domain;
+use statebench::ladder::episode::generator::generate;
+use statebench::ladder::episode::EpisodeConfig;
+use statebench::ladder::parts::scripted::OracleMatcher;
+use statebench::ladder::parts::scripted::Scripted;
+use statebench::ladder::run::runner::{run_episode, Compiled, RunOptions};
 
 fn bench(c: &mut Criterion) {
     let mut g = c.benchmark_group("ladder");
@@ -16,7 +17,11 @@ fn bench(c: &mut Criterion) {
     g.bench_function("generate", |b| {
         b.iter(|| {
             seed += 1;
-            generate(&config(Domain::Procurement, 10, 0.15, seed), None).unwrap()
+            generate(
+                &EpisodeConfig::paper(Domain::Procurement, 10, 0.15, seed),
+                None,
+            )
+            .unwrap()
         })
     });
     for arm in Arm::ALL {
@@ -26,7 +31,11 @@ fn bench(c: &mut Criterion) {
             |b, &arm| {
                 b.iter(|| {
                     seed += 1;
-                    let ep = generate(&config(Domain::Procurement, 10, 0.15, seed), None).unwrap();
+                    let ep = generate(
+                        &EpisodeConfig::paper(Domain::Procurement, 10, 0.15, seed),
+                        None,
+                    )
+                    .unwrap();
                     let compiled = Compiled::oracle(&ep);
                     let (rec, _) = run_episode(
                         &ep,

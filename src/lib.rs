@@ -1,15 +1,31 @@
 //! statebench: how strongly should task state act on an LLM agent?
 //!
-//! The crate holds the paper's testbed (`ladder`), its statistics (`stats`)
-//! and reports (`report`). Data flows one way: generator → episode → runner →
-//! arm → agent → receipts → task state → scorer → log line. The scorer never
-//! calls a model.
+//! The crate holds the in-process engine (`engine`), the one chat interface
+//! the studies call (`backend`), the paper's testbed (`ladder`), its
+//! statistics (`stats`) and reports (`report`), and the OpenAI-compatible
+//! server (`http_server`, over the wire format in `wire`). Data flows one
+//! way: generator → episode → runner → arm → agent → receipts → task state →
+//! scorer → log line. The scorer never calls a model.
 
 pub mod backend;
-pub mod cli_engine;
+pub mod bench;
 pub mod engine;
+pub mod http_server;
 pub mod ladder;
 pub mod report;
 pub mod rng;
-pub mod serve;
 pub mod stats;
+pub mod wire;
+
+/// An error and its sources on one line (`outer: inner: innermost`), for
+/// logs and replies that carry errors as text.
+pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}

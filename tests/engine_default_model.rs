@@ -1,5 +1,6 @@
 //! The default GGUF (Qwen2.5-Coder-0.5B-Instruct, Q4_K_M mix): reference
-//! agreement and the invariance promise (SPEC contract 4), bit for bit.
+//! agreement and the invariance promise (a request's tokens are the same
+//! alone or batched, cached or cold, in any process), bit for bit.
 
 mod engine_common;
 
@@ -239,7 +240,7 @@ fn context_overflow_is_its_own_error() {
     let mut engine = load(&path);
     let s = engine.open_session();
     let err = engine
-        .submit(s, ask("hello", engine.context()))
+        .submit(s, ask("hello", engine.model().cfg.context))
         .expect_err("overflow");
     assert!(matches!(err, BackendError::ContextOverflow { .. }), "{err}");
     assert!(err.to_string().contains("context overflow"));

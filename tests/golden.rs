@@ -313,8 +313,14 @@ fn default_model_cell_is_unchanged() {
 }
 
 const MODEL_CELL: &[(&str, &str)] = &[
-    ("model episodes.jsonl", "c8f65cd9470d137ac6ea3d8aa12a71a0a19b375f32e0581fea778f257bb098c5"),
-    ("model turns.jsonl", "ab528fdb0a8cdcf120847100eade6fb270c6a2e42f977a96a72bb8d78acb0804"),
+    (
+        "model episodes.jsonl",
+        "c8f65cd9470d137ac6ea3d8aa12a71a0a19b375f32e0581fea778f257bb098c5",
+    ),
+    (
+        "model turns.jsonl",
+        "ab528fdb0a8cdcf120847100eade6fb270c6a2e42f977a96a72bb8d78acb0804",
+    ),
 ];
 
 const EPISODES: &[(&str, &str)] = &[

@@ -5,13 +5,16 @@
 //! fixtures (with a longer context so whole episodes fit); one test runs a
 //! tiny cell on the default GGUF.
 
+mod engine_common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use statebench::ladder::runlog::{read_run, read_turns};
-use statebench::ladder::runner::EpisodeRecord;
+use statebench::ladder::run::cell::CellModel;
+use statebench::ladder::run::runlog::{read_run, read_turns};
+use statebench::ladder::run::runner::EpisodeRecord;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_statebench"))
@@ -164,15 +167,9 @@ fn live_cell_is_batch_invariant_and_survives_a_kill() {
 
 #[test]
 fn live_cell_on_the_default_model() {
-    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let gguf = root.join("models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf");
-    if !gguf.exists() {
-        eprintln!(
-            "skipped: {} is absent (run models/fetch.sh)",
-            gguf.display()
-        );
+    let Some(gguf) = engine_common::default_model() else {
         return;
-    }
+    };
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("cell");
     let o = bin()
@@ -200,7 +197,10 @@ fn live_cell_on_the_default_model() {
     assert!(text.contains("Ladder (strict episode success)"), "{text}");
     let run = read_run(&out).unwrap();
     assert_eq!(run.episodes.len(), 2);
-    assert_eq!(run.manifest.model["architecture"], "qwen2");
+    match &run.manifest.model {
+        CellModel::Model(m) => assert_eq!(m.architecture, "qwen2"),
+        other => panic!("a model cell records its model, not {other:?}"),
+    }
     let turns = read_turns(&out).unwrap();
     assert_eq!(turns.len(), 88);
     // Every turn has a reply from the model (or the error that replaced it).

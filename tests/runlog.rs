@@ -4,13 +4,15 @@
 use std::fs;
 use std::path::Path;
 
-use statebench::ladder::agent::{Agent, Scripted};
-use statebench::ladder::arm::Arm;
-use statebench::ladder::cell::{run_cell, CellConfig, CellError, CellParts};
-use statebench::ladder::domain::Domain;
+use statebench::ladder::arms::Arm;
+use statebench::ladder::episode::domain::Domain;
 use statebench::ladder::episode::{BriefVariant, Protocol};
-use statebench::ladder::runlog::{read_run, read_turns, RunLogError};
-use statebench::ladder::runner::{EpisodeRecord, RunOptions};
+use statebench::ladder::parts::{scripted::Scripted, Agent};
+use statebench::ladder::run::cell::{
+    run_cell, CellConfig, CellError, CellModel, CellParts, Source,
+};
+use statebench::ladder::run::runlog::{read_run, read_turns, RunLogError};
+use statebench::ladder::run::runner::{EpisodeRecord, RunOptions};
 
 fn cfg(agent: Scripted) -> CellConfig {
     CellConfig {
@@ -25,14 +27,17 @@ fn cfg(agent: Scripted) -> CellConfig {
         episodes: 12,
         arms: vec![Arm::Raw, Arm::Checklist, Arm::Directive, Arm::Enforce],
         agent: agent.name(),
-        matcher: "oracle".into(),
-        compiler: "oracle".into(),
+        matcher: Source::Oracle,
+        compiler: Source::Oracle,
         thinking: false,
         options: RunOptions::default(),
     }
 }
 
-fn run(c: &CellConfig, dir: &Path) -> Result<statebench::ladder::cell::CellProgress, CellError> {
+fn run(
+    c: &CellConfig,
+    dir: &Path,
+) -> Result<statebench::ladder::run::cell::CellProgress, CellError> {
     let agent: Scripted = c.agent.trim_start_matches("scripted:").parse().unwrap();
     // Several workers, so completion order differs from seed order.
     run_cell(c, &CellParts::scripted(agent), None, dir, 3, false)
@@ -130,18 +135,25 @@ fn corrupt_middle_line_is_an_error_with_its_line_number() {
     let mut lines: Vec<String> = text.lines().map(String::from).collect();
     lines[3] = "{not json".into();
     fs::write(&path, lines.join("\n") + "\n").unwrap();
-    let err = read_run(tmp.path()).unwrap_err().to_string();
+    let err = statebench::one_line(&read_run(tmp.path()).unwrap_err());
     assert!(err.contains("episodes.jsonl:4:"), "{err}");
 }
 
 #[test]
 fn resuming_across_a_change_of_engine_arithmetic_is_refused() {
-    use statebench::ladder::runlog::{Manifest, RunDir, RUN_FORMAT};
+    use statebench::ladder::run::runlog::{Manifest, RunDir, RUN_FORMAT};
     let tmp = tempfile::tempdir().unwrap();
     let manifest = |arithmetic: &str| Manifest {
         format: RUN_FORMAT.into(),
-        config: serde_json::json!({ "steps": 5 }),
-        model: serde_json::json!({ "name": "m", "arithmetic": arithmetic }),
+        config: cfg(Scripted::Perfect),
+        model: CellModel::Model(statebench::backend::ModelIdentity {
+            name: "m".into(),
+            source: "m.gguf".into(),
+            weights_sha256: String::new(),
+            architecture: "qwen2".into(),
+            format: "gguf".into(),
+            arithmetic: arithmetic.into(),
+        }),
         crate_version: "0".into(),
         git_commit: "unknown".into(),
     };

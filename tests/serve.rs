@@ -3,6 +3,8 @@
 //! as the same cell in-process. Every server these tests start listens on
 //! loopback, is killed when its test ends, and every wait is bounded.
 
+mod engine_common;
+
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read};
 use std::path::{Path, PathBuf};
@@ -12,14 +14,10 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use statebench::backend::openai::{OpenAiBackend, OpenAiOptions};
+use statebench::backend::http_client::{OpenAiBackend, OpenAiOptions};
 use statebench::backend::{Backend, BackendError, ChatRequest, Message, Role};
 
 const BIN: &str = env!("CARGO_BIN_EXE_statebench");
-const DEFAULT_GGUF: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
-);
 
 /// A `statebench serve` child process; killed when dropped.
 struct ServeProc {
@@ -257,15 +255,10 @@ fn cell_through_serve_matches_in_process() {
 
 #[test]
 fn france_prompt_through_serve_answers_paris() {
-    let gguf = Path::new(DEFAULT_GGUF);
-    if !gguf.is_file() {
-        eprintln!(
-            "skipped: {} is absent (fetch it with `statebench model fetch`)",
-            gguf.display()
-        );
+    let Some(gguf) = engine_common::default_model() else {
         return;
-    }
-    let server = ServeProc::start(gguf);
+    };
+    let server = ServeProc::start(&gguf);
     let mut resp = agent()
         .get(format!("{}/v1/models", server.url))
         .call()
@@ -353,7 +346,7 @@ fn client_maps_overflow_and_reports_replies() {
     let server = ServeProc::start(&tiny_model(tmp.path()));
     let mut b = OpenAiBackend::connect(OpenAiOptions::new(format!("{}/v1", server.url))).unwrap();
     assert_eq!(b.model(), "tiny-qwen2");
-    assert_eq!(b.model_id().architecture, "remote");
+    assert_eq!(b.model_id().unwrap().architecture, "remote");
     let s = b.open_session();
     let msgs = vec![Message::new(Role::User, "hello")];
     let r = b.chat(s, ChatRequest::greedy(msgs.clone(), 8)).unwrap();

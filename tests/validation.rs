@@ -3,13 +3,14 @@
 //! fails; a memoryless always-book policy scores 1.00 behind state-bound
 //! enforcement with the generator's graph and fails on the raw rung.
 
-use statebench::ladder::agent::Scripted;
-use statebench::ladder::arm::Arm;
-use statebench::ladder::domain::Domain;
-use statebench::ladder::episode::{Episode, Protocol};
-use statebench::ladder::generator::{config, generate};
-use statebench::ladder::module::{OracleMatcher, Refusal};
-use statebench::ladder::runner::{run_episode, Compiled, EpisodeRecord, RunOptions};
+use statebench::ladder::arms::gate::Refusal;
+use statebench::ladder::arms::Arm;
+use statebench::ladder::episode::domain::Domain;
+use statebench::ladder::episode::generator::generate;
+use statebench::ladder::episode::{Episode, EpisodeConfig, Protocol};
+use statebench::ladder::parts::scripted::OracleMatcher;
+use statebench::ladder::parts::scripted::Scripted;
+use statebench::ladder::run::runner::{run_episode, Compiled, EpisodeRecord, RunOptions};
 
 fn compiled(ep: &Episode) -> Compiled {
     Compiled::oracle(ep)
@@ -35,7 +36,7 @@ fn perfect_agent_scores_every_episode_on_every_arm() {
         for (s, rho) in grid {
             for seed in 100..120 {
                 for protocol in [Protocol::Text, Protocol::Tool] {
-                    let mut c = config(domain, s, rho, seed);
+                    let mut c = EpisodeConfig::paper(domain, s, rho, seed);
                     c.protocol = protocol;
                     c.ambiguous_rate = 0.15;
                     let ep = generate(&c, None).unwrap();
@@ -59,7 +60,11 @@ fn perfect_agent_scores_every_episode_on_every_arm() {
 fn perfect_agent_behind_a_corrupted_module_fails() {
     let mut ok = 0;
     for seed in 100..115 {
-        let ep = generate(&config(Domain::Procurement, 15, 0.3, seed), None).unwrap();
+        let ep = generate(
+            &EpisodeConfig::paper(Domain::Procurement, 15, 0.3, seed),
+            None,
+        )
+        .unwrap();
         let opts = RunOptions {
             corrupt: Some(0.05),
             ..Default::default()
@@ -76,7 +81,11 @@ fn perfect_agent_behind_a_corrupted_module_fails() {
 
 #[test]
 fn corruption_rate_zero_is_harmless() {
-    let ep = generate(&config(Domain::Procurement, 15, 0.3, 100), None).unwrap();
+    let ep = generate(
+        &EpisodeConfig::paper(Domain::Procurement, 15, 0.3, 100),
+        None,
+    )
+    .unwrap();
     let opts = RunOptions {
         corrupt: Some(0.0),
         ..Default::default()
@@ -93,7 +102,11 @@ fn always_book_is_perfect_behind_the_gate_and_fails_raw() {
     let n = 200;
     let (mut gate, mut raw) = (0, 0);
     for seed in 100..100 + n {
-        let ep = generate(&config(Domain::Procurement, 10, 0.15, seed), None).unwrap();
+        let ep = generate(
+            &EpisodeConfig::paper(Domain::Procurement, 10, 0.15, seed),
+            None,
+        )
+        .unwrap();
         gate += u32::from(
             run(
                 &ep,
@@ -119,7 +132,7 @@ fn always_book_is_perfect_behind_the_gate_and_fails_raw() {
 
 #[test]
 fn gate_admits_unrequested_bookings_on_ambiguous_probes_but_request_bound_refuses_them() {
-    let mut c = config(Domain::Procurement, 10, 0.15, 100);
+    let mut c = EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 100);
     c.ambiguous_rate = 1.0;
     let ep = generate(&c, None).unwrap();
     let state = run(
@@ -148,7 +161,7 @@ fn gate_admits_unrequested_bookings_on_ambiguous_probes_but_request_bound_refuse
 
 #[test]
 fn refused_bookings_are_logged_and_silent_ones_counted() {
-    let ep = generate(&config(Domain::Release, 10, 0.15, 100), None).unwrap();
+    let ep = generate(&EpisodeConfig::paper(Domain::Release, 10, 0.15, 100), None).unwrap();
     let next = run(
         &ep,
         Arm::Enforce,

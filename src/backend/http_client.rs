@@ -32,13 +32,11 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use regex::Regex;
-use serde::Serialize;
-use serde_json::Value;
 
 use super::{
-    split_thinking, Backend, BackendError, ChatReply, ChatRequest, Finish, Finished, Message,
-    ModelIdentity, RequestId, SessionId, Usage,
+    Backend, BackendError, ChatReply, ChatRequest, Finished, ModelIdentity, RequestId, SessionId,
 };
+use crate::wire::{AnyError, ChatCompletion, ChatCompletionRequest, ModelList, WireError};
 
 /// Where and how to reach the server.
 #[derive(Debug, Clone)]
@@ -183,16 +181,9 @@ pub fn list_models(opts: &OpenAiOptions) -> Result<Vec<String>, BackendError> {
             format!("HTTP {status}: {}", error_message(&text)),
         ));
     }
-    let v: Value = serde_json::from_str(&text)
+    let list: ModelList = serde_json::from_str(&text)
         .map_err(|e| remote(&url, format!("not an OpenAI model list: {e}")))?;
-    Ok(v.get("data")
-        .and_then(Value::as_array)
-        .map(|a| {
-            a.iter()
-                .filter_map(|m| m.get("id").and_then(Value::as_str).map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default())
+    Ok(list.data.into_iter().map(|m| m.id).collect())
 }
 
 impl OpenAiBackend {
@@ -365,35 +356,16 @@ impl Backend for OpenAiBackend {
         !self.queue.is_empty() || self.in_flight > 0
     }
 
-    fn model_id(&self) -> ModelIdentity {
-        ModelIdentity {
+    fn model_id(&self) -> Result<ModelIdentity, BackendError> {
+        Ok(ModelIdentity {
             name: self.shared.model.clone(),
             source: self.root.clone(),
             weights_sha256: String::new(),
             architecture: "remote".into(),
             format: "remote".into(),
             arithmetic: "remote".into(),
-        }
+        })
     }
-}
-
-/// The request body (a struct, so `temperature` keeps its f32 spelling).
-#[derive(Serialize)]
-struct Body<'a> {
-    model: &'a str,
-    messages: &'a [Message],
-    max_tokens: usize,
-    temperature: f32,
-    seed: u64,
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    stop: &'a [String],
-    stream: bool,
-    chat_template_kwargs: TemplateKwargs,
-}
-
-#[derive(Serialize)]
-struct TemplateKwargs {
-    enable_thinking: bool,
 }
 
 /// Whether an error is worth another attempt.
@@ -411,19 +383,8 @@ fn transient(e: &ureq::Error) -> bool {
 
 impl Shared {
     fn call(&self, req: &ChatRequest) -> Result<ChatReply, BackendError> {
-        let body = serde_json::to_vec(&Body {
-            model: &self.model,
-            messages: &req.messages,
-            max_tokens: req.max_tokens,
-            temperature: req.temperature,
-            seed: req.seed,
-            stop: &req.stop,
-            stream: false,
-            chat_template_kwargs: TemplateKwargs {
-                enable_thinking: req.thinking,
-            },
-        })
-        .map_err(|e| BackendError::BadRequest(format!("request does not serialize: {e}")))?;
+        let body = serde_json::to_vec(&ChatCompletionRequest::from_chat(&self.model, req))
+            .map_err(|e| BackendError::BadRequest(format!("request does not serialize: {e}")))?;
         let mut last = String::new();
         for attempt in 0..self.attempts {
             if attempt > 0 {
@@ -460,8 +421,12 @@ impl Shared {
                 Err(e) => return Err(remote(&self.url, e)),
             };
             if (200..300).contains(&status) {
-                return parse_reply(&text, started.elapsed().as_secs_f64())
-                    .map_err(|e| remote(&self.url, format!("malformed reply: {e}")));
+                return parse_reply(&text, started.elapsed().as_secs_f64()).map_err(|e| {
+                    remote(
+                        &self.url,
+                        format!("malformed reply: {}", crate::one_line(&e)),
+                    )
+                });
             }
             let msg = error_message(&text);
             if status == 429 || status >= 500 {
@@ -482,15 +447,8 @@ impl Shared {
 
 /// The `error.message` of an OpenAI-style error body, or the body itself.
 fn error_message(text: &str) -> String {
-    let v: Option<Value> = serde_json::from_str(text).ok();
-    let m = v.as_ref().and_then(|v| {
-        v.pointer("/error/message")
-            .or_else(|| v.get("message"))
-            .or_else(|| v.get("detail"))
-            .or_else(|| v.get("error"))
-            .and_then(Value::as_str)
-    });
-    let m = one_line(m.unwrap_or(text));
+    let m = serde_json::from_str::<AnyError>(text).map(AnyError::message);
+    let m = one_line(m.as_deref().unwrap_or(text));
     if m.is_empty() {
         "(empty body)".into()
     } else {
@@ -558,54 +516,16 @@ fn overflow(msg: &str, max_tokens: usize) -> BackendError {
     }
 }
 
-fn count(v: &Value, path: &str) -> usize {
-    v.pointer(path).and_then(Value::as_u64).unwrap_or(0) as usize
-}
-
 /// A `chat.completion` body → reply.
-fn parse_reply(text: &str, secs: f64) -> Result<ChatReply, String> {
-    let v: Value = serde_json::from_str(text).map_err(|e| format!("not JSON: {e}"))?;
-    let choice = v
-        .pointer("/choices/0")
-        .ok_or_else(|| "no choices".to_string())?;
-    let message = choice
-        .get("message")
-        .ok_or_else(|| "choice without a message".to_string())?;
-    let raw = message
-        .get("content")
-        .and_then(Value::as_str)
-        .unwrap_or_default();
-    let reasoning = message
-        .get("reasoning_content")
-        .or_else(|| message.get("reasoning"))
-        .and_then(Value::as_str)
-        .map(str::to_string);
-    let (reasoning, content) = match reasoning {
-        Some(r) => (Some(r), raw.to_string()),
-        None => split_thinking(raw),
-    };
-    let finish = match choice.get("finish_reason").and_then(Value::as_str) {
-        Some("length") => Finish::Length,
-        _ => Finish::Stop,
-    };
-    Ok(ChatReply {
-        content,
-        reasoning,
-        finish,
-        usage: Usage {
-            prompt_tokens: count(&v, "/usage/prompt_tokens"),
-            cached_tokens: count(&v, "/usage/prompt_tokens_details/cached_tokens"),
-            completion_tokens: count(&v, "/usage/completion_tokens"),
-            prefill_secs: 0.0,
-            decode_secs: secs,
-        },
-        tokens: Vec::new(),
-    })
+fn parse_reply(text: &str, secs: f64) -> Result<ChatReply, WireError> {
+    let c: ChatCompletion = serde_json::from_str(text).map_err(WireError::json)?;
+    c.into_reply(secs)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::{Finish, Message, Role};
 
     #[test]
     fn roots_are_normalised() {
@@ -616,36 +536,19 @@ mod tests {
 
     #[test]
     fn body_spells_the_api_fields() {
-        let msgs = vec![Message::new(super::super::Role::User, "hi")];
-        let b = serde_json::to_value(Body {
-            model: "m",
-            messages: &msgs,
-            max_tokens: 7,
+        let mut req = ChatRequest {
             temperature: 0.7,
             seed: 3,
-            stop: &[],
-            stream: false,
-            chat_template_kwargs: TemplateKwargs {
-                enable_thinking: true,
-            },
-        })
-        .unwrap();
+            thinking: true,
+            ..ChatRequest::greedy(vec![Message::new(Role::User, "hi")], 7)
+        };
+        let b = serde_json::to_value(ChatCompletionRequest::from_chat("m", &req)).unwrap();
         assert_eq!(b["messages"][0]["role"], "user");
         assert_eq!(b["chat_template_kwargs"]["enable_thinking"], true);
         assert!(b.get("stop").is_none());
-        let s = serde_json::to_string(&Body {
-            model: "m",
-            messages: &msgs,
-            max_tokens: 7,
-            temperature: 0.7,
-            seed: 3,
-            stop: &["x".into()],
-            stream: false,
-            chat_template_kwargs: TemplateKwargs {
-                enable_thinking: false,
-            },
-        })
-        .unwrap();
+        req.stop = vec!["x".into()];
+        req.thinking = false;
+        let s = serde_json::to_string(&ChatCompletionRequest::from_chat("m", &req)).unwrap();
         assert!(s.contains("\"temperature\":0.7,"), "{s}");
         assert!(s.contains("\"stop\":[\"x\"]"), "{s}");
     }

@@ -1,8 +1,8 @@
 //! The one interface studies call: chat requests in, replies with token
 //! accounting out, many conversations driven at once through `submit`/`step`.
 
-pub mod openai;
-pub mod served;
+pub mod http_client;
+pub mod shared;
 
 use std::path::PathBuf;
 
@@ -92,7 +92,7 @@ impl ChatRequest {
     }
 }
 
-/// Token accounting of one call (SPEC contract 5).
+/// Token accounting of one call; sums over a turn, an episode or an arm.
 #[derive(Debug, Clone, Copy, Default, PartialEq, serde::Serialize, serde::Deserialize)]
 pub struct Usage {
     /// Tokens of the rendered prompt.
@@ -105,6 +105,25 @@ pub struct Usage {
     pub prefill_secs: f64,
     /// Wall time of the decode steps this request took part in.
     pub decode_secs: f64,
+}
+
+impl std::ops::AddAssign for Usage {
+    fn add_assign(&mut self, o: Usage) {
+        self.prompt_tokens += o.prompt_tokens;
+        self.cached_tokens += o.cached_tokens;
+        self.completion_tokens += o.completion_tokens;
+        self.prefill_secs += o.prefill_secs;
+        self.decode_secs += o.decode_secs;
+    }
+}
+
+impl std::iter::Sum for Usage {
+    fn sum<I: Iterator<Item = Usage>>(iter: I) -> Usage {
+        iter.fold(Usage::default(), |mut a, b| {
+            a += b;
+            a
+        })
+    }
 }
 
 /// Why generation ended.
@@ -226,12 +245,10 @@ pub enum BackendError {
         cause: String,
     },
     /// An I/O error on a named file.
-    #[error("{path}: {cause}")]
+    #[error("{path}")]
     Io {
-        /// The file.
         path: PathBuf,
-        /// The OS error.
-        cause: String,
+        source: std::io::Error,
     },
 }
 
@@ -262,8 +279,9 @@ pub trait Backend {
             }
         }
     }
-    /// What model this backend serves.
-    fn model_id(&self) -> ModelIdentity;
+    /// What model this backend serves (for an engine: hashes the weights
+    /// once, so an unreadable weight file is an error here).
+    fn model_id(&self) -> Result<ModelIdentity, BackendError>;
 }
 
 /// Splits `<think>…</think>` off a reply: (reasoning, content). One rule for

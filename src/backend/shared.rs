@@ -20,20 +20,20 @@ enum Cmd {
 }
 
 /// The thread that owns a backend.
-pub struct Served {
+pub struct SharedBackend {
     tx: Option<Sender<Cmd>>,
     join: Option<JoinHandle<()>>,
     model: ModelIdentity,
 }
 
-/// A cloneable handle for submitting work to a [`Served`] backend.
+/// A cloneable handle for submitting work to a [`SharedBackend`].
 #[derive(Clone)]
 pub struct Client {
     tx: Sender<Cmd>,
 }
 
-/// One conversation on a served backend; closed when dropped.
-pub struct ServedSession {
+/// One conversation on a shared backend; closed when dropped.
+pub struct Conversation {
     client: Client,
     id: SessionId,
 }
@@ -42,26 +42,29 @@ fn gone() -> BackendError {
     BackendError::BadRequest("the engine thread has stopped".into())
 }
 
-impl Served {
+impl SharedBackend {
     /// Starts the owning thread.
-    pub fn spawn(backend: Box<dyn Backend + Send>) -> Served {
-        let model = backend.model_id();
+    pub fn spawn(backend: Box<dyn Backend + Send>) -> Result<SharedBackend, BackendError> {
+        let model = backend.model_id()?;
         let (tx, rx) = mpsc::channel();
         let join = std::thread::Builder::new()
             .name("statebench-engine".into())
             .spawn(move || serve(backend, rx))
-            .expect("spawn engine thread");
-        Served {
+            .map_err(|source| BackendError::Io {
+                path: "statebench-engine thread".into(),
+                source,
+            })?;
+        Ok(SharedBackend {
             tx: Some(tx),
             join: Some(join),
             model,
-        }
+        })
     }
 
     /// A handle for callers.
     pub fn client(&self) -> Client {
         Client {
-            tx: self.tx.clone().expect("served backend is running"),
+            tx: self.tx.clone().expect("the sender lives until drop"),
         }
     }
 
@@ -71,7 +74,7 @@ impl Served {
     }
 }
 
-impl Drop for Served {
+impl Drop for SharedBackend {
     fn drop(&mut self) {
         // Closing our sender lets the thread exit once every client is gone.
         self.tx.take();
@@ -83,18 +86,18 @@ impl Drop for Served {
 
 impl Client {
     /// Opens a conversation.
-    pub fn open(&self) -> Result<ServedSession, BackendError> {
+    pub fn open(&self) -> Result<Conversation, BackendError> {
         let (tx, rx) = mpsc::channel();
         self.tx.send(Cmd::Open(tx)).map_err(|_| gone())?;
         let id = rx.recv().map_err(|_| gone())?;
-        Ok(ServedSession {
+        Ok(Conversation {
             client: self.clone(),
             id,
         })
     }
 }
 
-impl ServedSession {
+impl Conversation {
     /// Sends one request on this conversation and waits for its reply.
     pub fn chat(&self, req: ChatRequest) -> Result<ChatReply, BackendError> {
         let (tx, rx) = mpsc::channel();
@@ -106,7 +109,7 @@ impl ServedSession {
     }
 }
 
-impl Drop for ServedSession {
+impl Drop for Conversation {
     fn drop(&mut self) {
         let _ = self.client.tx.send(Cmd::Close(self.id));
     }
@@ -147,7 +150,7 @@ fn serve(mut backend: Box<dyn Backend + Send>, rx: Receiver<Cmd>) {
                     }
                 }
                 Err(e) => {
-                    let msg = e.to_string();
+                    let msg = crate::one_line(&e);
                     for (_, tx) in waiting.drain() {
                         let _ = tx.send(Err(BackendError::BadRequest(format!(
                             "engine step failed: {msg}"

@@ -7,22 +7,21 @@ use std::path::{Path, PathBuf};
 
 use candle_core::quantized::gguf_file;
 use candle_core::quantized::tokenizer::TokenizerFromGguf;
-use candle_core::quantized::GgmlDType;
-use statebench_kernels::{Matrix, RopeTable};
+use serde::Deserialize;
+use statebench_kernels::Matrix;
 use tokenizers::Tokenizer;
 
-use super::model::{Arch, Attention, Config, Layer, Linear, Mlp, Model};
+use super::device::Device;
+use super::model::{Arch, Attention, Config, DecoderLayer, Linear, Mlp, Model};
 use crate::backend::BackendError;
 
 /// Everything read from a model's files.
-pub struct Loaded {
-    /// The model.
-    pub model: Model,
-    /// Its tokenizer.
+pub struct Loaded<D: Device> {
+    pub model: Model<D>,
     pub tokenizer: Tokenizer,
-    /// Its chat template source (Jinja).
+    /// The chat template source (Jinja).
     pub chat_template: String,
-    /// Name from the metadata.
+    /// Name from the metadata, or the directory's name.
     pub name: String,
     /// Storage format, for the model identity.
     pub format: String,
@@ -30,18 +29,19 @@ pub struct Loaded {
     pub files: Vec<PathBuf>,
 }
 
-/// Loads a model from a GGUF file, a safetensors directory, or a hub id.
-pub fn load(spec: &str) -> Result<Loaded, BackendError> {
+/// Loads a model onto `device` from a GGUF file, a safetensors directory, or
+/// a hub id.
+pub fn load<D: Device>(spec: &str, device: D) -> Result<Loaded<D>, BackendError> {
     let path = Path::new(spec);
     if path.is_dir() {
-        return load_safetensors_dir(path, spec);
+        return load_safetensors_dir(path, spec, device);
     }
     if path.is_file() {
-        return load_gguf(path);
+        return load_gguf(path, device);
     }
     if looks_like_hub_id(spec) {
         let dir = resolve_hub_id(spec)?;
-        return load_safetensors_dir(&dir, spec);
+        return load_safetensors_dir(&dir, spec, device);
     }
     Err(BackendError::MissingFile {
         path: path.to_path_buf(),
@@ -109,17 +109,9 @@ fn resolve_hub_id(id: &str) -> Result<PathBuf, BackendError> {
     fetch("tokenizer_config.json")?;
     if fetch("model.safetensors").is_err() {
         let index = fetch("model.safetensors.index.json")?;
-        let text = read_to_string(&index)?;
-        let json: serde_json::Value =
-            serde_json::from_str(&text).map_err(|e| corrupt(&index, e.to_string()))?;
-        let mut shards: Vec<&str> = json
-            .get("weight_map")
-            .and_then(|m| m.as_object())
-            .map(|m| m.values().filter_map(|v| v.as_str()).collect())
-            .unwrap_or_default();
-        shards.sort();
-        shards.dedup();
-        for shard in shards {
+        let index: ShardIndex = read_json(&index)?;
+        let shards: std::collections::BTreeSet<String> = index.weight_map.into_values().collect();
+        for shard in &shards {
             fetch(shard)?;
         }
     }
@@ -131,12 +123,24 @@ fn resolve_hub_id(id: &str) -> Result<PathBuf, BackendError> {
         .ok_or_else(|| missing("config.json", "bad cache layout".into()))
 }
 
+/// `model.safetensors.index.json`: which shard holds each tensor.
+#[derive(Deserialize)]
+struct ShardIndex {
+    weight_map: HashMap<String, String>,
+}
+
 fn read_to_string(path: &Path) -> Result<String, BackendError> {
     std::fs::read_to_string(path).map_err(|e| io_err(path, e))
 }
 
-fn io_err(path: &Path, e: std::io::Error) -> BackendError {
-    if e.kind() == std::io::ErrorKind::NotFound {
+/// Reads and parses a JSON file into `T`.
+fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, BackendError> {
+    serde_json::from_str(&read_to_string(path)?)
+        .map_err(|e| corrupt(path, format!("invalid JSON: {e}")))
+}
+
+fn io_err(path: &Path, source: std::io::Error) -> BackendError {
+    if source.kind() == std::io::ErrorKind::NotFound {
         BackendError::MissingFile {
             path: path.to_path_buf(),
             hint: "check the path".into(),
@@ -144,7 +148,7 @@ fn io_err(path: &Path, e: std::io::Error) -> BackendError {
     } else {
         BackendError::Io {
             path: path.to_path_buf(),
-            cause: e.to_string(),
+            source,
         }
     }
 }
@@ -168,8 +172,8 @@ fn unsupported(path: &Path, cause: impl Into<String>) -> BackendError {
     }
 }
 
-/// Where weights come from: a name → (rows, cols, matrix) source.
-trait Source {
+/// Where weights come from: tensors by name, as host matrices.
+trait TensorSource {
     fn path(&self) -> &Path;
     fn has(&self, name: &str) -> bool;
     fn matrix(&self, name: &str) -> Result<Matrix, BackendError>;
@@ -261,14 +265,15 @@ impl Names {
     }
 }
 
-fn linear(
-    src: &dyn Source,
+fn linear<D: Device>(
+    dev: &D,
+    src: &dyn TensorSource,
     names: &Names,
     i: usize,
     part: &str,
     rows: usize,
     cols: usize,
-) -> Result<Linear, BackendError> {
+) -> Result<Linear<D>, BackendError> {
     let wname = names.layer(i, &format!("{part}.weight"));
     let w = src.matrix(&wname)?;
     if w.rows() != rows || w.cols() != cols {
@@ -283,14 +288,25 @@ fn linear(
     }
     let bname = names.layer(i, &format!("{part}.bias"));
     let b = if src.has(&bname) {
-        Some(src.vector(&bname, rows)?)
+        Some(dev.vector(src.vector(&bname, rows)?))
     } else {
         None
     };
-    Ok(Linear { w, b })
+    Ok(Linear {
+        w: dev.weight(w),
+        b,
+    })
 }
 
-fn build_model(src: &dyn Source, names: &Names, cfg: Config) -> Result<Model, BackendError> {
+/// Builds the model on `dev`; `tied` says the output head is the embedding
+/// (None: whatever the files hold).
+fn build_model<D: Device>(
+    dev: D,
+    src: &dyn TensorSource,
+    names: &Names,
+    mut cfg: Config,
+    tied: Option<bool>,
+) -> Result<Model<D>, BackendError> {
     let (h, hd) = (cfg.hidden, cfg.head_dim);
     let embed = src.matrix(&names.embed())?;
     if embed.cols() != h {
@@ -299,44 +315,53 @@ fn build_model(src: &dyn Source, names: &Names, cfg: Config) -> Result<Model, Ba
             format!("embedding width {} != hidden size {h}", embed.cols()),
         ));
     }
+    cfg.vocab = embed.rows();
+    let vector = |name: String, len: usize| src.vector(&name, len).map(|v| dev.vector(v));
+    let linear = |i, part, rows, cols| linear(&dev, src, names, i, part, rows, cols);
     let mut layers = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
         let (q_norm, k_norm) = if cfg.arch == Arch::Qwen3 {
             (
-                Some(src.vector(&names.layer(i, "q_norm"), hd)?),
-                Some(src.vector(&names.layer(i, "k_norm"), hd)?),
+                Some(vector(names.layer(i, "q_norm"), hd)?),
+                Some(vector(names.layer(i, "k_norm"), hd)?),
             )
         } else {
             (None, None)
         };
-        layers.push(Layer {
-            attn_norm: src.vector(&names.layer(i, "attn_norm"), h)?,
+        layers.push(DecoderLayer {
+            attn_norm: vector(names.layer(i, "attn_norm"), h)?,
             attn: Attention {
-                q: linear(src, names, i, "q", cfg.heads * hd, h)?,
-                k: linear(src, names, i, "k", cfg.kv_heads * hd, h)?,
-                v: linear(src, names, i, "v", cfg.kv_heads * hd, h)?,
-                o: linear(src, names, i, "o", h, cfg.heads * hd)?,
+                q: linear(i, "q", cfg.heads * hd, h)?,
+                k: linear(i, "k", cfg.kv_heads * hd, h)?,
+                v: linear(i, "v", cfg.kv_heads * hd, h)?,
+                o: linear(i, "o", h, cfg.heads * hd)?,
                 q_norm,
                 k_norm,
             },
-            mlp_norm: src.vector(&names.layer(i, "mlp_norm"), h)?,
+            mlp_norm: vector(names.layer(i, "mlp_norm"), h)?,
             mlp: Mlp {
-                gate: linear(src, names, i, "gate", cfg.intermediate, h)?,
-                up: linear(src, names, i, "up", cfg.intermediate, h)?,
-                down: linear(src, names, i, "down", h, cfg.intermediate)?,
+                gate: linear(i, "gate", cfg.intermediate, h)?,
+                up: linear(i, "up", cfg.intermediate, h)?,
+                down: linear(i, "down", h, cfg.intermediate)?,
             },
         });
     }
-    let norm = src.vector(&names.norm(), h)?;
-    let lm_head = if src.has(&names.head()) {
-        Some(src.matrix(&names.head())?)
-    } else {
-        None
+    let norm = vector(names.norm(), h)?;
+    let lm_head = match (tied, src.has(&names.head())) {
+        (Some(true), _) | (None, false) => None,
+        (_, true) => Some(dev.weight(src.matrix(&names.head())?)),
+        (Some(false), false) => {
+            return Err(corrupt(
+                src.path(),
+                "lm_head.weight missing and tie_word_embeddings is false",
+            ))
+        }
     };
-    let rope = RopeTable::new(hd, cfg.rope_theta, cfg.context);
+    let rope = dev.rope_table(hd, cfg.rope_theta, cfg.context);
     Ok(Model {
+        embed: dev.weight(embed),
+        device: dev,
         cfg,
-        embed,
         layers,
         norm,
         lm_head,
@@ -352,7 +377,7 @@ struct GgufSource {
     map: memmap2::Mmap,
 }
 
-impl Source for GgufSource {
+impl TensorSource for GgufSource {
     fn path(&self) -> &Path {
         &self.path
     }
@@ -446,57 +471,54 @@ fn md_f32(c: &gguf_file::Content, key: &str, default: f32) -> f32 {
         .unwrap_or(default)
 }
 
-fn load_gguf(path: &Path) -> Result<Loaded, BackendError> {
+/// The model's shapes from GGUF metadata.
+fn gguf_config(content: &gguf_file::Content, path: &Path) -> Result<Config, BackendError> {
+    let arch_name = md(content, path, "general.architecture")?
+        .to_string()
+        .map_err(|e| corrupt(path, e.to_string()))?;
+    let arch = Arch::parse(arch_name)
+        .ok_or_else(|| unsupported(path, format!("architecture `{arch_name}`")))?;
+    let key = |k: &str| format!("{arch_name}.{k}");
+    let count = |k: &str| md_usize(content, path, &key(k));
+    let hidden = count("embedding_length")?;
+    let heads = count("attention.head_count")?;
+    let vocab = content
+        .tensor_infos
+        .get("token_embd.weight")
+        .map(|i| i.shape.dims()[0])
+        .ok_or_else(|| corrupt(path, "missing tensor token_embd.weight"))?;
+    Ok(Config {
+        arch,
+        vocab,
+        hidden,
+        intermediate: count("feed_forward_length")?,
+        layers: count("block_count")?,
+        heads,
+        kv_heads: count("attention.head_count_kv").unwrap_or(heads),
+        head_dim: count("attention.key_length").unwrap_or(hidden / heads.max(1)),
+        rope_theta: md_f32(content, &key("rope.freq_base"), 10_000.0),
+        rms_eps: md_f32(content, &key("attention.layer_norm_rms_epsilon"), 1e-6),
+        context: count("context_length")?,
+    })
+}
+
+fn load_gguf<D: Device>(path: &Path, device: D) -> Result<Loaded<D>, BackendError> {
     let file = File::open(path).map_err(|e| io_err(path, e))?;
     let mut reader = std::io::BufReader::new(&file);
     let content = gguf_file::Content::read(&mut reader)
         .map_err(|e| corrupt(path, format!("not a readable GGUF file: {e}")))?;
     // SAFETY: the file is opened read-only; the engine never writes model files.
     let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io_err(path, e))?;
-    let arch_name = md(&content, path, "general.architecture")?
-        .to_string()
-        .map_err(|e| corrupt(path, e.to_string()))?
-        .clone();
-    let arch = match arch_name.as_str() {
-        "qwen2" => Arch::Qwen2,
-        "qwen3" => Arch::Qwen3,
-        other => return Err(unsupported(path, format!("architecture `{other}`"))),
-    };
-    let a = arch_name.as_str();
-    let hidden = md_usize(&content, path, &format!("{a}.embedding_length"))?;
-    let heads = md_usize(&content, path, &format!("{a}.attention.head_count"))?;
-    let vocab = content
-        .tensor_infos
-        .get("token_embd.weight")
-        .map(|i| i.shape.dims()[0])
-        .ok_or_else(|| corrupt(path, "missing tensor token_embd.weight"))?;
-    let cfg = Config {
-        arch,
-        vocab,
-        hidden,
-        intermediate: md_usize(&content, path, &format!("{a}.feed_forward_length"))?,
-        layers: md_usize(&content, path, &format!("{a}.block_count"))?,
-        heads,
-        kv_heads: md_usize(&content, path, &format!("{a}.attention.head_count_kv"))
-            .unwrap_or(heads),
-        head_dim: md_usize(&content, path, &format!("{a}.attention.key_length"))
-            .unwrap_or(hidden / heads.max(1)),
-        rope_theta: md_f32(&content, &format!("{a}.rope.freq_base"), 10_000.0),
-        rms_eps: md_f32(
-            &content,
-            &format!("{a}.attention.layer_norm_rms_epsilon"),
-            1e-6,
-        ),
-        context: md_usize(&content, path, &format!("{a}.context_length"))?,
-    };
+    let cfg = gguf_config(&content, path)?;
     validate(&cfg, path)?;
-    let mut tokenizer = Tokenizer::from_gguf(&content)
-        .map_err(|e| BackendError::Tokenizer(first_line(format!("{}: {e}", path.display()))))?;
+    let tokenizer_err =
+        |e: String| BackendError::Tokenizer(first_line(format!("{}: {e}", path.display())));
+    let mut tokenizer = Tokenizer::from_gguf(&content).map_err(|e| tokenizer_err(e.to_string()))?;
     // A GGUF tokenizer applies no normalizer (llama.cpp and transformers' GGUF
     // conversion alike); keep agreement with them on the same file.
     tokenizer
         .with_normalizer(None::<tokenizers::NormalizerWrapper>)
-        .map_err(|e| BackendError::Tokenizer(first_line(format!("{}: {e}", path.display()))))?;
+        .map_err(|e| tokenizer_err(e.to_string()))?;
     let chat_template = md(&content, path, "tokenizer.chat_template")
         .ok()
         .and_then(|v| v.to_string().ok().cloned())
@@ -506,25 +528,23 @@ fn load_gguf(path: &Path) -> Result<Loaded, BackendError> {
         .get("general.name")
         .and_then(|v| v.to_string().ok().cloned())
         .unwrap_or_else(|| path.display().to_string());
-    let mut types: Vec<String> = content
+    let types: std::collections::BTreeSet<String> = content
         .tensor_infos
         .values()
         .map(|i| format!("{:?}", i.ggml_dtype))
         .collect();
-    types.sort();
-    types.dedup();
+    let format = format!("gguf ({})", Vec::from_iter(types).join(", "));
     let src = GgufSource {
         path: path.to_path_buf(),
         content,
         map,
     };
-    let model = build_model(&src, &Names { gguf: true }, cfg)?;
     Ok(Loaded {
-        model,
+        model: build_model(device, &src, &Names { gguf: true }, cfg, None)?,
         tokenizer,
         chat_template,
         name,
-        format: format!("gguf ({})", types.join(", ")),
+        format,
         files: vec![path.to_path_buf()],
     })
 }
@@ -553,7 +573,7 @@ struct StSource {
     tensors: std::cell::RefCell<HashMap<String, StTensor>>,
 }
 
-impl Source for StSource {
+impl TensorSource for StSource {
     fn path(&self) -> &Path {
         &self.path
     }
@@ -581,78 +601,73 @@ impl Source for StSource {
     }
 }
 
-fn cfg_usize(j: &serde_json::Value, key: &str) -> Option<usize> {
-    j.get(key).and_then(|v| v.as_u64()).map(|v| v as usize)
+/// The fields of a Hugging Face `config.json` the engine reads.
+#[derive(Deserialize)]
+struct HfConfig {
+    model_type: String,
+    vocab_size: usize,
+    hidden_size: usize,
+    intermediate_size: usize,
+    num_hidden_layers: usize,
+    num_attention_heads: usize,
+    num_key_value_heads: Option<usize>,
+    head_dim: Option<usize>,
+    rope_theta: Option<f64>,
+    /// Newer configs keep `rope_theta` here.
+    rope_parameters: Option<RopeParameters>,
+    rms_norm_eps: Option<f64>,
+    max_position_embeddings: Option<usize>,
+    #[serde(default)]
+    tie_word_embeddings: bool,
 }
 
-fn load_safetensors_dir(dir: &Path, spec: &str) -> Result<Loaded, BackendError> {
-    let config_path = dir.join("config.json");
-    if !config_path.is_file() {
-        return Err(BackendError::MissingFile {
-            path: config_path,
-            hint: "a model directory needs config.json, tokenizer.json and *.safetensors".into(),
-        });
-    }
-    let j: serde_json::Value = serde_json::from_str(&read_to_string(&config_path)?)
-        .map_err(|e| corrupt(&config_path, format!("invalid JSON: {e}")))?;
-    let model_type = j
-        .get("model_type")
-        .and_then(|v| v.as_str())
-        .unwrap_or("")
-        .to_string();
-    let arch = match model_type.as_str() {
-        "qwen2" => Arch::Qwen2,
-        "qwen3" => Arch::Qwen3,
-        other => {
-            return Err(unsupported(
-                &config_path,
-                format!("architecture (model_type) `{other}`"),
-            ))
-        }
-    };
-    let need = |k: &str| {
-        cfg_usize(&j, k).ok_or_else(|| corrupt(&config_path, format!("missing or invalid {k}")))
-    };
-    let hidden = need("hidden_size")?;
-    let heads = need("num_attention_heads")?;
-    let cfg = Config {
-        arch,
-        vocab: need("vocab_size")?,
-        hidden,
-        intermediate: need("intermediate_size")?,
-        layers: need("num_hidden_layers")?,
-        heads,
-        kv_heads: cfg_usize(&j, "num_key_value_heads").unwrap_or(heads),
-        head_dim: cfg_usize(&j, "head_dim").unwrap_or(hidden / heads.max(1)),
-        rope_theta: j
-            .get("rope_theta")
-            .or_else(|| j.get("rope_parameters").and_then(|r| r.get("rope_theta")))
-            .and_then(|v| v.as_f64())
-            .unwrap_or(10_000.0) as f32,
-        rms_eps: j
-            .get("rms_norm_eps")
-            .and_then(|v| v.as_f64())
-            .unwrap_or(1e-6) as f32,
-        context: cfg_usize(&j, "max_position_embeddings").unwrap_or(32_768),
-    };
-    validate(&cfg, &config_path)?;
-    let tied = j
-        .get("tie_word_embeddings")
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false);
+#[derive(Deserialize)]
+struct RopeParameters {
+    rope_theta: Option<f64>,
+}
 
+impl HfConfig {
+    fn config(&self, path: &Path) -> Result<Config, BackendError> {
+        let arch = Arch::parse(&self.model_type).ok_or_else(|| {
+            unsupported(
+                path,
+                format!("architecture (model_type) `{}`", self.model_type),
+            )
+        })?;
+        let heads = self.num_attention_heads;
+        let rope_theta = self
+            .rope_theta
+            .or_else(|| self.rope_parameters.as_ref().and_then(|r| r.rope_theta));
+        Ok(Config {
+            arch,
+            vocab: self.vocab_size,
+            hidden: self.hidden_size,
+            intermediate: self.intermediate_size,
+            layers: self.num_hidden_layers,
+            heads,
+            kv_heads: self.num_key_value_heads.unwrap_or(heads),
+            head_dim: self.head_dim.unwrap_or(self.hidden_size / heads.max(1)),
+            rope_theta: rope_theta.unwrap_or(10_000.0) as f32,
+            rms_eps: self.rms_norm_eps.unwrap_or(1e-6) as f32,
+            context: self.max_position_embeddings.unwrap_or(32_768),
+        })
+    }
+}
+
+/// Reads every `*.safetensors` file of a directory, widened to f32.
+fn read_safetensors(dir: &Path) -> Result<(StSource, Vec<PathBuf>, String), BackendError> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| io_err(dir, e))?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
         .collect();
     files.sort();
-    if files.is_empty() {
+    let Some(first) = files.first().cloned() else {
         return Err(BackendError::MissingFile {
             path: dir.join("model.safetensors"),
             hint: "the model directory has no *.safetensors file".into(),
         });
-    }
+    };
     let mut tensors = HashMap::new();
     let mut dtypes = std::collections::BTreeSet::new();
     for f in &files {
@@ -683,20 +698,32 @@ fn load_safetensors_dir(dir: &Path, spec: &str) -> Result<Loaded, BackendError> 
             tensors.insert(name, (view.shape().to_vec(), data));
         }
     }
+    let format = format!("safetensors ({})", Vec::from_iter(dtypes).join(", "));
     let src = StSource {
-        path: files[0].clone(),
+        path: first,
         tensors: std::cell::RefCell::new(tensors),
     };
-    let names = Names { gguf: false };
-    let mut model = build_model(&src, &names, cfg)?;
-    if tied {
-        model.lm_head = None;
-    } else if model.lm_head.is_none() {
-        return Err(corrupt(
-            &files[0],
-            "lm_head.weight missing and tie_word_embeddings is false",
-        ));
+    Ok((src, files, format))
+}
+
+fn load_safetensors_dir<D: Device>(
+    dir: &Path,
+    spec: &str,
+    device: D,
+) -> Result<Loaded<D>, BackendError> {
+    let config_path = dir.join("config.json");
+    if !config_path.is_file() {
+        return Err(BackendError::MissingFile {
+            path: config_path,
+            hint: "a model directory needs config.json, tokenizer.json and *.safetensors".into(),
+        });
     }
+    let hf: HfConfig = read_json(&config_path)?;
+    let cfg = hf.config(&config_path)?;
+    validate(&cfg, &config_path)?;
+    let (src, files, format) = read_safetensors(dir)?;
+    let names = Names { gguf: false };
+    let model = build_model(device, &src, &names, cfg, Some(hf.tie_word_embeddings))?;
 
     let tok_path = dir.join("tokenizer.json");
     if !tok_path.is_file() {
@@ -707,7 +734,6 @@ fn load_safetensors_dir(dir: &Path, spec: &str) -> Result<Loaded, BackendError> 
     }
     let tokenizer = Tokenizer::from_file(&tok_path)
         .map_err(|e| BackendError::Tokenizer(format!("{}: {e}", tok_path.display())))?;
-    let chat_template = dir_chat_template(dir)?;
     let name = if Path::new(spec).is_dir() {
         dir.file_name()
             .map(|n| n.to_string_lossy().into_owned())
@@ -718,16 +744,35 @@ fn load_safetensors_dir(dir: &Path, spec: &str) -> Result<Loaded, BackendError> 
     Ok(Loaded {
         model,
         tokenizer,
-        chat_template,
+        chat_template: dir_chat_template(dir)?,
         name,
-        format: format!(
-            "safetensors ({})",
-            dtypes.into_iter().collect::<Vec<_>>().join(", ")
-        ),
+        format,
         files,
     })
 }
 
+/// The chat template of `tokenizer_config.json`: one string, or a list of
+/// named templates.
+#[derive(Deserialize)]
+struct TokenizerConfig {
+    chat_template: Option<ChatTemplates>,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum ChatTemplates {
+    One(String),
+    Named(Vec<NamedTemplate>),
+}
+
+#[derive(Deserialize)]
+struct NamedTemplate {
+    name: Option<String>,
+    template: String,
+}
+
+/// The template in `chat_template.jinja`, else the one `tokenizer_config.json`
+/// names `default` (or its first).
 fn dir_chat_template(dir: &Path) -> Result<String, BackendError> {
     let jinja = dir.join("chat_template.jinja");
     if jinja.is_file() {
@@ -740,35 +785,17 @@ fn dir_chat_template(dir: &Path) -> Result<String, BackendError> {
             hint: "the model directory needs tokenizer_config.json with a chat_template".into(),
         });
     }
-    let j: serde_json::Value = serde_json::from_str(&read_to_string(&tc)?)
-        .map_err(|e| corrupt(&tc, format!("invalid JSON: {e}")))?;
-    match j.get("chat_template") {
-        Some(serde_json::Value::String(s)) => Ok(s.clone()),
-        Some(serde_json::Value::Array(list)) => list
-            .iter()
-            .find(|t| t.get("name").and_then(|n| n.as_str()) == Some("default"))
-            .or_else(|| list.first())
-            .and_then(|t| t.get("template").and_then(|s| s.as_str()))
-            .map(str::to_string)
-            .ok_or_else(|| corrupt(&tc, "chat_template list has no template")),
-        _ => Err(corrupt(&tc, "no chat_template")),
+    match read_json::<TokenizerConfig>(&tc)?.chat_template {
+        Some(ChatTemplates::One(s)) => Ok(s),
+        Some(ChatTemplates::Named(list)) => {
+            let default = list
+                .iter()
+                .position(|t| t.name.as_deref() == Some("default"));
+            list.into_iter()
+                .nth(default.unwrap_or(0))
+                .map(|t| t.template)
+                .ok_or_else(|| corrupt(&tc, "chat_template list has no template"))
+        }
+        None => Err(corrupt(&tc, "no chat_template")),
     }
-}
-
-/// Whether a GGUF type name is one this engine multiplies natively.
-pub fn supported_ggml(dtype: GgmlDType) -> bool {
-    matches!(
-        dtype,
-        GgmlDType::F32
-            | GgmlDType::F16
-            | GgmlDType::BF16
-            | GgmlDType::Q4_0
-            | GgmlDType::Q4_1
-            | GgmlDType::Q5_0
-            | GgmlDType::Q5_1
-            | GgmlDType::Q8_0
-            | GgmlDType::Q4K
-            | GgmlDType::Q5K
-            | GgmlDType::Q6K
-    )
 }

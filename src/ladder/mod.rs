@@ -1,21 +1,19 @@
-//! The paper's testbed: domains, episodes, task state, receipts, arms and the scorer.
+//! The paper's testbed, laid out as its flow:
+//!
+//! - [`episode`]: domains (data files), the generator, held-out phrasings;
+//! - [`arms`]: what the agent reads and which gate applies, arm by arm;
+//! - [`parts`]: the agent, matcher and compiler (scripted, oracle or model);
+//! - [`run`]: the episode runner, cells, run logs and replays;
+//! - [`score`]: ground-truth labels, the six error channels, compile accuracy.
+//!
+//! [`prompts`] holds every string the experiment sends, [`state`] the task
+//! state machine, [`receipt`] the extraction of bookings from replies.
 
-pub mod agent;
-pub mod arm;
-pub mod cell;
-pub mod corrupt;
-pub mod decline;
-pub mod domain;
+pub mod arms;
 pub mod episode;
-pub mod generator;
-pub mod live;
-pub mod module;
-pub mod paraphrase;
-pub mod pools;
-pub mod protocol;
+pub mod parts;
+pub mod prompts;
 pub mod receipt;
-pub mod replay;
-pub mod runlog;
-pub mod runner;
-pub mod scorer;
+pub mod run;
+pub mod score;
 pub mod state;

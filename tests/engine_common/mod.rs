@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use statebench::backend::{Backend, ChatReply, ChatRequest, Message, Role, SessionId};
-use statebench::engine::model::{BatchItem, KvCache};
+use statebench::engine::kv_cache::KvCache;
+use statebench::engine::model::BatchItem;
 use statebench::engine::{Engine, EngineOptions, DEFAULT_MODEL};
 
 /// The repository root.
@@ -12,8 +13,9 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The default GGUF, fetched with `models/fetch.sh` when missing; `None`
-/// (with the reason printed) when it is absent and cannot be fetched.
+/// The default GGUF, fetched with `models/fetch.sh` when missing. When it
+/// is absent and cannot be fetched: in CI (`CI` or `STATEBENCH_REQUIRE_MODEL`
+/// set) the test fails; elsewhere it is skipped visibly and this is `None`.
 pub fn default_model() -> Option<PathBuf> {
     let path = root().join(DEFAULT_MODEL);
     if path.is_file() {
@@ -25,11 +27,26 @@ pub fn default_model() -> Option<PathBuf> {
     if path.is_file() {
         return Some(path);
     }
-    eprintln!(
-        "SKIP: default model {} is absent and could not be fetched ({status:?})",
+    let why = format!(
+        "the default model {} is absent and could not be fetched ({status:?})",
         path.display()
     );
+    if ["CI", "STATEBENCH_REQUIRE_MODEL"]
+        .iter()
+        .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
+    {
+        panic!("{why}; CI fetches it with models/fetch.sh before the tests");
+    }
+    skip(&why);
     None
+}
+
+/// Reports a skipped test on the terminal: written to stderr directly, so
+/// the test harness does not swallow it as it does a passing test's output.
+pub fn skip(why: &str) {
+    use std::io::Write;
+    let name = std::thread::current().name().unwrap_or("test").to_string();
+    let _ = writeln!(std::io::stderr(), "SKIPPED {name}: {why}");
 }
 
 /// Loads an engine with two threads.

@@ -6,8 +6,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::episode::StepId;
-use super::module::Module;
+use super::gate::Module;
+use crate::ladder::episode::StepId;
 use crate::rng::Rng;
 
 /// One injected corruption.
@@ -18,7 +18,6 @@ pub enum Corruption {
     FlipDone {
         /// Turn index.
         turn: usize,
-        /// Step.
         step: StepId,
         /// The bit after the flip.
         now_done: bool,
@@ -84,7 +83,7 @@ impl Corruptor {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ladder::module::CompiledGraph;
+    use crate::ladder::arms::gate::CompiledGraph;
 
     #[test]
     fn rate_zero_changes_nothing_and_rate_one_flips_everything() {

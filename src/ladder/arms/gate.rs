@@ -1,16 +1,14 @@
-//! The compiled state machine the gates share (paper §3.2): the compiled
-//! graph and revision, the module's own task state advanced only on the
-//! receipts it admits, and the ground-truth-free validator (D.3).
-//!
-//! The matcher and the compiler are traits. Their oracle implementations
-//! read the generator (the scripted step; the generator's graph); the
-//! model-backed ones send the B.1 prompts to the agent model.
+//! The gate module the directive and enforcement arms share (paper §3.2):
+//! the compiled graph and revision, the module's own task state advanced
+//! only on the receipts it admits, its directives and verdicts, and the
+//! ground-truth-free validator (D.3).
 
 use serde::{Deserialize, Serialize};
 
-use super::episode::{Episode, StepId, Turn};
-use super::protocol as p;
-use super::state::{Status, TaskState};
+use crate::ladder::episode::StepId;
+use crate::ladder::parts::Match;
+use crate::ladder::prompts as p;
+use crate::ladder::state::{Status, TaskState};
 
 /// The compiled plan: per step its prerequisites and completion code.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -32,101 +30,12 @@ pub struct CompiledRevision {
     pub relax: Option<(StepId, StepId)>,
 }
 
-/// What a compile call produced, with its cost.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CallCost {
-    /// Model calls made (0 for oracles).
-    pub calls: u32,
-    /// Prompt tokens.
-    pub prompt_tokens: u64,
-    /// Completion tokens.
-    pub completion_tokens: u64,
-    /// Error text when the reply could not be used.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub error: Option<String>,
-}
-
-/// Compiles the brief and the revision message into module state.
-pub trait Compiler {
-    /// Identity written to the run manifest.
-    fn name(&self) -> String;
-    /// Compiles the plan from the brief.
-    fn compile_graph(&mut self, ep: &Episode) -> (CompiledGraph, CallCost);
-    /// Compiles the revision message.
-    fn compile_revision(&mut self, ep: &Episode) -> (CompiledRevision, CallCost);
-}
-
-/// The matcher's resolution of one user message.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct Match {
-    /// The step the message asks for or about.
-    pub step: Option<StepId>,
-    /// Whether the user explicitly authorizes re-execution.
-    pub explicit_redo: bool,
-    /// Cost of the call(s).
-    #[serde(default)]
-    pub cost: CallCost,
-}
-
-/// Resolves a user message to a step (paper §3.2, B.1).
-pub trait Matcher {
-    /// Identity written to the run manifest.
-    fn name(&self) -> String;
-    /// Resolves one turn's user message.
-    fn resolve(&mut self, ep: &Episode, turn: &Turn) -> Match;
-}
-
-/// Oracle compiler: the generator's graph and revision.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct OracleCompiler;
-
-impl Compiler for OracleCompiler {
-    fn name(&self) -> String {
-        "oracle".into()
-    }
-    fn compile_graph(&mut self, ep: &Episode) -> (CompiledGraph, CallCost) {
-        let g = CompiledGraph {
-            requires: ep.steps.iter().map(|s| s.requires.clone()).collect(),
-            codes: ep.steps.iter().map(|s| s.code.clone()).collect(),
-        };
-        (g, CallCost::default())
-    }
-    fn compile_revision(&mut self, ep: &Episode) -> (CompiledRevision, CallCost) {
-        let r = CompiledRevision {
-            cancel: Some(ep.revision.cancel),
-            rewires: ep.revision.rewires.clone(),
-            relax: ep.revision.relax,
-        };
-        (r, CallCost::default())
-    }
-}
-
-/// Oracle matcher: the scripted step and redo flag.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct OracleMatcher;
-
-impl Matcher for OracleMatcher {
-    fn name(&self) -> String {
-        "oracle".into()
-    }
-    fn resolve(&mut self, _ep: &Episode, turn: &Turn) -> Match {
-        Match {
-            step: turn.step,
-            explicit_redo: turn.explicit_redo,
-            cost: CallCost::default(),
-        }
-    }
-}
-
 /// A defect the ground-truth-free validator finds (D.3).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "defect", rename_all = "snake_case")]
 pub enum Defect {
     /// A step has no completion code, so it can never be booked.
-    EmptyCode {
-        /// The step.
-        step: StepId,
-    },
+    EmptyCode { step: StepId },
     /// The cancelled step is still some step's prerequisite after the revision.
     CancelledPrerequisite {
         /// The cancelled step.
@@ -159,7 +68,6 @@ pub enum DirectiveKind {
 pub struct Directive {
     /// The step directed.
     pub step: StepId,
-    /// Its kind.
     pub kind: DirectiveKind,
     /// The B.1 text.
     pub text: String,
@@ -182,25 +90,13 @@ pub enum Refusal {
     /// The code or tool names no step of the compiled plan.
     Unknown,
     /// The step is cancelled.
-    Cancelled {
-        /// The step.
-        step: StepId,
-    },
+    Cancelled { step: StepId },
     /// The step is done and no redo is authorized.
-    Done {
-        /// The step.
-        step: StepId,
-    },
+    Done { step: StepId },
     /// The step is blocked.
-    Blocked {
-        /// The step.
-        step: StepId,
-    },
+    Blocked { step: StepId },
     /// Request-bound: the request resolved to another step (or none).
-    NotRequested {
-        /// The step.
-        step: StepId,
-    },
+    NotRequested { step: StepId },
 }
 
 impl Refusal {
@@ -346,56 +242,4 @@ impl Module {
         }
         out
     }
-}
-
-/// Compile accuracy of one episode against the generator (paper Table 5).
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct CompileAccuracy {
-    /// Steps whose dependency set matches exactly.
-    pub deps_correct: u32,
-    /// Steps whose code matches.
-    pub codes_correct: u32,
-    /// Number of steps.
-    pub steps: u32,
-    /// Cancelled step correct.
-    pub cancel_correct: bool,
-    /// Rewires correct (same set of steps, same lists).
-    pub rewire_correct: bool,
-    /// Relax correct.
-    pub relax_correct: bool,
-}
-
-/// Scores a compiled graph and revision against the generator's.
-pub fn compile_accuracy(ep: &Episode, g: &CompiledGraph, r: &CompiledRevision) -> CompileAccuracy {
-    let sorted = |v: &[StepId]| {
-        let mut v = v.to_vec();
-        v.sort();
-        v.dedup();
-        v
-    };
-    let mut acc = CompileAccuracy {
-        steps: ep.steps.len() as u32,
-        ..Default::default()
-    };
-    for s in &ep.steps {
-        let i = s.id.index();
-        if g.requires.get(i).map(|d| sorted(d)) == Some(sorted(&s.requires)) {
-            acc.deps_correct += 1;
-        }
-        if g.codes
-            .get(i)
-            .is_some_and(|c| c.eq_ignore_ascii_case(&s.code))
-        {
-            acc.codes_correct += 1;
-        }
-    }
-    acc.cancel_correct = r.cancel == Some(ep.revision.cancel);
-    let norm = |rw: &[(StepId, Vec<StepId>)]| {
-        let mut v: Vec<(StepId, Vec<StepId>)> = rw.iter().map(|(w, p)| (*w, sorted(p))).collect();
-        v.sort();
-        v
-    };
-    acc.rewire_correct = norm(&r.rewires) == norm(&ep.revision.rewires);
-    acc.relax_correct = r.relax == ep.revision.relax;
-    acc
 }

@@ -1,48 +1,166 @@
 //! The arms: protocol layers between the scripted user and the agent (paper
-//! §3.3, E.2). An arm decides what the agent reads (transcript, checklist,
-//! directive, ledger) and, for the enforcement gate, which bookings enter the
-//! execution channel. It never calls a model: the runner calls the matcher
-//! and the compiler and hands their results in, so model-backed ones slot in
-//! without touching this file.
+//! §3.3, E.2). An arm is a composition of the paper's independent choices,
+//! written down as an [`ArmSpec`]: what the agent reads, where a directive
+//! goes, which gate applies and when a refusal arrives. It never calls a
+//! model: the runner calls the matcher and the compiler and hands their
+//! results in.
+
+pub mod corrupt;
+pub mod decline;
+pub mod gate;
 
 use serde::{Deserialize, Serialize};
 
-use super::agent::{Message, Role};
-use super::corrupt::Corruptor;
-use super::decline;
-use super::episode::{Episode, StepId, Turn};
-use super::module::{
-    CompiledGraph, CompiledRevision, Defect, Directive, Match, Module, Policy, Refusal,
-};
-use super::protocol as p;
-use super::receipt::{self, RefLine};
-use super::state::{Status, TaskState};
+use crate::backend::{Message, Role};
+use crate::ladder::episode::{Episode, StepId, Turn};
+use crate::ladder::parts::Match;
+use crate::ladder::prompts as p;
+use crate::ladder::receipt::{self, RefLine};
+use crate::ladder::state::{Status, TaskState};
+use corrupt::Corruptor;
+use gate::{CompiledGraph, CompiledRevision, Defect, Directive, Module, Policy, Refusal};
 
-/// One arm of the ladder (or one of its controls).
+/// What the agent reads besides the brief and the transcript.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reads {
+    /// The raw transcript only.
+    Transcript,
+    /// The oracle state's checklist appended to the user turn; `kept`: later
+    /// turns re-read it (otherwise only the current turn shows it, E.2).
+    Checklist { kept: bool },
+    /// The agent's own LEDGER lines rendered back, kept in history (§3.3).
+    Ledger,
+}
+
+/// Where the directive for the matched step goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DirectiveAt {
+    /// Appended to the user turn, and kept there.
+    UserTurn,
+    /// In the system prompt of that call only (E.2).
+    System,
+    /// A line naming the matched step, no instruction, no module (E.2).
+    StepLine,
+}
+
+/// Which bookings the gate refuses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Gate {
+    None,
+    /// Cancelled, done-without-authorization and blocked steps.
+    StateBound,
+    /// Also any step the request did not resolve to (§3.3, G).
+    RequestBound,
+    /// State-bound where the validator passes, directive-only where it flags (D.3).
+    ValidatorGated,
+}
+
+/// When a refused booking's rejection notice reaches the agent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Notice {
+    /// Prepended to the next user turn.
+    NextTurn,
+    /// At once, as a re-prompt whose reply is the one the user sees (D.3).
+    SameTurn,
+}
+
+/// One arm as the composition of the paper's choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArmSpec {
+    pub reads: Reads,
+    /// None: no matcher runs.
+    pub directive: Option<DirectiveAt>,
+    pub gate: Gate,
+    pub notice: Notice,
+}
+
+impl ArmSpec {
+    const BASE: ArmSpec = ArmSpec {
+        reads: Reads::Transcript,
+        directive: None,
+        gate: Gate::None,
+        notice: Notice::NextTurn,
+    };
+    pub const RAW: ArmSpec = ArmSpec::BASE;
+    pub const CHECKLIST: ArmSpec = ArmSpec {
+        reads: Reads::Checklist { kept: true },
+        ..ArmSpec::BASE
+    };
+    pub const CHECKLIST_REPLACE: ArmSpec = ArmSpec {
+        reads: Reads::Checklist { kept: false },
+        ..ArmSpec::BASE
+    };
+    pub const DIRECTIVE: ArmSpec = ArmSpec {
+        directive: Some(DirectiveAt::UserTurn),
+        ..ArmSpec::BASE
+    };
+    pub const DIRECTIVE_SYSTEM: ArmSpec = ArmSpec {
+        directive: Some(DirectiveAt::System),
+        ..ArmSpec::BASE
+    };
+    pub const DIRECTIVE_STEP: ArmSpec = ArmSpec {
+        reads: Reads::Checklist { kept: false },
+        directive: Some(DirectiveAt::StepLine),
+        ..ArmSpec::BASE
+    };
+    pub const ENFORCE: ArmSpec = ArmSpec {
+        gate: Gate::StateBound,
+        ..ArmSpec::DIRECTIVE
+    };
+    pub const ENFORCE_REQUEST: ArmSpec = ArmSpec {
+        gate: Gate::RequestBound,
+        ..ArmSpec::DIRECTIVE
+    };
+    pub const ENFORCE_SAME_TURN: ArmSpec = ArmSpec {
+        notice: Notice::SameTurn,
+        ..ArmSpec::ENFORCE
+    };
+    pub const LEDGER: ArmSpec = ArmSpec {
+        reads: Reads::Ledger,
+        ..ArmSpec::BASE
+    };
+    pub const HYBRID: ArmSpec = ArmSpec {
+        gate: Gate::ValidatorGated,
+        ..ArmSpec::DIRECTIVE
+    };
+
+    /// Whether the matcher runs each turn.
+    pub fn uses_matcher(&self) -> bool {
+        self.directive.is_some()
+    }
+
+    /// Whether the arm owns a compiled gate module.
+    pub fn uses_module(&self) -> bool {
+        matches!(
+            self.directive,
+            Some(DirectiveAt::UserTurn | DirectiveAt::System)
+        )
+    }
+
+    /// The enforcement policy, for gated arms.
+    pub fn policy(&self) -> Option<Policy> {
+        match self.gate {
+            Gate::None => None,
+            Gate::StateBound | Gate::ValidatorGated => Some(Policy::StateBound),
+            Gate::RequestBound => Some(Policy::RequestBound),
+        }
+    }
+}
+
+/// One arm of the ladder (or one of its controls), by name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Arm {
-    /// Raw transcript: the brief and the growing conversation.
     Raw,
-    /// Text checklist of the oracle state appended to every user turn, kept in history.
     Checklist,
-    /// Replace mode: the checklist only on the current turn (E.2).
     ChecklistReplace,
-    /// Directive gate, directive in the user role.
     Directive,
-    /// Directive gate, directive in the system prompt for that call only (E.2).
     DirectiveSystem,
-    /// Replace-mode checklist plus a line naming the matched step, no instruction (E.2).
     DirectiveStep,
-    /// Enforcement gate, state-bound, rejection notice on the next turn.
     Enforce,
-    /// Enforcement gate, request-bound (§3.3, G).
     EnforceRequest,
-    /// Enforcement gate, state-bound, same-turn re-prompt with the notice (D.3).
     EnforceSameTurn,
-    /// Self-ledger: the agent's own LEDGER lines rendered back (§3.3).
     Ledger,
-    /// Validator-gated hybrid: enforce where the validator passes, direct where it flags (D.3).
     Hybrid,
 }
 
@@ -62,6 +180,9 @@ impl Arm {
         Arm::Hybrid,
     ];
 
+    /// The four rungs of the ladder.
+    pub const LADDER: [Arm; 4] = [Arm::Raw, Arm::Checklist, Arm::Directive, Arm::Enforce];
+
     /// The name used on the command line and in logs.
     pub fn name(self) -> &'static str {
         match self {
@@ -79,41 +200,36 @@ impl Arm {
         }
     }
 
+    /// What the arm is made of.
+    pub fn spec(self) -> ArmSpec {
+        match self {
+            Arm::Raw => ArmSpec::RAW,
+            Arm::Checklist => ArmSpec::CHECKLIST,
+            Arm::ChecklistReplace => ArmSpec::CHECKLIST_REPLACE,
+            Arm::Directive => ArmSpec::DIRECTIVE,
+            Arm::DirectiveSystem => ArmSpec::DIRECTIVE_SYSTEM,
+            Arm::DirectiveStep => ArmSpec::DIRECTIVE_STEP,
+            Arm::Enforce => ArmSpec::ENFORCE,
+            Arm::EnforceRequest => ArmSpec::ENFORCE_REQUEST,
+            Arm::EnforceSameTurn => ArmSpec::ENFORCE_SAME_TURN,
+            Arm::Ledger => ArmSpec::LEDGER,
+            Arm::Hybrid => ArmSpec::HYBRID,
+        }
+    }
+
     /// Whether the arm consults the matcher each turn.
     pub fn uses_matcher(self) -> bool {
-        matches!(
-            self,
-            Arm::Directive
-                | Arm::DirectiveSystem
-                | Arm::DirectiveStep
-                | Arm::Enforce
-                | Arm::EnforceRequest
-                | Arm::EnforceSameTurn
-                | Arm::Hybrid
-        )
+        self.spec().uses_matcher()
     }
 
     /// Whether the arm owns a compiled module.
     pub fn uses_module(self) -> bool {
-        self.uses_matcher() && self != Arm::DirectiveStep
-    }
-
-    /// The enforcement policy, for gated arms.
-    pub fn policy(self) -> Option<Policy> {
-        match self {
-            Arm::Enforce | Arm::EnforceSameTurn | Arm::Hybrid => Some(Policy::StateBound),
-            Arm::EnforceRequest => Some(Policy::RequestBound),
-            _ => None,
-        }
+        self.spec().uses_module()
     }
 
     /// Whether a refusal re-prompts the agent within the turn.
     pub fn same_turn_notice(self) -> bool {
-        self == Arm::EnforceSameTurn
-    }
-
-    fn checklist_kept(self) -> bool {
-        matches!(self, Arm::Checklist)
+        self.spec().notice == Notice::SameTurn
     }
 }
 
@@ -175,9 +291,9 @@ pub struct Booking {
 /// What one arm holds across the turns of an episode.
 #[derive(Debug, Clone)]
 pub struct ArmState {
-    /// The arm.
     pub arm: Arm,
-    /// The compiled module, for module arms.
+    spec: ArmSpec,
+    /// The compiled gate module, for module arms.
     pub module: Option<Module>,
     /// Past turns as the agent will re-read them.
     history: Vec<Message>,
@@ -209,13 +325,11 @@ pub struct TurnPrompt {
 impl ArmState {
     /// A fresh arm state; module arms take the compiled graph.
     pub fn new(arm: Arm, graph: Option<CompiledGraph>, corruptor: Option<Corruptor>) -> Self {
+        let spec = arm.spec();
         ArmState {
             arm,
-            module: if arm.uses_module() {
-                graph.map(Module::new)
-            } else {
-                None
-            },
+            spec,
+            module: graph.filter(|_| spec.uses_module()).map(Module::new),
             history: Vec::new(),
             ledger: Vec::new(),
             notices: Vec::new(),
@@ -238,14 +352,6 @@ impl ArmState {
             .unwrap_or_default()
     }
 
-    fn system_prompt(&self, ep: &Episode) -> String {
-        if self.arm == Arm::Ledger {
-            format!("{}\n{}", ep.brief, p::LEDGER_CLAUSE)
-        } else {
-            ep.brief.clone()
-        }
-    }
-
     fn render_ledger(&self) -> String {
         let mut lines = vec![p::LEDGER_HEADER.to_string()];
         if self.ledger.is_empty() {
@@ -266,74 +372,53 @@ impl ArmState {
         truth: &TaskState,
         matched: Option<&Match>,
     ) -> TurnPrompt {
-        let mut directive = None;
-        let mut gated = false;
-        if let Some(m) = &mut self.module {
-            m.authorize(matched);
-            if let (Some(c), Some(_)) = (&mut self.corruptor, turn.step) {
-                c.apply(m, turn.index);
-            }
-            directive = matched.and_then(|x| x.step).map(|v| m.directive(v));
-            gated = match self.arm {
-                Arm::Hybrid => m.validate().is_empty(),
-                a => a.policy().is_some(),
-            };
-        }
-        let base = turn.message.clone();
-        let with_notices = |text: String, notices: &mut Vec<String>| {
-            if notices.is_empty() {
-                text
-            } else {
-                let n = notices.join("\n");
-                notices.clear();
-                format!("{n}\n\n{text}")
-            }
-        };
-        let mut system_extra = None;
-        let (user, kept) = match self.arm {
-            Arm::Raw => (base.clone(), base),
-            Arm::Checklist | Arm::ChecklistReplace => {
+        let (directive, gated) = self.consult_module(turn, matched);
+        let base = &turn.message;
+        // What the agent reads on top of the request, and what history keeps.
+        let (mut user, mut kept) = match self.spec.reads {
+            Reads::Transcript => (base.clone(), base.clone()),
+            Reads::Checklist { kept } => {
                 let u = format!("{base}\n\n{}", render_checklist(truth));
-                let kept = if self.arm.checklist_kept() {
-                    u.clone()
-                } else {
-                    base
-                };
-                (u, kept)
+                let k = if kept { u.clone() } else { base.clone() };
+                (u, k)
             }
-            Arm::DirectiveStep => {
-                let mut u = format!("{base}\n\n{}", render_checklist(truth));
-                if let Some(v) = matched.and_then(|m| m.step) {
-                    u.push('\n');
-                    u.push_str(&p::matched_step_line(&v.to_string()));
-                }
-                (u, base)
-            }
-            Arm::Ledger => {
+            Reads::Ledger => {
                 let u = format!("{base}\n\n{}", self.render_ledger());
                 (u.clone(), u)
             }
-            Arm::DirectiveSystem => {
-                system_extra = directive.as_ref().map(|d| d.text.clone());
-                (base.clone(), base)
-            }
-            Arm::Directive
-            | Arm::Enforce
-            | Arm::EnforceRequest
-            | Arm::EnforceSameTurn
-            | Arm::Hybrid => {
-                let u = match &directive {
-                    Some(d) => format!("{base}\n\n{}", d.text),
-                    None => base,
-                };
-                let u = with_notices(u, &mut self.notices);
-                (u.clone(), u)
-            }
         };
-        let mut system = self.system_prompt(ep);
-        if let Some(x) = &system_extra {
-            system.push_str("\n\n");
-            system.push_str(x);
+        let mut system = ep.brief.clone();
+        if self.spec.reads == Reads::Ledger {
+            system = format!("{system}\n{}", p::LEDGER_CLAUSE);
+        }
+        let mut system_extra = None;
+        match self.spec.directive {
+            None => {}
+            Some(DirectiveAt::StepLine) => {
+                if let Some(v) = matched.and_then(|m| m.step) {
+                    user.push('\n');
+                    user.push_str(&p::matched_step_line(&v.to_string()));
+                }
+            }
+            Some(DirectiveAt::System) => {
+                if let Some(d) = &directive {
+                    system.push_str("\n\n");
+                    system.push_str(&d.text);
+                    system_extra = Some(d.text.clone());
+                }
+            }
+            // The directive and any rejection notice are part of the user
+            // turn, as later turns re-read it.
+            Some(DirectiveAt::UserTurn) => {
+                if let Some(d) = &directive {
+                    user = format!("{user}\n\n{}", d.text);
+                }
+                if !self.notices.is_empty() {
+                    user = format!("{}\n\n{user}", self.notices.join("\n"));
+                    self.notices.clear();
+                }
+                kept = user.clone();
+            }
         }
         let mut messages = Vec::with_capacity(self.history.len() + 2);
         messages.push(Message::new(Role::System, system));
@@ -347,6 +432,30 @@ impl ArmState {
             system_extra,
             gated,
         }
+    }
+
+    /// Sets the module's authorization for the turn (and lets the ablation
+    /// corrupt it); returns the directive for the matched step and whether
+    /// the gate is active.
+    fn consult_module(
+        &mut self,
+        turn: &Turn,
+        matched: Option<&Match>,
+    ) -> (Option<Directive>, bool) {
+        let Some(m) = &mut self.module else {
+            return (None, false);
+        };
+        m.authorize(matched);
+        if let (Some(c), Some(_)) = (&mut self.corruptor, turn.step) {
+            c.apply(m, turn.index);
+        }
+        let directive = matched.and_then(|x| x.step).map(|v| m.directive(v));
+        let gated = match self.spec.gate {
+            Gate::None => false,
+            Gate::ValidatorGated => m.validate().is_empty(),
+            Gate::StateBound | Gate::RequestBound => true,
+        };
+        (directive, gated)
     }
 
     /// Extracts and gates the bookings of one reply; returns them and the
@@ -381,7 +490,7 @@ impl ArmState {
                     } else {
                         step
                     };
-                    let policy = self.arm.policy().unwrap_or(Policy::StateBound);
+                    let policy = self.spec.policy().unwrap_or(Policy::StateBound);
                     let verdict = m.verdict(module_step, requested, policy);
                     match verdict {
                         Err(r) if prompt.gated => {
@@ -446,7 +555,7 @@ impl ArmState {
                 .push(Message::new(Role::Assistant, second.clone()));
         }
         self.notices.extend(next_turn);
-        if self.arm == Arm::Ledger {
+        if self.spec.reads == Reads::Ledger {
             for r in replies {
                 for l in receipt::extract_ledger(r) {
                     match self.ledger.iter_mut().find(|(c, _)| *c == l.code) {

@@ -29,10 +29,10 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::domain::{Domain, Template};
-use super::episode::*;
-use super::protocol as p;
-use super::state::{Status, TaskState};
+use super::domain::{Family, Template};
+use super::*;
+use crate::ladder::prompts as p;
+use crate::ladder::state::{Status, TaskState};
 use crate::rng::Rng;
 
 /// Why an episode could not be generated.
@@ -44,31 +44,30 @@ pub enum GenError {
     /// ρ outside [0, 1].
     #[error("density must be in [0, 1], got {0}")]
     Density(f64),
-    /// Ambiguous rate outside [0, 1].
     #[error("ambiguous rate must be in [0, 1], got {0}")]
     AmbiguousRate(f64),
-    /// Unknown paraphrase tier.
     #[error("paraphrase tier must be 0, 1 or 2, got {0}")]
     Tier(u8),
     /// Tier 2 without a cache.
     #[error("paraphrase tier 2 needs a rewrite cache (--paraphrase-cache FILE)")]
     NoCache,
     /// The cache lacks a rewrite the episode needs.
-    #[error("paraphrase cache has no {kind} rewrites for template '{slug}' (need 3)")]
-    CacheEntry {
-        /// Template slug.
-        slug: String,
-        /// ask, premature or redo.
-        kind: &'static str,
-    },
-    /// The cache file could not be read or parsed.
-    #[error("paraphrase cache {path}: {cause}")]
-    CacheFile {
-        /// File path.
+    #[error("paraphrase cache has no {family} rewrites for template '{slug}' (need 3)")]
+    CacheEntry { slug: String, family: Family },
+    #[error("paraphrase cache {path}")]
+    CacheRead {
         path: String,
-        /// What went wrong.
-        cause: String,
+        #[source]
+        source: std::io::Error,
     },
+    #[error("paraphrase cache {path}")]
+    CacheParse {
+        path: String,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("paraphrase cache {path}: version '{found}' is not '{CACHE_VERSION}'")]
+    CacheVersion { path: String, found: String },
 }
 
 /// Version tag of the tier-2 rewrite cache file.
@@ -94,47 +93,62 @@ pub struct ParaphraseCache {
 /// The three rewrite families of one template.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct Rewrites {
-    /// Rewrites of the asks.
     pub ask: Vec<String>,
-    /// Rewrites of the premature asks.
     pub premature: Vec<String>,
-    /// Rewrites of the redo probes.
     pub redo: Vec<String>,
+}
+
+impl Rewrites {
+    /// One family's rewrites.
+    pub fn family_mut(&mut self, f: Family) -> &mut Vec<String> {
+        match f {
+            Family::Ask => &mut self.ask,
+            Family::Premature => &mut self.premature,
+            Family::Redo => &mut self.redo,
+        }
+    }
+
+    fn family(&self, f: Family) -> &[String] {
+        match f {
+            Family::Ask => &self.ask,
+            Family::Premature => &self.premature,
+            Family::Redo => &self.redo,
+        }
+    }
 }
 
 impl ParaphraseCache {
     /// Reads and checks a cache file.
     pub fn load(path: &Path) -> Result<Self, GenError> {
-        let err = |cause: String| GenError::CacheFile {
-            path: path.display().to_string(),
-            cause,
-        };
-        let text = std::fs::read_to_string(path).map_err(|e| err(e.to_string()))?;
-        let cache: ParaphraseCache = serde_json::from_str(&text).map_err(|e| err(e.to_string()))?;
+        let path_s = || path.display().to_string();
+        let text = std::fs::read_to_string(path).map_err(|source| GenError::CacheRead {
+            path: path_s(),
+            source,
+        })?;
+        let cache: ParaphraseCache =
+            serde_json::from_str(&text).map_err(|source| GenError::CacheParse {
+                path: path_s(),
+                source,
+            })?;
         if cache.version != CACHE_VERSION {
-            return Err(err(format!(
-                "version '{}' is not '{CACHE_VERSION}'",
-                cache.version
-            )));
+            return Err(GenError::CacheVersion {
+                path: path_s(),
+                found: cache.version,
+            });
         }
         Ok(cache)
     }
 
-    fn get(&self, slug: &str, kind: &'static str, k: usize) -> Result<String, GenError> {
+    fn get(&self, slug: &str, family: Family, k: usize) -> Result<String, GenError> {
         let missing = || GenError::CacheEntry {
             slug: slug.to_string(),
-            kind,
+            family,
         };
         let r = self.templates.get(slug).ok_or_else(missing)?;
-        let v = match kind {
-            "ask" => &r.ask,
-            "premature" => &r.premature,
-            _ => &r.redo,
-        };
-        if v.len() < 3 {
-            return Err(missing());
+        match r.family(family) {
+            v if v.len() >= 3 => Ok(v[k].clone()),
+            _ => Err(missing()),
         }
-        Ok(v[k].clone())
     }
 }
 
@@ -182,7 +196,7 @@ pub fn generate(cfg: &EpisodeConfig, cache: Option<&ParaphraseCache>) -> Result<
         .collect();
     let brief = render_brief(cfg, &steps);
     let plan = plan_revision(cfg, &steps);
-    let mut sched = Scheduler::new(cfg, &templates, &steps, &plan, cache);
+    let mut sched = TurnPlanner::new(cfg, &templates, &steps, &plan, cache);
     let turns = sched.run()?;
     let revision = sched.revision;
     Ok(Episode {
@@ -313,7 +327,7 @@ fn plan_revision(cfg: &EpisodeConfig, steps: &[Step]) -> RevisionPlan {
 }
 
 /// The schedule simulation against the perfect agent.
-struct Scheduler<'a> {
+struct TurnPlanner<'a> {
     cfg: &'a EpisodeConfig,
     templates: &'a [&'static Template],
     steps: &'a [Step],
@@ -348,7 +362,7 @@ enum Event {
     Cue,
 }
 
-impl<'a> Scheduler<'a> {
+impl<'a> TurnPlanner<'a> {
     fn new(
         cfg: &'a EpisodeConfig,
         templates: &'a [&'static Template],
@@ -361,7 +375,7 @@ impl<'a> Scheduler<'a> {
             held.push(u);
         }
         let n = steps.len();
-        Scheduler {
+        TurnPlanner {
             cfg,
             templates,
             steps,
@@ -553,19 +567,13 @@ impl<'a> Scheduler<'a> {
     }
 
     /// Picks one of three wordings by paraphrase tier.
-    fn wording(&mut self, v: StepId, kind: &'static str) -> Result<String, GenError> {
+    fn wording(&mut self, v: StepId, family: Family) -> Result<String, GenError> {
         let k = self.para.below(3);
         let t = self.templates[v.index()];
-        let pick = |arr: &[&'static str; 3], k: usize| arr[k].to_string();
-        let family = match kind {
-            "ask" => &t.asks,
-            "premature" => &t.premature,
-            _ => &t.redo_probes,
-        };
         match self.cfg.paraphrase_tier {
-            0 => Ok(pick(family, k)),
-            1 => Ok(pick(family, (k + 1) % 3)),
-            _ => self.cache.ok_or(GenError::NoCache)?.get(t.slug, kind, k),
+            0 => Ok(t.family(family)[k].clone()),
+            1 => Ok(t.family(family)[(k + 1) % 3].clone()),
+            _ => self.cache.ok_or(GenError::NoCache)?.get(&t.slug, family, k),
         }
     }
 
@@ -576,23 +584,27 @@ impl<'a> Scheduler<'a> {
             Event::Ask => {
                 self.asked[v.index()] = true;
                 self.truth.execute(v);
-                (TurnKind::Ask, self.wording(v, "ask")?, false)
+                (TurnKind::Ask, self.wording(v, Family::Ask)?, false)
             }
             Event::ReAsk => {
                 self.deferred.retain(|x| *x != v);
                 self.truth.execute(v);
-                (TurnKind::ReAsk, self.wording(v, "ask")?, false)
+                (TurnKind::ReAsk, self.wording(v, Family::Ask)?, false)
             }
             Event::Premature => {
                 self.asked[v.index()] = true;
                 self.deferred.push(v);
                 self.premature_left -= 1;
-                (TurnKind::Premature, self.wording(v, "premature")?, false)
+                (
+                    TurnKind::Premature,
+                    self.wording(v, Family::Premature)?,
+                    false,
+                )
             }
             Event::Redo => {
                 self.probed.push(v);
                 self.redo_left -= 1;
-                (TurnKind::RedoProbe, self.wording(v, "redo")?, false)
+                (TurnKind::RedoProbe, self.wording(v, Family::Redo)?, false)
             }
             Event::Legit => {
                 self.legit_target = Some(v);
@@ -740,20 +752,6 @@ pub fn initial_state(ep: &Episode) -> TaskState {
     TaskState::new(ep.steps.iter().map(|s| s.requires.clone()).collect())
 }
 
-/// Convenience for tests and the CLI: a config with the paper's defaults.
-pub fn config(domain: Domain, steps: usize, density: f64, seed: u64) -> EpisodeConfig {
-    EpisodeConfig {
-        domain,
-        steps,
-        density,
-        seed,
-        brief: BriefVariant::Amended,
-        protocol: Protocol::Text,
-        paraphrase_tier: 0,
-        ambiguous_rate: 0.0,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -764,11 +762,11 @@ mod tests {
 
     #[test]
     fn same_inputs_same_bytes() {
-        let c = config(Domain::Release, 12, 0.3, 4242);
+        let c = EpisodeConfig::paper(Domain::Release, 12, 0.3, 4242);
         let a = serde_json::to_string(&generate(&c, None).unwrap()).unwrap();
         let b = serde_json::to_string(&generate(&c, None).unwrap()).unwrap();
         assert_eq!(a, b);
-        let other = config(Domain::Release, 12, 0.3, 4243);
+        let other = EpisodeConfig::paper(Domain::Release, 12, 0.3, 4243);
         assert_ne!(
             a,
             serde_json::to_string(&generate(&other, None).unwrap()).unwrap()
@@ -783,7 +781,8 @@ mod tests {
             for s in [1, 2, 3, 5, 10, 15, 18] {
                 for density in [0.0, 0.15, 0.3, 1.0] {
                     for seed in 100..130 {
-                        let ep = generate(&config(domain, s, density, seed), None).unwrap();
+                        let ep = generate(&EpisodeConfig::paper(domain, s, density, seed), None)
+                            .unwrap();
                         total += 1;
                         assert_eq!(ep.turns.len(), TURNS);
                         assert_eq!(count(&ep, TurnKind::Revision), 1);
@@ -835,7 +834,7 @@ mod tests {
 
     #[test]
     fn bad_inputs_are_refused() {
-        let mut c = config(Domain::Procurement, 0, 0.15, 1);
+        let mut c = EpisodeConfig::paper(Domain::Procurement, 0, 0.15, 1);
         assert!(matches!(generate(&c, None), Err(GenError::Steps(0))));
         c.steps = 19;
         assert!(matches!(generate(&c, None), Err(GenError::Steps(19))));
@@ -849,7 +848,7 @@ mod tests {
 
     #[test]
     fn tiers_change_wording_not_structure() {
-        let mut c = config(Domain::Procurement, 10, 0.15, 100);
+        let mut c = EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 100);
         let a = generate(&c, None).unwrap();
         c.paraphrase_tier = 1;
         let b = generate(&c, None).unwrap();
@@ -868,7 +867,7 @@ mod tests {
 
     #[test]
     fn ambiguous_probes_name_two_eligible_steps() {
-        let mut c = config(Domain::Procurement, 10, 0.15, 100);
+        let mut c = EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 100);
         c.ambiguous_rate = 0.5;
         let ep = generate(&c, None).unwrap();
         let amb: Vec<&Turn> = ep

@@ -1,12 +1,18 @@
 //! Episodes: the brief, the step graph and the 44-turn scripted schedule (paper §4.1).
 //!
-//! An episode is a pure function of its [`EpisodeConfig`]; the generator lives in
-//! [`super::generator`]. This file holds the data an episode carries.
+//! An episode is a pure function of its [`EpisodeConfig`]: [`domain`] holds
+//! the template pools, [`generator`] draws the graph and plans the turns,
+//! [`paraphrase`] writes the held-out rewrites tier 2 reads. This file holds
+//! the data an episode carries.
+
+pub mod domain;
+pub mod generator;
+pub mod paraphrase;
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-use super::domain::Domain;
+use domain::Domain;
 
 /// Version tag written into every serialized episode; a file with another tag is refused.
 pub const EPISODE_VERSION: &str = "statebench-episode/1";
@@ -53,7 +59,7 @@ impl<'de> Deserialize<'de> for StepId {
 }
 
 /// Which brief the agent receives (§4.3, Appendix B.1).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum BriefVariant {
     /// The brief without the one-shot sentence.
@@ -63,7 +69,7 @@ pub enum BriefVariant {
 }
 
 /// How the agent books work.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Protocol {
     /// `ref <code>/<work order>` lines (the payload testbed).
@@ -91,6 +97,23 @@ pub struct EpisodeConfig {
     pub paraphrase_tier: u8,
     /// Rate at which filler slots become ambiguous probes, in [0, 1].
     pub ambiguous_rate: f64,
+}
+
+impl EpisodeConfig {
+    /// The paper's main grid at (domain, S, ρ, seed): amended brief, text
+    /// protocol, assigned wordings, no ambiguous probes.
+    pub fn paper(domain: Domain, steps: usize, density: f64, seed: u64) -> Self {
+        EpisodeConfig {
+            domain,
+            steps,
+            density,
+            seed,
+            brief: BriefVariant::Amended,
+            protocol: Protocol::Text,
+            paraphrase_tier: 0,
+            ambiguous_rate: 0.0,
+        }
+    }
 }
 
 /// One step of the plan.
@@ -204,7 +227,6 @@ pub struct Episode {
     pub steps: Vec<Step>,
     /// The brief (system prompt of every arm).
     pub brief: String,
-    /// The revision.
     pub revision: Revision,
     /// The 44 turns.
     pub turns: Vec<Turn>,

@@ -10,12 +10,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use super::agent::{Message, Role};
-use super::domain::{Domain, Template};
+use super::domain::{Domain, Family, Template};
 use super::generator::{ParaphraseCache, Rewrites, CACHE_VERSION};
-use super::protocol as p;
-use crate::backend::served::Client;
-use crate::backend::ChatRequest;
+use crate::backend::shared::Client;
+use crate::backend::{BackendError, ChatRequest, Message, Role};
+use crate::ladder::prompts as p;
 
 /// Rewriter settings.
 #[derive(Debug, Clone, Copy)]
@@ -25,19 +24,36 @@ pub struct RewriteOptions {
     /// Base seed.
     pub seed: u64,
     /// Requests in flight at once.
-    pub live: usize,
+    pub concurrency: usize,
 }
 
-const FAMILIES: [&str; 3] = ["ask", "premature", "redo"];
 /// Small models often echo the original; each attempt draws a new sample.
 const ATTEMPTS: u64 = 12;
 
-fn family(t: &Template, f: &str) -> [&'static str; 3] {
-    match f {
-        "ask" => t.asks,
-        "premature" => t.premature,
-        _ => t.redo_probes,
-    }
+/// Why one family of one template got no rewrites.
+#[derive(Debug, thiserror::Error)]
+pub enum FamilyError {
+    #[error("{slug} {family}")]
+    Backend {
+        slug: String,
+        family: Family,
+        #[source]
+        source: BackendError,
+    },
+    #[error("{slug} {family} #{k}: no usable distinct rewrite in {ATTEMPTS} attempts")]
+    NoRewrite {
+        slug: String,
+        family: Family,
+        k: usize,
+    },
+}
+
+/// The families that failed; every failure is reported, not just the first.
+#[derive(Debug, thiserror::Error)]
+#[error("{} of {total} families failed: {}", .failures.len(), .failures.iter().map(|e| crate::one_line(e)).collect::<Vec<_>>().join("; "))]
+pub struct RewriteError {
+    pub failures: Vec<FamilyError>,
+    pub total: usize,
 }
 
 /// Cleans a model reply into a single request line, or None if unusable.
@@ -54,20 +70,20 @@ pub fn clean(reply: &str) -> Option<String> {
     ok.then(|| line.to_string())
 }
 
-/// Writes the rewrites of every template of `domains` through the served model.
+/// Writes the rewrites of every template of `domains` through the shared model.
 pub fn rewrite(
     client: &Client,
     model_name: &str,
     domains: &[Domain],
     opts: RewriteOptions,
-) -> Result<ParaphraseCache, String> {
-    let jobs: Vec<(&Template, &str)> = domains
+) -> Result<ParaphraseCache, RewriteError> {
+    let jobs: Vec<(&Template, Family)> = domains
         .iter()
         .flat_map(|d| d.templates().iter())
-        .flat_map(|t| FAMILIES.iter().map(move |f| (t, *f)))
+        .flat_map(|t| Family::ALL.map(|f| (t, f)))
         .collect();
     let out: Mutex<BTreeMap<String, Rewrites>> = Mutex::new(BTreeMap::new());
-    let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let errors: Mutex<Vec<FamilyError>> = Mutex::new(Vec::new());
     let next = AtomicUsize::new(0);
     let work = || loop {
         let i = next.fetch_add(1, Ordering::SeqCst);
@@ -75,29 +91,22 @@ pub fn rewrite(
         match rewrite_family(client, t, f, opts, i as u64) {
             Ok(v) => {
                 let mut m = out.lock().expect("rewrites lock");
-                let r = m.entry(t.slug.to_string()).or_default();
-                match f {
-                    "ask" => r.ask = v,
-                    "premature" => r.premature = v,
-                    _ => r.redo = v,
-                }
+                *m.entry(t.slug.clone()).or_default().family_mut(f) = v;
             }
             Err(e) => errors.lock().expect("errors lock").push(e),
         }
     };
     std::thread::scope(|s| {
-        for _ in 0..opts.live.max(1).min(jobs.len()) {
+        for _ in 0..opts.concurrency.max(1).min(jobs.len()) {
             s.spawn(work);
         }
     });
-    let errors = errors.into_inner().expect("errors lock");
-    if !errors.is_empty() {
-        return Err(format!(
-            "{} of {} families failed: {}",
-            errors.len(),
-            jobs.len(),
-            errors.join("; ")
-        ));
+    let failures = errors.into_inner().expect("errors lock");
+    if !failures.is_empty() {
+        return Err(RewriteError {
+            failures,
+            total: jobs.len(),
+        });
     }
     Ok(ParaphraseCache {
         version: CACHE_VERSION.to_string(),
@@ -109,12 +118,17 @@ pub fn rewrite(
 fn rewrite_family(
     client: &Client,
     t: &Template,
-    f: &str,
+    f: Family,
     opts: RewriteOptions,
     job: u64,
-) -> Result<Vec<String>, String> {
-    let session = client.open().map_err(|e| e.to_string())?;
-    let originals = family(t, f);
+) -> Result<Vec<String>, FamilyError> {
+    let backend = |source| FamilyError::Backend {
+        slug: t.slug.clone(),
+        family: f,
+        source,
+    };
+    let session = client.open().map_err(backend)?;
+    let originals = t.family(f);
     let mut got: Vec<String> = Vec::new();
     for (k, wording) in originals.iter().enumerate() {
         let mut found = None;
@@ -122,7 +136,7 @@ fn rewrite_family(
             let req = ChatRequest {
                 messages: vec![Message::new(
                     Role::User,
-                    p::paraphrase_prompt(t.canonical, wording),
+                    p::paraphrase_prompt(&t.canonical, wording),
                 )],
                 max_tokens: 80,
                 stop: Vec::new(),
@@ -130,9 +144,7 @@ fn rewrite_family(
                 temperature: opts.temperature,
                 seed: opts.seed ^ (job << 16) ^ ((k as u64) << 8) ^ attempt,
             };
-            let reply = session
-                .chat(req)
-                .map_err(|e| format!("{} {f}: {e}", t.slug))?;
+            let reply = session.chat(req).map_err(backend)?;
             if let Some(c) = clean(&reply.content) {
                 let fresh = !got.iter().any(|g| g.eq_ignore_ascii_case(&c))
                     && !originals.iter().any(|o| o.eq_ignore_ascii_case(&c));
@@ -142,11 +154,10 @@ fn rewrite_family(
                 }
             }
         }
-        got.push(found.ok_or_else(|| {
-            format!(
-                "{} {f} #{k}: no usable distinct rewrite in {ATTEMPTS} attempts",
-                t.slug
-            )
+        got.push(found.ok_or_else(|| FamilyError::NoRewrite {
+            slug: t.slug.clone(),
+            family: f,
+            k,
         })?);
     }
     Ok(got)

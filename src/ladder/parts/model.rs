@@ -9,12 +9,12 @@
 
 use serde_json::Value;
 
-use super::agent::{Agent, Message, Oracle, Reply, Role, Usage};
-use super::episode::{Episode, StepId, Turn};
-use super::module::{CallCost, CompiledGraph, CompiledRevision, Compiler, Match, Matcher};
-use super::protocol as p;
-use crate::backend::served::{Client, ServedSession};
-use crate::backend::{BackendError, ChatReply, ChatRequest};
+use super::{Agent, CallCost, Compiler, Match, Matcher, Oracle, Reply};
+use crate::backend::shared::{Client, Conversation};
+use crate::backend::{BackendError, ChatReply, ChatRequest, Message, Role, Usage};
+use crate::ladder::arms::gate::{CompiledGraph, CompiledRevision};
+use crate::ladder::episode::{Episode, StepId, Turn};
+use crate::ladder::prompts as p;
 
 /// Token budgets of one regime.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -47,7 +47,7 @@ impl Budgets {
 /// One greedy call with the doubling and halving rules; returns the reply
 /// (or the error that ended it) and the summed usage of every attempt.
 fn call(
-    session: &ServedSession,
+    session: &Conversation,
     messages: Vec<Message>,
     budget: usize,
     b: &Budgets,
@@ -66,7 +66,7 @@ fn call(
         };
         match session.chat(req) {
             Ok(r) => {
-                usage.add(&r.usage);
+                usage += r.usage;
                 if thinking && r.content.trim().is_empty() && max < b.reply_ceiling {
                     max = (max * 2).min(b.reply_ceiling);
                     continue;
@@ -83,7 +83,7 @@ fn call(
 
 /// The agent under test: the arm's messages sent to the model.
 pub struct ModelAgent {
-    session: ServedSession,
+    session: Conversation,
     thinking: bool,
     budgets: Budgets,
     name: String,
@@ -123,7 +123,7 @@ impl Agent for ModelAgent {
             Err(e) => Reply {
                 text: String::new(),
                 usage,
-                error: Some(e.to_string()),
+                error: Some(crate::one_line(&e)),
             },
         }
     }
@@ -166,38 +166,56 @@ pub fn first_json_object(text: &str) -> Option<Value> {
     None
 }
 
-fn step_of(v: &Value, n: usize) -> Result<Option<StepId>, String> {
+/// Why a matcher or compiler reply could not be used. The text is logged
+/// (`attempt N: …` in the call's cost), so it stays as it reads here.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ParseError {
+    #[error("no JSON object in the reply")]
+    NoJson,
+    #[error("missing \"{0}\"")]
+    Missing(&'static str),
+    #[error("missing \"steps\" object")]
+    NoSteps,
+    #[error("'{0}' is not a step of this plan")]
+    NotAStep(String),
+    #[error("step must be a string or null, got {0}")]
+    StepType(Value),
+    #[error("explicit_redo must be true or false, got {0}")]
+    RedoType(Value),
+}
+
+fn step_of(v: &Value, n: usize) -> Result<Option<StepId>, ParseError> {
     match v {
         Value::Null => Ok(None),
         Value::String(s) if s.eq_ignore_ascii_case("null") || s.is_empty() => Ok(None),
         Value::String(s) => match StepId::parse(s) {
             Some(id) if id.index() < n => Ok(Some(id)),
-            _ => Err(format!("'{s}' is not a step of this plan")),
+            _ => Err(ParseError::NotAStep(s.clone())),
         },
-        other => Err(format!("step must be a string or null, got {other}")),
+        other => Err(ParseError::StepType(other.clone())),
     }
 }
 
 /// Parses the matcher's JSON: `{"step": "sX" or null, "explicit_redo": bool}`.
-pub fn parse_match(text: &str, n: usize) -> Result<(Option<StepId>, bool), String> {
-    let v = first_json_object(text).ok_or("no JSON object in the reply")?;
-    let step = step_of(v.get("step").ok_or("missing \"step\"")?, n)?;
+pub fn parse_match(text: &str, n: usize) -> Result<(Option<StepId>, bool), ParseError> {
+    let v = first_json_object(text).ok_or(ParseError::NoJson)?;
+    let step = step_of(v.get("step").ok_or(ParseError::Missing("step"))?, n)?;
     let redo = match v.get("explicit_redo") {
         Some(Value::Bool(b)) => *b,
-        Some(other) => return Err(format!("explicit_redo must be true or false, got {other}")),
-        None => return Err("missing \"explicit_redo\"".into()),
+        Some(other) => return Err(ParseError::RedoType(other.clone())),
+        None => return Err(ParseError::Missing("explicit_redo")),
     };
     Ok((step, redo))
 }
 
 /// Asks once, and once more with the correction if the reply does not parse.
 fn ask_json<T>(
-    session: &ServedSession,
+    session: &Conversation,
     prompt: String,
     budget: usize,
     b: &Budgets,
     thinking: bool,
-    parse: impl Fn(&str) -> Result<T, String>,
+    parse: impl Fn(&str) -> Result<T, ParseError>,
 ) -> (Option<T>, CallCost) {
     let mut cost = CallCost::default();
     let mut messages = vec![Message::new(Role::User, prompt)];
@@ -209,7 +227,7 @@ fn ask_json<T>(
         let text = match r {
             Ok(r) => r.content,
             Err(e) => {
-                cost.error = Some(e.to_string());
+                cost.error = Some(crate::one_line(&e));
                 return (None, cost);
             }
         };
@@ -230,7 +248,7 @@ fn ask_json<T>(
 
 /// The model-backed matcher (B.1 prompt, JSON validated, one correction re-ask).
 pub struct ModelMatcher {
-    session: ServedSession,
+    session: Conversation,
     thinking: bool,
     budgets: Budgets,
 }
@@ -247,10 +265,6 @@ impl ModelMatcher {
 }
 
 impl Matcher for ModelMatcher {
-    fn name(&self) -> String {
-        "model".into()
-    }
-
     fn resolve(&mut self, ep: &Episode, turn: &Turn) -> Match {
         let prompt = p::matcher_prompt(&ep.step_list(), &turn.message);
         let n = ep.len();
@@ -275,12 +289,12 @@ impl Matcher for ModelMatcher {
 /// Parses the graph compiler's JSON into a plan over the episode's step ids;
 /// missing steps keep no prerequisites and an empty code (errors flow into
 /// the module uncorrected).
-pub fn parse_graph(text: &str, n: usize) -> Result<CompiledGraph, String> {
-    let v = first_json_object(text).ok_or("no JSON object in the reply")?;
+pub fn parse_graph(text: &str, n: usize) -> Result<CompiledGraph, ParseError> {
+    let v = first_json_object(text).ok_or(ParseError::NoJson)?;
     let steps = v
         .get("steps")
         .and_then(Value::as_object)
-        .ok_or("missing \"steps\" object")?;
+        .ok_or(ParseError::NoSteps)?;
     let mut g = CompiledGraph {
         requires: vec![Vec::new(); n],
         codes: vec![String::new(); n],
@@ -308,8 +322,8 @@ pub fn parse_graph(text: &str, n: usize) -> Result<CompiledGraph, String> {
 }
 
 /// Parses the revision compiler's JSON.
-pub fn parse_revision(text: &str, n: usize) -> Result<CompiledRevision, String> {
-    let v = first_json_object(text).ok_or("no JSON object in the reply")?;
+pub fn parse_revision(text: &str, n: usize) -> Result<CompiledRevision, ParseError> {
+    let v = first_json_object(text).ok_or(ParseError::NoJson)?;
     let cancel = step_of(v.get("cancel").unwrap_or(&Value::Null), n)?;
     let mut rewires = Vec::new();
     if let Some(obj) = v.get("rewires").and_then(Value::as_object) {
@@ -367,7 +381,7 @@ impl ModelCompiler {
     fn ask<T>(
         &self,
         prompt: String,
-        parse: impl Fn(&str) -> Result<T, String>,
+        parse: impl Fn(&str) -> Result<T, ParseError>,
     ) -> (Option<T>, CallCost) {
         match self.client.open() {
             Ok(session) => ask_json(
@@ -381,7 +395,7 @@ impl ModelCompiler {
             Err(e) => (
                 None,
                 CallCost {
-                    error: Some(e.to_string()),
+                    error: Some(crate::one_line(&e)),
                     ..Default::default()
                 },
             ),
@@ -390,10 +404,6 @@ impl ModelCompiler {
 }
 
 impl Compiler for ModelCompiler {
-    fn name(&self) -> String {
-        "model".into()
-    }
-
     fn compile_graph(&mut self, ep: &Episode) -> (CompiledGraph, CallCost) {
         let n = ep.len();
         let prompt = format!("{}\n\n{}", ep.brief, p::COMPILE_GRAPH);

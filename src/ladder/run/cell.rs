@@ -1,63 +1,83 @@
 //! A cell: one configuration (domain, S, ρ, brief, …) run over a seed range
 //! on a list of arms, logged to a run directory and resumable.
 
+use std::collections::HashMap;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
-use std::collections::HashMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
-
-use super::agent::{Agent, Scripted};
-use super::arm::Arm;
-use super::domain::Domain;
-use super::episode::{BriefVariant, EpisodeConfig, Protocol};
-use super::generator::{generate, GenError, ParaphraseCache};
-use super::live::{ModelAgent, ModelCompiler, ModelMatcher};
-use super::module::{Compiler, Matcher, OracleCompiler, OracleMatcher};
 use super::runlog::{git_commit, Manifest, RunDir, RunLogError, RUN_FORMAT};
 use super::runner::{run_episode, Compiled, RunOptions};
-use crate::backend::served::Client;
+use crate::backend::shared::Client;
+use crate::backend::{BackendError, ModelIdentity};
+use crate::ladder::arms::Arm;
+use crate::ladder::episode::domain::Domain;
+use crate::ladder::episode::generator::{generate, GenError, ParaphraseCache};
+use crate::ladder::episode::{BriefVariant, Episode, EpisodeConfig, Protocol};
+use crate::ladder::parts::model::{ModelAgent, ModelCompiler, ModelMatcher};
+use crate::ladder::parts::scripted::{OracleCompiler, OracleMatcher, Scripted};
+use crate::ladder::parts::{Agent, Compiler, Matcher};
 
 /// Everything a cell is a function of; stored in the manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CellConfig {
-    /// Template pool.
     pub domain: Domain,
     /// S.
     pub steps: usize,
     /// ρ.
     pub density: f64,
-    /// Brief variant.
     pub brief: BriefVariant,
-    /// Booking protocol.
     pub protocol: Protocol,
-    /// Paraphrase tier.
     pub paraphrase_tier: u8,
-    /// Ambiguous-probe rate.
     pub ambiguous_rate: f64,
-    /// First seed.
     pub seed_start: u64,
-    /// Number of episodes.
     pub episodes: u64,
     /// Arms, in ladder order (adjacent arms are contrasted).
     pub arms: Vec<Arm>,
-    /// Agent identity.
+    /// `scripted:<name>` or `model:<name>`.
     pub agent: String,
-    /// Matcher identity.
-    pub matcher: String,
-    /// Compiler identity.
-    pub compiler: String,
+    pub matcher: Source,
+    pub compiler: Source,
     /// Thinking regime (Qwen3 `enable_thinking`).
     #[serde(default)]
     pub thinking: bool,
-    /// Run switches.
     pub options: RunOptions,
 }
 
 impl CellConfig {
+    /// A cell of the paper's main grid (amended brief, text protocol, the
+    /// four rungs) with the given agent and parts.
+    pub fn paper(base: &EpisodeConfig, episodes: u64, agent: String, parts: Source) -> Self {
+        CellConfig {
+            domain: base.domain,
+            steps: base.steps,
+            density: base.density,
+            brief: base.brief,
+            protocol: base.protocol,
+            paraphrase_tier: base.paraphrase_tier,
+            ambiguous_rate: base.ambiguous_rate,
+            seed_start: base.seed,
+            episodes,
+            arms: Arm::LADDER.to_vec(),
+            agent,
+            matcher: parts,
+            compiler: parts,
+            thinking: false,
+            options: RunOptions::default(),
+        }
+    }
+
+    /// The quick start's cell: procurement, S steps, ρ = 0.15, seeds from
+    /// 100, the four rungs, a model as agent, matcher and compiler.
+    pub fn quickstart(model: &str, steps: usize, episodes: u64) -> Self {
+        let base = EpisodeConfig::paper(Domain::Procurement, steps, 0.15, 100);
+        CellConfig::paper(&base, episodes, format!("model:{model}"), Source::Model)
+    }
+
     /// The episode configuration for one seed.
     pub fn episode(&self, seed: u64) -> EpisodeConfig {
         EpisodeConfig {
@@ -78,6 +98,25 @@ impl CellConfig {
     }
 }
 
+/// What ran a cell's model parts, for the manifest: the model's identity,
+/// or the scripted agent's name when no part needed a model.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum CellModel {
+    Model(ModelIdentity),
+    Scripted { agent: String },
+}
+
+impl CellModel {
+    /// The model's name, or the scripted agent's.
+    pub fn name(&self) -> &str {
+        match self {
+            CellModel::Model(m) => &m.name,
+            CellModel::Scripted { agent } => agent,
+        }
+    }
+}
+
 /// Why a cell could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum CellError {
@@ -88,21 +127,23 @@ pub enum CellError {
     #[error(transparent)]
     Log(#[from] RunLogError),
     /// The model could not be reached.
-    #[error("model: {0}")]
-    Model(String),
+    #[error("model")]
+    Model(#[from] BackendError),
+    #[error("a model-backed part needs a model (--model or --endpoint)")]
+    NoModel,
 }
 
-/// What the models behind a cell are. A cell runs many episodes at once, so
+/// What the parts behind a cell are. A cell runs many episodes at once, so
 /// every episode-arm gets its own agent and matcher (a conversation each).
 pub trait Parts: Sync {
     /// A fresh agent for one episode-arm.
-    fn agent(&self) -> Result<Box<dyn Agent + Send>, String>;
+    fn agent(&self) -> Result<Box<dyn Agent + Send>, CellError>;
     /// A fresh matcher for one episode-arm.
-    fn matcher(&self) -> Result<Box<dyn Matcher + Send>, String>;
+    fn matcher(&self) -> Result<Box<dyn Matcher + Send>, CellError>;
     /// A compiler (one compile per episode, shared by the cell's module arms).
-    fn compiler(&self) -> Result<Box<dyn Compiler + Send>, String>;
-    /// Model identity for the manifest.
-    fn model(&self) -> serde_json::Value;
+    fn compiler(&self) -> Result<Box<dyn Compiler + Send>, CellError>;
+    /// What runs the parts, for the manifest.
+    fn model(&self) -> CellModel;
 }
 
 /// Where a matcher or compiler comes from.
@@ -116,20 +157,16 @@ pub enum Source {
 }
 
 /// The parts of a cell: a scripted or model agent, and oracle or model
-/// matcher and compiler on one served model.
+/// matcher and compiler on one shared model.
 pub struct CellParts {
     /// The scripted agent, or None for the model agent.
     pub scripted: Option<Scripted>,
-    /// Matcher source.
     pub matcher: Source,
-    /// Compiler source.
     pub compiler: Source,
-    /// The served model, when any part is model-backed.
+    /// The shared model, when any part is model-backed.
     pub client: Option<Client>,
-    /// Thinking regime.
     pub thinking: bool,
-    /// Model identity for the manifest.
-    pub model: serde_json::Value,
+    pub model: CellModel,
 }
 
 impl CellParts {
@@ -141,54 +178,59 @@ impl CellParts {
             compiler: Source::Oracle,
             client: None,
             thinking: false,
-            model: serde_json::json!({ "agent": agent.name() }),
+            model: CellModel::Scripted {
+                agent: agent.name(),
+            },
         }
     }
 
-    fn client(&self) -> Result<&Client, String> {
-        self.client
-            .as_ref()
-            .ok_or_else(|| "a model-backed part needs --model".to_string())
+    /// A model as agent, matcher and compiler.
+    pub fn model(client: Client, model: ModelIdentity, thinking: bool) -> Self {
+        CellParts {
+            scripted: None,
+            matcher: Source::Model,
+            compiler: Source::Model,
+            client: Some(client),
+            thinking,
+            model: CellModel::Model(model),
+        }
+    }
+
+    fn client(&self) -> Result<&Client, CellError> {
+        self.client.as_ref().ok_or(CellError::NoModel)
     }
 }
 
 impl Parts for CellParts {
-    fn agent(&self) -> Result<Box<dyn Agent + Send>, String> {
-        match self.scripted {
-            Some(s) => Ok(Box::new(s)),
+    fn agent(&self) -> Result<Box<dyn Agent + Send>, CellError> {
+        Ok(match self.scripted {
+            Some(s) => Box::new(s),
             None => {
-                let name = self
-                    .model
-                    .get("name")
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("model");
-                ModelAgent::new(self.client()?, self.thinking, format!("model:{name}"))
-                    .map(|a| Box::new(a) as Box<dyn Agent + Send>)
-                    .map_err(|e| e.to_string())
+                let name = format!("model:{}", self.model.name());
+                Box::new(ModelAgent::new(self.client()?, self.thinking, name)?)
             }
-        }
+        })
     }
-    fn matcher(&self) -> Result<Box<dyn Matcher + Send>, String> {
-        match self.matcher {
-            Source::Oracle => Ok(Box::new(OracleMatcher)),
-            Source::Model => ModelMatcher::new(self.client()?, self.thinking)
-                .map(|m| Box::new(m) as Box<dyn Matcher + Send>)
-                .map_err(|e| e.to_string()),
-        }
+    fn matcher(&self) -> Result<Box<dyn Matcher + Send>, CellError> {
+        Ok(match self.matcher {
+            Source::Oracle => Box::new(OracleMatcher),
+            Source::Model => Box::new(ModelMatcher::new(self.client()?, self.thinking)?),
+        })
     }
-    fn compiler(&self) -> Result<Box<dyn Compiler + Send>, String> {
-        match self.compiler {
-            Source::Oracle => Ok(Box::new(OracleCompiler)),
-            Source::Model => Ok(Box::new(ModelCompiler::new(self.client()?, self.thinking))),
-        }
+    fn compiler(&self) -> Result<Box<dyn Compiler + Send>, CellError> {
+        Ok(match self.compiler {
+            Source::Oracle => Box::new(OracleCompiler),
+            Source::Model => Box::new(ModelCompiler::new(self.client()?, self.thinking)),
+        })
     }
-    fn model(&self) -> serde_json::Value {
+    fn model(&self) -> CellModel {
         self.model.clone()
     }
 }
 
-/// One episode's compile, done once by whichever worker needs it first.
-type CompileSlot = Arc<OnceLock<Result<Compiled, String>>>;
+/// One episode's compile, done once by whichever worker needs it first
+/// (`None` when that worker failed and recorded why).
+type CompileSlot = Arc<OnceLock<Option<Compiled>>>;
 
 /// Summary of a cell run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -199,22 +241,22 @@ pub struct CellProgress {
     pub skipped: usize,
 }
 
-/// Runs (or resumes) a cell into `out`, with at most `live` episode-arms in
-/// flight at once (each a thread that waits on the model most of the time;
-/// the served backend batches their requests).
+/// Runs (or resumes) a cell into `out`, with at most `concurrency`
+/// episode-arms in flight at once (each a thread that waits on the model
+/// most of the time; the shared backend batches their requests).
 pub fn run_cell(
     cfg: &CellConfig,
     parts: &dyn Parts,
     cache: Option<&ParaphraseCache>,
     out: &Path,
-    live: usize,
+    concurrency: usize,
     progress: bool,
 ) -> Result<CellProgress, CellError> {
     // Check the configuration before touching the directory.
-    super::generator::validate(&cfg.episode(cfg.seed_start))?;
+    crate::ladder::episode::generator::validate(&cfg.episode(cfg.seed_start))?;
     let manifest = Manifest {
         format: RUN_FORMAT.to_string(),
-        config: serde_json::to_value(cfg).expect("config serializes"),
+        config: cfg.clone(),
         model: parts.model(),
         crate_version: env!("CARGO_PKG_VERSION").to_string(),
         git_commit: git_commit(),
@@ -227,95 +269,132 @@ pub fn run_cell(
         .filter(|(s, a)| !dir.is_finished(*s, *a))
         .collect();
     let skipped = total - jobs.len();
-    let bar = if progress {
-        let b = ProgressBar::new(total as u64);
-        b.set_style(
-            ProgressStyle::with_template(
-                "{bar:40} {pos}/{len} episode-arms  {per_sec}  eta {eta}  {msg}",
-            )
-            .expect("static template"),
-        );
-        b.set_position(skipped as u64);
-        b
-    } else {
-        ProgressBar::hidden()
+    let cell = Workers {
+        cfg,
+        parts,
+        cache,
+        compiled: Mutex::new(HashMap::new()),
+        dir: Mutex::new(dir),
+        failed: Mutex::new(None),
+        tokens: AtomicUsize::new(0),
+        started: Instant::now(),
+        bar: progress_bar(progress, total, skipped),
     };
-    // One compile per episode, shared by the module arms; the first worker
-    // to need it compiles, the others wait for it.
-    let needs_compile = cfg.arms.iter().any(|a| a.uses_module());
-    let compiled: Mutex<HashMap<u64, CompileSlot>> = Mutex::new(HashMap::new());
     let next = AtomicUsize::new(0);
-    let failed: Mutex<Option<CellError>> = Mutex::new(None);
-    let dir = Mutex::new(dir);
-    let tokens = AtomicUsize::new(0);
-    let started = std::time::Instant::now();
-    let work = || loop {
-        if failed.lock().map(|f| f.is_some()).unwrap_or(true) {
-            return;
-        }
-        let i = next.fetch_add(1, Ordering::SeqCst);
-        let Some(&(seed, arm)) = jobs.get(i) else {
-            return;
-        };
-        let fail = |e: CellError| {
-            if let Ok(mut f) = failed.lock() {
-                f.get_or_insert(e);
+    let work = || {
+        while !cell.failed() {
+            let Some(&(seed, arm)) = jobs.get(next.fetch_add(1, Ordering::SeqCst)) else {
+                return;
+            };
+            if let Err(e) = cell.run(seed, arm) {
+                cell.fail(e);
             }
-        };
-        let ep = match generate(&cfg.episode(seed), cache) {
-            Ok(ep) => ep,
-            Err(e) => return fail(e.into()),
-        };
-        let slot = compiled
-            .lock()
-            .map(|mut m| m.entry(seed).or_default().clone())
-            .expect("compile cache lock");
-        let comp = if needs_compile && arm.uses_module() {
-            let c = slot.get_or_init(|| {
-                let mut compiler = parts.compiler()?;
-                Ok(Compiled::compile(&mut *compiler, &ep))
-            });
-            match c {
-                Ok(c) => Some(c),
-                Err(e) => return fail(CellError::Model(e.clone())),
-            }
-        } else {
-            None
-        };
-        let (mut agent, mut matcher) = match (parts.agent(), parts.matcher()) {
-            (Ok(a), Ok(m)) => (a, m),
-            (Err(e), _) | (_, Err(e)) => return fail(CellError::Model(e)),
-        };
-        let (rec, turns) = run_episode(&ep, arm, &mut *agent, &mut *matcher, comp, &cfg.options);
-        let n = tokens.fetch_add(rec.usage.completion_tokens, Ordering::SeqCst)
-            + rec.usage.completion_tokens;
-        let appended = dir
-            .lock()
-            .map_err(|_| ())
-            .map(|mut d| d.append(&rec, &turns));
-        match appended {
-            Ok(Ok(())) => {}
-            Ok(Err(e)) => return fail(e.into()),
-            Err(()) => return,
         }
-        if n > 0 {
-            bar.set_message(format!(
-                "{:.1} tok/s",
-                n as f64 / started.elapsed().as_secs_f64()
-            ));
-        }
-        bar.inc(1);
     };
-    let workers = live.max(1).min(jobs.len());
     std::thread::scope(|s| {
-        for _ in 0..workers {
+        for _ in 0..concurrency.max(1).min(jobs.len()) {
             s.spawn(work);
         }
     });
-    bar.finish_and_clear();
-    if let Some(e) = failed.into_inner().ok().flatten() {
+    cell.bar.finish_and_clear();
+    if let Some(e) = cell.failed.into_inner().ok().flatten() {
         return Err(e);
     }
     let ran = next.load(Ordering::SeqCst).min(jobs.len());
     Ok(CellProgress { ran, skipped })
+}
+
+fn progress_bar(show: bool, total: usize, done: usize) -> ProgressBar {
+    if !show {
+        return ProgressBar::hidden();
+    }
+    let b = ProgressBar::new(total as u64);
+    b.set_style(
+        ProgressStyle::with_template(
+            "{bar:40} {pos}/{len} episode-arms  {per_sec}  eta {eta}  {msg}",
+        )
+        .expect("static template"),
+    );
+    b.set_position(done as u64);
+    b
+}
+
+/// What the worker threads of one cell share.
+struct Workers<'a> {
+    cfg: &'a CellConfig,
+    parts: &'a dyn Parts,
+    cache: Option<&'a ParaphraseCache>,
+    /// One compile per episode, shared by its module arms.
+    compiled: Mutex<HashMap<u64, CompileSlot>>,
+    dir: Mutex<RunDir>,
+    /// The first error; the other workers stop taking jobs.
+    failed: Mutex<Option<CellError>>,
+    /// Completion tokens so far, for the progress bar.
+    tokens: AtomicUsize,
+    started: Instant,
+    bar: ProgressBar,
+}
+
+impl Workers<'_> {
+    fn failed(&self) -> bool {
+        self.failed.lock().map(|f| f.is_some()).unwrap_or(true)
+    }
+
+    fn fail(&self, e: CellError) {
+        if let Ok(mut f) = self.failed.lock() {
+            f.get_or_insert(e);
+        }
+    }
+
+    /// Runs one episode-arm and appends it to the run directory.
+    fn run(&self, seed: u64, arm: Arm) -> Result<(), CellError> {
+        let ep = generate(&self.cfg.episode(seed), self.cache)?;
+        let slot = self
+            .compiled
+            .lock()
+            .map(|mut m| m.entry(seed).or_default().clone())
+            .expect("compile cache lock");
+        let compiled = match arm.uses_module() {
+            // The first worker to need the compile runs it; the others wait.
+            true => match slot.get_or_init(|| self.compile(&ep)) {
+                Some(c) => Some(c),
+                None => return Ok(()),
+            },
+            false => None,
+        };
+        let mut agent = self.parts.agent()?;
+        let mut matcher = self.parts.matcher()?;
+        let (rec, turns) = run_episode(
+            &ep,
+            arm,
+            &mut *agent,
+            &mut *matcher,
+            compiled,
+            &self.cfg.options,
+        );
+        match self.dir.lock() {
+            Ok(mut dir) => dir.append(&rec, &turns)?,
+            // Another worker panicked; the thread scope re-raises it.
+            Err(_) => return Ok(()),
+        }
+        let n = rec.usage.completion_tokens;
+        let n = self.tokens.fetch_add(n, Ordering::SeqCst) + n;
+        if n > 0 {
+            let rate = n as f64 / self.started.elapsed().as_secs_f64();
+            self.bar.set_message(format!("{rate:.1} tok/s"));
+        }
+        self.bar.inc(1);
+        Ok(())
+    }
+
+    /// Compiles an episode's plan and revision; records why if it cannot.
+    fn compile(&self, ep: &Episode) -> Option<Compiled> {
+        match self.parts.compiler() {
+            Ok(mut compiler) => Some(Compiled::compile(&mut *compiler, ep)),
+            Err(e) => {
+                self.fail(e);
+                None
+            }
+        }
+    }
 }

@@ -6,50 +6,45 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::agent::{Agent, Message, Oracle, Reply};
-use super::arm::Arm;
-use super::episode::{Episode, EPISODE_VERSION};
-use super::module::OracleMatcher;
 use super::runner::{run_episode, Compiled, EpisodeRecord, RunOptions, TurnRecord};
-use super::scorer::Label;
+use crate::backend::Message;
+use crate::ladder::arms::Arm;
+use crate::ladder::episode::{Episode, EPISODE_VERSION};
+use crate::ladder::parts::scripted::OracleMatcher;
+use crate::ladder::parts::{Agent, Oracle, Reply};
+use crate::ladder::score::Label;
 
 /// Errors reading an episode or a replies file.
 #[derive(Debug, thiserror::Error)]
 pub enum ReplayError {
-    /// I/O.
-    #[error("{path}: {cause}")]
+    #[error("{path}")]
     Io {
-        /// File.
         path: String,
-        /// Cause.
-        cause: String,
+        #[source]
+        source: std::io::Error,
     },
-    /// Bad content at a line.
-    #[error("{path}:{line}: {cause}")]
-    Line {
-        /// File.
+    /// A line that is not the JSON it should be.
+    #[error("{path}:{line}")]
+    Json {
         path: String,
         /// One-based line.
         line: usize,
-        /// Cause.
+        #[source]
+        source: serde_json::Error,
+    },
+    /// A line that parses but says something impossible.
+    #[error("{path}:{line}: {cause}")]
+    Line {
+        path: String,
+        line: usize,
         cause: String,
     },
     /// Episode written by another format version.
     #[error("{path}: episode version '{found}' is not '{EPISODE_VERSION}' (regenerate it with `statebench ladder episode --json`)")]
-    Version {
-        /// File.
-        path: String,
-        /// Version found.
-        found: String,
-    },
+    Version { path: String, found: String },
     /// Turn coverage problems.
     #[error("{path}: {cause}")]
-    Coverage {
-        /// File.
-        path: String,
-        /// Cause.
-        cause: String,
-    },
+    Coverage { path: String, cause: String },
     /// An arm that cannot be replayed.
     #[error("arm {0} re-prompts the agent within a turn; recorded replies cannot answer that (score it live)")]
     Arm(Arm),
@@ -68,31 +63,27 @@ pub struct EpisodeFile {
 
 /// Reads an episode file, checking its version.
 pub fn read_episode(path: &Path) -> Result<Episode, ReplayError> {
-    let p = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ReplayError::Io {
-        path: p.clone(),
-        cause: e.to_string(),
-    })?;
-    let v: serde_json::Value = serde_json::from_str(&text).map_err(|e| ReplayError::Line {
-        path: p.clone(),
-        line: e.line(),
-        cause: e.to_string(),
-    })?;
-    let found = v
-        .get("version")
-        .and_then(|x| x.as_str())
-        .unwrap_or("(none)");
-    if found != EPISODE_VERSION {
-        return Err(ReplayError::Version {
-            path: p,
-            found: found.to_string(),
-        });
+    /// Read first, so a file of another version is named as such.
+    #[derive(Deserialize)]
+    struct Versioned {
+        version: Option<String>,
     }
-    let f: EpisodeFile = serde_json::from_value(v).map_err(|e| ReplayError::Line {
+    let p = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ReplayError::Io {
         path: p.clone(),
-        line: 1,
-        cause: e.to_string(),
+        source,
     })?;
+    let json = |source: serde_json::Error| ReplayError::Json {
+        path: p.clone(),
+        line: source.line(),
+        source,
+    };
+    let v: Versioned = serde_json::from_str(&text).map_err(json)?;
+    let found = v.version.unwrap_or_else(|| "(none)".into());
+    if found != EPISODE_VERSION {
+        return Err(ReplayError::Version { path: p, found });
+    }
+    let f: EpisodeFile = serde_json::from_str(&text).map_err(json)?;
     Ok(f.episode)
 }
 
@@ -106,9 +97,9 @@ struct ReplyLine {
 /// Reads a replies file: one `{"turn": i, "reply": "…"}` line per turn, every turn exactly once.
 pub fn read_replies(path: &Path, turns: usize) -> Result<Vec<String>, ReplayError> {
     let p = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|e| ReplayError::Io {
+    let text = std::fs::read_to_string(path).map_err(|source| ReplayError::Io {
         path: p.clone(),
-        cause: e.to_string(),
+        source,
     })?;
     let mut out: Vec<Option<String>> = vec![None; turns];
     for (i, line) in text.lines().enumerate() {
@@ -120,7 +111,11 @@ pub fn read_replies(path: &Path, turns: usize) -> Result<Vec<String>, ReplayErro
             line: i + 1,
             cause,
         };
-        let r: ReplyLine = serde_json::from_str(line).map_err(|e| bad(e.to_string()))?;
+        let r: ReplyLine = serde_json::from_str(line).map_err(|source| ReplayError::Json {
+            path: p.clone(),
+            line: i + 1,
+            source,
+        })?;
         if r.turn >= turns {
             return Err(bad(format!(
                 "turn {} is past the episode's last turn {}",

@@ -12,11 +12,12 @@ use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Serialize, Serializer};
 use serde_json::Value;
 
-use super::arm::Arm;
+use super::cell::{CellConfig, CellModel};
 use super::runner::{EpisodeRecord, TurnRecord};
+use crate::ladder::arms::Arm;
 
 /// Format tag of a run directory.
 pub const RUN_FORMAT: &str = "statebench-run/1";
@@ -24,23 +25,20 @@ pub const RUN_FORMAT: &str = "statebench-run/1";
 /// Errors reading or writing a run directory.
 #[derive(Debug, thiserror::Error)]
 pub enum RunLogError {
-    /// I/O on a file.
-    #[error("{path}: {source}")]
+    #[error("{path}")]
     Io {
-        /// The file.
         path: String,
-        /// The error.
+        #[source]
         source: std::io::Error,
     },
     /// A line or file that does not parse.
-    #[error("{path}:{line}: {cause}")]
+    #[error("{path}:{line}")]
     Parse {
-        /// The file.
         path: String,
         /// One-based line number.
         line: usize,
-        /// What is wrong.
-        cause: String,
+        #[source]
+        source: serde_json::Error,
     },
     /// The directory was made with another configuration.
     #[error("{path} was made with a different configuration: {key} is {old} there, {new} now (use another --out, or the same settings to resume)")]
@@ -65,13 +63,25 @@ pub struct Manifest {
     /// [`RUN_FORMAT`].
     pub format: String,
     /// The full cell configuration; resuming requires it unchanged.
-    pub config: Value,
-    /// Model identity (name, source, weights hash) or the scripted agent's name.
-    pub model: Value,
+    #[serde(serialize_with = "sorted_keys")]
+    pub config: CellConfig,
+    /// Model identity (name, source, weights hash, arithmetic) or the
+    /// scripted agent's name; resuming requires it unchanged.
+    #[serde(serialize_with = "sorted_keys")]
+    pub model: CellModel,
     /// statebench version that created the directory.
     pub crate_version: String,
     /// Git commit of the source tree, when known.
     pub git_commit: String,
+}
+
+/// Writes a value with its object keys sorted, as every run directory has
+/// stored its configuration and model since the first (so manifests stay
+/// byte-identical across versions).
+pub fn sorted_keys<T: Serialize, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
+    serde_json::to_value(v)
+        .map_err(serde::ser::Error::custom)?
+        .serialize(s)
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> RunLogError + '_ {
@@ -172,11 +182,11 @@ fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<Tagged<T>
         match serde_json::from_str::<Tagged<T>>(line) {
             Ok(t) => out.push(t),
             Err(_) if i + 1 == lines.len() && !complete => {}
-            Err(e) => {
+            Err(source) => {
                 return Err(RunLogError::Parse {
                     path: path.display().to_string(),
                     line: i + 1,
-                    cause: e.to_string(),
+                    source,
                 })
             }
         }
@@ -190,16 +200,9 @@ impl RunDir {
         fs::create_dir_all(dir).map_err(io(dir))?;
         let mpath = dir.join("manifest.json");
         if mpath.exists() {
-            let old: Manifest = serde_json::from_str(
-                &fs::read_to_string(&mpath).map_err(io(&mpath))?,
-            )
-            .map_err(|e| RunLogError::Parse {
-                path: mpath.display().to_string(),
-                line: 1,
-                cause: e.to_string(),
-            })?;
-            let diff = first_difference(&old.config, &manifest.config, "config")
-                .or_else(|| first_difference(&old.model, &manifest.model, "model"));
+            let old = read_manifest(&mpath)?;
+            let diff = first_difference(&json(&old.config), &json(&manifest.config), "config")
+                .or_else(|| first_difference(&json(&old.model), &json(&manifest.model), "model"));
             if let Some((key, old, new)) = diff {
                 return Err(RunLogError::ConfigMismatch {
                     path: mpath.display().to_string(),
@@ -219,7 +222,7 @@ impl RunDir {
         repair_tail(&epath)?;
         repair_tail(&tpath)?;
         let done: Vec<Tagged<EpisodeRecord>> = read_lines(&epath)?;
-        let turns_attempt = read_lines::<Value>(&tpath)?
+        let turns_attempt = read_lines::<serde::de::IgnoredAny>(&tpath)?
             .iter()
             .map(|t| t.attempt)
             .max()
@@ -298,10 +301,23 @@ impl RunDir {
 pub struct RunRead {
     /// The directory.
     pub dir: PathBuf,
-    /// Its manifest.
     pub manifest: Manifest,
     /// Finished episodes, first line per (seed, arm).
     pub episodes: Vec<EpisodeRecord>,
+}
+
+fn json<T: Serialize>(v: &T) -> Value {
+    serde_json::to_value(v).unwrap_or(Value::Null)
+}
+
+fn read_manifest(mpath: &Path) -> Result<Manifest, RunLogError> {
+    serde_json::from_str(&fs::read_to_string(mpath).map_err(io(mpath))?).map_err(|source| {
+        RunLogError::Parse {
+            path: mpath.display().to_string(),
+            line: 1,
+            source,
+        }
+    })
 }
 
 /// Reads a run directory's manifest and finished episodes.
@@ -310,12 +326,7 @@ pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
     if !mpath.exists() {
         return Err(RunLogError::NotARun(dir.display().to_string()));
     }
-    let manifest: Manifest = serde_json::from_str(&fs::read_to_string(&mpath).map_err(io(&mpath))?)
-        .map_err(|e| RunLogError::Parse {
-            path: mpath.display().to_string(),
-            line: 1,
-            cause: e.to_string(),
-        })?;
+    let manifest = read_manifest(&mpath)?;
     let mut seen = BTreeSet::new();
     let episodes = read_lines::<EpisodeRecord>(&dir.join("episodes.jsonl"))?
         .into_iter()
@@ -331,23 +342,20 @@ pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
 
 /// Reads the turn lines of finished episodes (those of unfinished attempts are skipped).
 pub fn read_turns(dir: &Path) -> Result<Vec<TurnRecord>, RunLogError> {
-    let finished: BTreeSet<(u64, String, u32)> = read_lines::<Value>(&dir.join("episodes.jsonl"))?
+    /// What identifies an episode line.
+    #[derive(Deserialize)]
+    struct Key {
+        seed: u64,
+        arm: Arm,
+    }
+    let finished: BTreeSet<(u64, Arm, u32)> = read_lines::<Key>(&dir.join("episodes.jsonl"))?
         .into_iter()
-        .map(|t| {
-            let seed = t.record.get("seed").and_then(Value::as_u64).unwrap_or(0);
-            let arm = t
-                .record
-                .get("arm")
-                .and_then(Value::as_str)
-                .unwrap_or("")
-                .to_string();
-            (seed, arm, t.attempt)
-        })
+        .map(|t| (t.record.seed, t.record.arm, t.attempt))
         .collect();
     let turns: Vec<Tagged<TurnRecord>> = read_lines(&dir.join("turns.jsonl"))?;
     Ok(turns
         .into_iter()
-        .filter(|t| finished.contains(&(t.record.seed, t.record.arm.name().to_string(), t.attempt)))
+        .filter(|t| finished.contains(&(t.record.seed, t.record.arm, t.attempt)))
         .map(|t| t.record)
         .collect())
 }

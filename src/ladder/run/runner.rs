@@ -6,16 +6,18 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::agent::{Agent, Oracle, Usage};
-use super::arm::{Arm, ArmState, Booking};
-use super::corrupt::{Corruption, Corruptor};
-use super::decline;
-use super::episode::{Episode, StepId, TurnKind};
-use super::module::{
-    compile_accuracy, CallCost, CompileAccuracy, CompiledGraph, CompiledRevision, Compiler, Defect,
-    Directive, DirectiveKind, Match, Matcher,
+use crate::backend::Usage;
+use crate::ladder::arms::corrupt::{Corruption, Corruptor};
+use crate::ladder::arms::decline;
+use crate::ladder::arms::gate::{
+    CompiledGraph, CompiledRevision, Defect, Directive, DirectiveKind,
 };
-use super::scorer::{score, ChannelCounts, Label, Truth, Violation};
+use crate::ladder::arms::{Arm, ArmState, Booking, TurnPrompt};
+use crate::ladder::episode::{Episode, StepId, Turn, TurnKind};
+use crate::ladder::parts::scripted::OracleCompiler;
+use crate::ladder::parts::{Agent, CallCost, Compiler, Match, Matcher, Oracle};
+use crate::ladder::score::compile::{compile_accuracy, CompileAccuracy};
+use crate::ladder::score::{score, ChannelCounts, EpisodeScore, Label, Truth, Violation};
 
 /// Per-cell switches that change how an arm runs.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -60,7 +62,7 @@ impl Compiled {
 
     /// The generator's own plan and revision.
     pub fn oracle(ep: &Episode) -> Compiled {
-        Compiled::compile(&mut super::module::OracleCompiler, ep)
+        Compiled::compile(&mut OracleCompiler, ep)
     }
 }
 
@@ -69,7 +71,6 @@ impl Compiled {
 pub struct TurnRecord {
     /// Episode seed.
     pub seed: u64,
-    /// Arm.
     pub arm: Arm,
     /// Turn index.
     pub turn: usize,
@@ -77,7 +78,6 @@ pub struct TurnRecord {
     pub kind: TurnKind,
     /// Scripted step.
     pub step: Option<StepId>,
-    /// Work order.
     pub work_order: String,
     /// The user message as the agent read it.
     pub request: String,
@@ -114,10 +114,16 @@ pub struct TurnRecord {
 /// Issued and obeyed counts of one directive kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Obedience {
-    /// Directives issued.
     pub issued: u32,
     /// Directives obeyed (no booking of the directed step on that turn).
     pub obeyed: u32,
+}
+
+impl std::ops::AddAssign for Obedience {
+    fn add_assign(&mut self, o: Obedience) {
+        self.issued += o.issued;
+        self.obeyed += o.obeyed;
+    }
 }
 
 /// Matcher agreement and explicit-redo confusion counts.
@@ -131,10 +137,35 @@ pub struct MatcherStats {
     pub agree: u32,
     /// Explicit-redo flag: true positives.
     pub redo_tp: u32,
-    /// False positives.
     pub redo_fp: u32,
-    /// False negatives.
     pub redo_fn: u32,
+}
+
+impl MatcherStats {
+    /// One resolution of a turn's request.
+    fn of(m: &Match, turn: &Turn) -> Self {
+        let scored = turn.step.is_some();
+        let (redo, truth) = (m.explicit_redo, turn.explicit_redo);
+        MatcherStats {
+            calls: m.cost.calls,
+            scored: u32::from(scored),
+            agree: u32::from(scored && m.step == turn.step),
+            redo_tp: u32::from(redo && truth),
+            redo_fp: u32::from(redo && !truth),
+            redo_fn: u32::from(!redo && truth),
+        }
+    }
+}
+
+impl std::ops::AddAssign for MatcherStats {
+    fn add_assign(&mut self, o: MatcherStats) {
+        self.calls += o.calls;
+        self.scored += o.scored;
+        self.agree += o.agree;
+        self.redo_tp += o.redo_tp;
+        self.redo_fp += o.redo_fp;
+        self.redo_fn += o.redo_fn;
+    }
 }
 
 /// Decline-aware outcome of an episode.
@@ -153,9 +184,7 @@ pub struct Scoring {
 pub struct EpisodeRecord {
     /// Episode seed.
     pub seed: u64,
-    /// Arm.
     pub arm: Arm,
-    /// Number of turns.
     pub turns: u32,
     /// Primary scoring.
     pub primary: Scoring,
@@ -171,7 +200,6 @@ pub struct EpisodeRecord {
     pub matcher: MatcherStats,
     /// Agent accounting over the episode.
     pub usage: Usage,
-    /// Agent calls.
     pub agent_calls: u32,
     /// Wall-clock seconds.
     pub wall_s: f64,
@@ -186,6 +214,40 @@ pub struct EpisodeRecord {
     pub corruptions: Vec<Corruption>,
 }
 
+/// What one turn adds to its episode's tallies.
+#[derive(Debug, Clone, Default)]
+struct Tally {
+    usage: Usage,
+    agent_calls: u32,
+    refused: u32,
+    silent: u32,
+    matcher: MatcherStats,
+    directives: BTreeMap<DirectiveKind, Obedience>,
+}
+
+impl std::ops::AddAssign for Tally {
+    fn add_assign(&mut self, t: Tally) {
+        self.usage += t.usage;
+        self.agent_calls += t.agent_calls;
+        self.refused += t.refused;
+        self.silent += t.silent;
+        self.matcher += t.matcher;
+        for (k, o) in t.directives {
+            *self.directives.entry(k).or_default() += o;
+        }
+    }
+}
+
+/// One episode on one arm in progress: the arm's state and the realized truth.
+struct Episodic<'e> {
+    ep: &'e Episode,
+    arm: Arm,
+    state: ArmState,
+    truth: Truth,
+    compiled: Option<&'e Compiled>,
+    opts: &'e RunOptions,
+}
+
 /// Runs one episode on one arm.
 pub fn run_episode(
     ep: &Episode,
@@ -197,88 +259,117 @@ pub fn run_episode(
 ) -> (EpisodeRecord, Vec<TurnRecord>) {
     let started = Instant::now();
     let corruptor = opts.corrupt.map(|e| Corruptor::new(e, ep.config.seed));
-    let mut state = ArmState::new(arm, compiled.map(|c| c.graph.clone()), corruptor);
-    let mut truth = Truth::new(ep);
+    let mut run = Episodic {
+        ep,
+        arm,
+        state: ArmState::new(arm, compiled.map(|c| c.graph.clone()), corruptor),
+        truth: Truth::new(ep),
+        compiled,
+        opts,
+    };
+    let mut tally = Tally::default();
     let mut records = Vec::with_capacity(ep.turns.len());
-    let mut mstats = MatcherStats::default();
-    let mut directives: BTreeMap<DirectiveKind, Obedience> = BTreeMap::new();
-    let mut usage = Usage::default();
-    let mut agent_calls = 0;
-    let (mut refused, mut silent) = (0, 0);
     for turn in &ep.turns {
+        let (record, t) = run.turn(turn, agent, matcher);
+        records.push(record);
+        tally += t;
+    }
+    let (primary, decline_aware) = score_records(ep, &mut records);
+    let record = EpisodeRecord {
+        seed: ep.config.seed,
+        arm,
+        turns: ep.turns.len() as u32,
+        primary,
+        decline_aware,
+        refused: tally.refused,
+        silent_refusals: tally.silent,
+        directives: tally.directives,
+        matcher: tally.matcher,
+        usage: tally.usage,
+        agent_calls: tally.agent_calls,
+        wall_s: started.elapsed().as_secs_f64(),
+        defects: run.state.defects(),
+        compile: compiled
+            .filter(|_| arm.uses_module())
+            .map(|c| compile_accuracy(ep, &c.graph, &c.revision)),
+        corruptions: run.state.corruptor.map(|c| c.events).unwrap_or_default(),
+    };
+    (record, records)
+}
+
+/// The agent's side of one turn: its reply and, on the same-turn arm, the
+/// re-prompt after a refusal and the second reply.
+struct Exchange {
+    replies: Vec<String>,
+    bookings: Vec<Booking>,
+    errors: Vec<String>,
+    /// The notice sent between the two replies, if any.
+    reprompt: Option<String>,
+    /// Rejection notices for the next user turn.
+    notices: Vec<String>,
+    usage: Usage,
+    calls: u32,
+}
+
+impl Episodic<'_> {
+    /// One turn: matcher, prompt, agent, gate, then the realized state
+    /// advances on what was executed.
+    fn turn(
+        &mut self,
+        turn: &Turn,
+        agent: &mut dyn Agent,
+        matcher: &mut dyn Matcher,
+    ) -> (TurnRecord, Tally) {
+        let (ep, arm) = (self.ep, self.arm);
         let t0 = Instant::now();
-        let label = truth.open(ep, turn);
+        let label = self.truth.open(ep, turn);
         if turn.kind == TurnKind::Revision {
-            if let Some(c) = compiled {
-                state.revise(&c.revision);
+            if let Some(c) = self.compiled {
+                self.state.revise(&c.revision);
             }
         }
-        let matched = (arm.uses_matcher()
-            && !(opts.bypass_matcher && turn.kind.bypasses_matcher()))
-        .then(|| matcher.resolve(ep, turn));
-        if let Some(m) = &matched {
-            mstats.calls += m.cost.calls;
-            if turn.step.is_some() {
-                mstats.scored += 1;
-                mstats.agree += u32::from(m.step == turn.step);
-            }
-            match (m.explicit_redo, turn.explicit_redo) {
-                (true, true) => mstats.redo_tp += 1,
-                (true, false) => mstats.redo_fp += 1,
-                (false, true) => mstats.redo_fn += 1,
-                _ => {}
-            }
-        }
-        let prompt = state.open_turn(ep, turn, &truth.state, matched.as_ref());
-        let oracle = |reprompt| Oracle {
-            episode: ep,
-            turn,
-            truth: &truth.state,
-            label: &label,
-            reprompt,
+        let bypass = self.opts.bypass_matcher && turn.kind.bypasses_matcher();
+        let matched = (arm.uses_matcher() && !bypass).then(|| matcher.resolve(ep, turn));
+        let prompt = self
+            .state
+            .open_turn(ep, turn, &self.truth.state, matched.as_ref());
+        let x = self.exchange(turn, &prompt, matched.as_ref(), &label, agent);
+        let visible = x.replies.last().map(String::as_str).unwrap_or("");
+        let refused = x.bookings.iter().filter(|b| b.refusal.is_some()).count() as u32;
+        let mut tally = Tally {
+            usage: x.usage,
+            agent_calls: x.calls,
+            refused,
+            silent: if decline::has_refusal_language(visible) {
+                0
+            } else {
+                refused
+            },
+            matcher: matched
+                .as_ref()
+                .map(|m| MatcherStats::of(m, turn))
+                .unwrap_or_default(),
+            directives: BTreeMap::new(),
         };
-        let first = agent.reply(&prompt.messages, &oracle(false));
-        agent_calls += 1;
-        let mut turn_usage = first.usage;
-        let mut errors: Vec<String> = first.error.iter().cloned().collect();
-        let (mut bookings, notices) =
-            state.gate(ep, turn, &prompt, matched.as_ref(), &first.text, 0);
-        let mut replies = vec![first.text];
-        let mut reprompt_notice = None;
-        let mut next_turn = notices;
-        if arm.same_turn_notice() && !next_turn.is_empty() {
-            let notice = next_turn.join("\n");
-            let msgs = state.reprompt(&prompt, &replies[0], &notice);
-            let second = agent.reply(&msgs, &oracle(true));
-            agent_calls += 1;
-            turn_usage.add(&second.usage);
-            errors.extend(second.error.iter().cloned());
-            let (b2, n2) = state.gate(ep, turn, &prompt, matched.as_ref(), &second.text, 1);
-            bookings.extend(b2);
-            replies.push(second.text);
-            reprompt_notice = Some(notice);
-            next_turn = n2;
-        }
-        usage.add(&turn_usage);
-        let visible = replies.last().map(String::as_str).unwrap_or("");
-        let turn_refused = bookings.iter().filter(|b| b.refusal.is_some()).count() as u32;
-        refused += turn_refused;
-        if !decline::has_refusal_language(visible) {
-            silent += turn_refused;
-        }
         if let Some(d) = &prompt.directive {
-            let o = directives.entry(d.kind).or_default();
-            o.issued += 1;
-            let booked = bookings.iter().any(|b| b.current && b.step == Some(d.step));
-            o.obeyed += u32::from(!booked);
+            let booked = x
+                .bookings
+                .iter()
+                .any(|b| b.current && b.step == Some(d.step));
+            let o = Obedience {
+                issued: 1,
+                obeyed: u32::from(!booked),
+            };
+            tally.directives.insert(d.kind, o);
         }
-        let executed: Vec<StepId> = bookings
+        let executed: Vec<StepId> = x
+            .bookings
             .iter()
             .filter(|b| b.executed)
             .filter_map(|b| b.step)
             .collect();
-        truth.close(turn, &executed);
-        records.push(TurnRecord {
+        self.truth.close(turn, &executed);
+        let record = TurnRecord {
             seed: ep.config.seed,
             arm,
             turn: turn.index,
@@ -290,38 +381,64 @@ pub fn run_episode(
             matched,
             directive: prompt.directive.clone(),
             gated: prompt.gated,
-            replies: replies.clone(),
-            errors,
-            bookings,
+            replies: x.replies.clone(),
+            errors: x.errors,
+            bookings: x.bookings,
             label,
             violations: Vec::new(),
             violations_decline_aware: Vec::new(),
-            usage: turn_usage,
+            usage: x.usage,
             latency_s: t0.elapsed().as_secs_f64(),
-        });
-        state.close_turn(prompt, &replies, reprompt_notice, next_turn);
+        };
+        self.state
+            .close_turn(prompt, &x.replies, x.reprompt, x.notices);
+        (record, tally)
     }
-    let (primary, decline_aware) = score_records(ep, &mut records);
-    let record = EpisodeRecord {
-        seed: ep.config.seed,
-        arm,
-        turns: ep.turns.len() as u32,
-        primary,
-        decline_aware,
-        refused,
-        silent_refusals: silent,
-        directives,
-        matcher: mstats,
-        usage,
-        agent_calls,
-        wall_s: started.elapsed().as_secs_f64(),
-        defects: state.defects(),
-        compile: compiled
-            .filter(|_| arm.uses_module())
-            .map(|c| compile_accuracy(ep, &c.graph, &c.revision)),
-        corruptions: state.corruptor.map(|c| c.events).unwrap_or_default(),
-    };
-    (record, records)
+
+    /// The agent replies; the gate judges the bookings; on the same-turn
+    /// arm a refusal re-prompts the agent at once.
+    fn exchange(
+        &mut self,
+        turn: &Turn,
+        prompt: &TurnPrompt,
+        matched: Option<&Match>,
+        label: &Label,
+        agent: &mut dyn Agent,
+    ) -> Exchange {
+        let ep = self.ep;
+        let oracle = |reprompt| Oracle {
+            episode: ep,
+            turn,
+            truth: &self.truth.state,
+            label,
+            reprompt,
+        };
+        let first = agent.reply(&prompt.messages, &oracle(false));
+        let (bookings, notices) = self.state.gate(ep, turn, prompt, matched, &first.text, 0);
+        let mut x = Exchange {
+            replies: vec![first.text],
+            bookings,
+            errors: first.error.into_iter().collect(),
+            reprompt: None,
+            notices,
+            usage: first.usage,
+            calls: 1,
+        };
+        if self.arm.same_turn_notice() && !x.notices.is_empty() {
+            let notice = x.notices.join("\n");
+            let msgs = self.state.reprompt(prompt, &x.replies[0], &notice);
+            let second = agent.reply(&msgs, &oracle(true));
+            let (b2, n2) = self.state.gate(ep, turn, prompt, matched, &second.text, 1);
+            x.calls += 1;
+            x.usage += second.usage;
+            x.errors.extend(second.error);
+            x.bookings.extend(b2);
+            x.replies.push(second.text);
+            x.reprompt = Some(notice);
+            x.notices = n2;
+        }
+        x
+    }
 }
 
 /// Scores turn records under both scorings, filling their violation fields.
@@ -344,7 +461,7 @@ pub fn score_records(ep: &Episode, records: &mut [TurnRecord]) -> (Scoring, Scor
         r.violations = p.turns[i].violations.clone();
         r.violations_decline_aware = d.turns[i].violations.clone();
     }
-    let s = |x: &super::scorer::EpisodeScore| Scoring {
+    let s = |x: &EpisodeScore| Scoring {
         strict: x.strict,
         channels: x.channels,
         turns_correct: x.turns_correct,
@@ -355,10 +472,10 @@ pub fn score_records(ep: &Episode, records: &mut [TurnRecord]) -> (Scoring, Scor
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ladder::agent::Scripted;
-    use crate::ladder::domain::Domain;
-    use crate::ladder::generator::{config, generate};
-    use crate::ladder::module::OracleMatcher;
+    use crate::ladder::episode::domain::Domain;
+    use crate::ladder::episode::generator::generate;
+    use crate::ladder::episode::EpisodeConfig;
+    use crate::ladder::parts::scripted::{OracleMatcher, Scripted};
 
     fn compiled(ep: &Episode) -> Compiled {
         Compiled::oracle(ep)
@@ -367,7 +484,8 @@ mod tests {
     #[test]
     fn perfect_agent_is_strict_on_every_arm() {
         for seed in 100..110 {
-            let ep = generate(&config(Domain::Release, 10, 0.15, seed), None).unwrap();
+            let ep =
+                generate(&EpisodeConfig::paper(Domain::Release, 10, 0.15, seed), None).unwrap();
             let c = compiled(&ep);
             for arm in Arm::ALL {
                 let (rec, turns) = run_episode(
@@ -388,7 +506,11 @@ mod tests {
 
     #[test]
     fn directive_gate_prompt_carries_the_directive() {
-        let ep = generate(&config(Domain::Procurement, 5, 0.15, 100), None).unwrap();
+        let ep = generate(
+            &EpisodeConfig::paper(Domain::Procurement, 5, 0.15, 100),
+            None,
+        )
+        .unwrap();
         let c = compiled(&ep);
         let (_, turns) = run_episode(
             &ep,

@@ -12,144 +12,34 @@
 //! step → unrequested. A requested step that should have been executed and
 //! was not → refused redo when its redo was authorized, omission otherwise.
 
+pub mod channels;
+pub mod compile;
+
 use serde::{Deserialize, Serialize};
 
+use super::episode::generator::{apply_revision, initial_state};
 use super::episode::{Episode, StepId, Turn, TurnKind};
-use super::generator::{apply_revision, initial_state};
 use super::state::{Status, TaskState};
-
-/// The six error channels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, PartialOrd, Ord)]
-#[serde(rename_all = "snake_case")]
-pub enum Channel {
-    /// A done step executed without authorization.
-    ReExecution,
-    /// A cancelled step executed.
-    Superseded,
-    /// A blocked step executed.
-    Premature,
-    /// An eligible requested step not executed.
-    Omission,
-    /// A step other than the requested one executed.
-    Unrequested,
-    /// An authorized re-execution not performed.
-    RefusedRedo,
-}
-
-impl Channel {
-    /// All channels in report order.
-    pub const ALL: [Channel; 6] = [
-        Channel::ReExecution,
-        Channel::Superseded,
-        Channel::Premature,
-        Channel::Omission,
-        Channel::Unrequested,
-        Channel::RefusedRedo,
-    ];
-
-    /// snake_case name.
-    pub fn name(self) -> &'static str {
-        match self {
-            Channel::ReExecution => "re_execution",
-            Channel::Superseded => "superseded",
-            Channel::Premature => "premature",
-            Channel::Omission => "omission",
-            Channel::Unrequested => "unrequested",
-            Channel::RefusedRedo => "refused_redo",
-        }
-    }
-}
-
-/// Violation counts per channel.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChannelCounts {
-    /// Re-executions.
-    pub re_execution: u32,
-    /// Superseded executions.
-    pub superseded: u32,
-    /// Premature executions.
-    pub premature: u32,
-    /// Omissions.
-    pub omission: u32,
-    /// Unrequested executions.
-    pub unrequested: u32,
-    /// Refused redos.
-    pub refused_redo: u32,
-}
-
-impl ChannelCounts {
-    /// Adds one violation.
-    pub fn add(&mut self, c: Channel) {
-        *self.get_mut(c) += 1;
-    }
-
-    /// Count of one channel.
-    pub fn get(&self, c: Channel) -> u32 {
-        match c {
-            Channel::ReExecution => self.re_execution,
-            Channel::Superseded => self.superseded,
-            Channel::Premature => self.premature,
-            Channel::Omission => self.omission,
-            Channel::Unrequested => self.unrequested,
-            Channel::RefusedRedo => self.refused_redo,
-        }
-    }
-
-    fn get_mut(&mut self, c: Channel) -> &mut u32 {
-        match c {
-            Channel::ReExecution => &mut self.re_execution,
-            Channel::Superseded => &mut self.superseded,
-            Channel::Premature => &mut self.premature,
-            Channel::Omission => &mut self.omission,
-            Channel::Unrequested => &mut self.unrequested,
-            Channel::RefusedRedo => &mut self.refused_redo,
-        }
-    }
-
-    /// Sum over channels.
-    pub fn total(&self) -> u32 {
-        Channel::ALL.iter().map(|c| self.get(*c)).sum()
-    }
-
-    /// Adds another count.
-    pub fn merge(&mut self, o: &ChannelCounts) {
-        for c in Channel::ALL {
-            *self.get_mut(c) += o.get(c);
-        }
-    }
-}
+pub use channels::{Channel, ChannelCounts, Violation};
 
 /// What the turn asks of the agent, from the realized state (§3.1).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "label", rename_all = "snake_case")]
 pub enum Label {
     /// Execute the eligible step exactly once.
-    Execute {
-        /// The step.
-        step: StepId,
-    },
+    Execute { step: StepId },
     /// Execute the finished step again: its redo is authorized.
-    Redo {
-        /// The step.
-        step: StepId,
-    },
+    Redo { step: StepId },
     /// Confirm completion; execute nothing.
-    Confirm {
-        /// The step.
-        step: StepId,
-    },
+    Confirm { step: StepId },
     /// Name the missing prerequisites; execute nothing.
     Blocked {
-        /// The step.
         step: StepId,
         /// Its missing prerequisites.
         missing: Vec<StepId>,
     },
     /// Decline the cancelled step; execute nothing.
-    Decline {
-        /// The step.
-        step: StepId,
-    },
+    Decline { step: StepId },
     /// Execute nothing (filler, revision, ambiguous probe).
     Nothing,
 }
@@ -246,23 +136,12 @@ impl Truth {
     }
 }
 
-/// One violation.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Violation {
-    /// Its channel.
-    pub channel: Channel,
-    /// The step concerned.
-    pub step: StepId,
-}
-
 /// The score of one turn.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TurnScore {
-    /// The label.
     pub label: Label,
     /// Steps executed.
     pub executed: Vec<StepId>,
-    /// Violations.
     pub violations: Vec<Violation>,
 }
 
@@ -326,8 +205,9 @@ pub fn perfect_labels(ep: &Episode) -> Vec<Label> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ladder::domain::Domain;
-    use crate::ladder::generator::{config, generate};
+    use crate::ladder::episode::domain::Domain;
+    use crate::ladder::episode::generator::generate;
+    use crate::ladder::episode::EpisodeConfig;
 
     fn perfect_executions(ep: &Episode) -> Vec<Vec<StepId>> {
         perfect_labels(ep)
@@ -339,7 +219,11 @@ mod tests {
     #[test]
     fn perfect_script_is_strict() {
         for seed in 100..140 {
-            let ep = generate(&config(Domain::Procurement, 10, 0.15, seed), None).unwrap();
+            let ep = generate(
+                &EpisodeConfig::paper(Domain::Procurement, 10, 0.15, seed),
+                None,
+            )
+            .unwrap();
             let s = score(&ep, &perfect_executions(&ep));
             assert!(s.strict, "seed {seed}: {:?}", s.channels);
             assert_eq!(s.turns_correct as usize, ep.turns.len());
@@ -348,7 +232,11 @@ mod tests {
 
     #[test]
     fn each_channel_fires() {
-        let ep = generate(&config(Domain::Procurement, 10, 0.15, 101), None).unwrap();
+        let ep = generate(
+            &EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 101),
+            None,
+        )
+        .unwrap();
         let base = perfect_executions(&ep);
         let find = |k: TurnKind| ep.turns.iter().position(|t| t.kind == k).unwrap();
         // Re-execution: book the step on its redo probe.
@@ -391,7 +279,9 @@ mod tests {
     #[test]
     fn premature_channel() {
         let ep = (100..200)
-            .map(|s| generate(&config(Domain::Procurement, 10, 0.3, s), None).unwrap())
+            .map(|s| {
+                generate(&EpisodeConfig::paper(Domain::Procurement, 10, 0.3, s), None).unwrap()
+            })
             .find(|e| e.turns.iter().any(|t| t.kind == TurnKind::Premature))
             .unwrap();
         let mut ex = perfect_executions(&ep);

@@ -1,0 +1,291 @@
+//! The measurements behind `statebench bench`: engine throughput (prefill,
+//! batched decode, a growing conversation with and without prefix reuse)
+//! and a live cell run batched against one episode-arm at a time. Each
+//! returns its figures; the command line prints them.
+
+use std::path::Path;
+use std::time::Instant;
+
+use crate::backend::shared::Client;
+use crate::backend::{Backend, BackendError, ChatRequest, Message, ModelIdentity, Role, Usage};
+use crate::engine::model::BatchItem;
+use crate::engine::Engine;
+use crate::ladder::arms::Arm;
+use crate::ladder::run::cell::{run_cell, CellConfig, CellError, CellParts};
+use crate::ladder::run::runlog::{read_run, read_turns, RunRead};
+
+/// What `bench` measures on the engine.
+#[derive(Debug, Clone)]
+pub struct EngineBenchOptions {
+    /// Prompt length of the prefill measurement.
+    pub prefill_tokens: usize,
+    /// Decode steps measured per batch size.
+    pub decode_steps: usize,
+    /// Batch sizes of the decode measurement.
+    pub batches: Vec<usize>,
+    /// Turns of the growing conversation.
+    pub turns: usize,
+    /// Reply tokens per turn of the growing conversation.
+    pub turn_tokens: usize,
+}
+
+/// Tokens over seconds.
+#[derive(Debug, Clone, Copy)]
+pub struct Rate {
+    pub tokens: usize,
+    pub secs: f64,
+}
+
+impl Rate {
+    pub fn per_sec(&self) -> f64 {
+        self.tokens as f64 / self.secs
+    }
+}
+
+/// One turn of the growing conversation, with its prefix reused and cold.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnCost {
+    /// One-based turn.
+    pub turn: usize,
+    pub warm_secs: f64,
+    pub warm: Usage,
+    pub cold_secs: f64,
+    pub cold: Usage,
+}
+
+/// The engine's figures.
+#[derive(Debug, Clone)]
+pub struct EngineBench {
+    pub prefill: Rate,
+    /// Aggregate decode rate per batch size.
+    pub decode: Vec<(usize, Rate)>,
+    /// Sampled turns of the growing conversation.
+    pub conversation: Vec<TurnCost>,
+    /// Mean seconds per turn with reuse, over every turn.
+    pub mean_warm_secs: f64,
+}
+
+/// Deterministic filler text for benchmarks.
+fn filler(words: usize, salt: usize) -> String {
+    const W: [&str; 12] = [
+        "ledger", "invoice", "step", "booking", "order", "review", "audit", "ship", "draft",
+        "check", "plan", "note",
+    ];
+    (0..words)
+        .map(|i| W[(i * 7 + salt * 3) % W.len()])
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Prefill, batched decode and the growing conversation on `engine`.
+pub fn engine(engine: &mut Engine, o: &EngineBenchOptions) -> Result<EngineBench, BackendError> {
+    let prefill = prefill(engine, o.prefill_tokens)?;
+    let decode = o
+        .batches
+        .iter()
+        .map(|&b| Ok((b, decode(engine, b, o.decode_steps)?)))
+        .collect::<Result<_, BackendError>>()?;
+    let (conversation, mean_warm_secs) = conversation(engine, o.turns, o.turn_tokens)?;
+    Ok(EngineBench {
+        prefill,
+        decode,
+        conversation,
+        mean_warm_secs,
+    })
+}
+
+/// One prompt of exactly `n` tokens, cold cache.
+fn prefill(engine: &Engine, n: usize) -> Result<Rate, BackendError> {
+    let mut toks = engine.encode(&filler(n * 2, 0))?;
+    toks.truncate(n);
+    let t = Instant::now();
+    engine.forward(&mut [BatchItem {
+        tokens: &toks,
+        cache: &mut Default::default(),
+    }]);
+    Ok(Rate {
+        tokens: toks.len(),
+        secs: t.elapsed().as_secs_f64(),
+    })
+}
+
+/// `b` sequences with distinct 64-token prompts, `steps` decode steps each.
+fn decode(engine: &Engine, b: usize, steps: usize) -> Result<Rate, BackendError> {
+    let mut prompts = Vec::with_capacity(b);
+    for i in 0..b {
+        let mut p = engine.encode(&filler(100, i + 1))?;
+        p.truncate(64);
+        prompts.push(p);
+    }
+    let mut caches = vec![Default::default(); b];
+    let mut items: Vec<BatchItem<'_>> = prompts
+        .iter()
+        .zip(caches.iter_mut())
+        .map(|(p, cache)| BatchItem { tokens: p, cache })
+        .collect();
+    engine.forward(&mut items);
+    let feed: Vec<[u32; 1]> = (0..b).map(|i| [(i as u32 * 17 + 220) % 1000]).collect();
+    for (it, f) in items.iter_mut().zip(&feed) {
+        it.tokens = f;
+    }
+    let t = Instant::now();
+    for _ in 0..steps {
+        engine.forward(&mut items);
+    }
+    Ok(Rate {
+        tokens: b * steps,
+        secs: t.elapsed().as_secs_f64(),
+    })
+}
+
+/// A conversation that re-sends its whole transcript every turn: with
+/// prefix reuse only the new tokens are prefilled; cold, all of them are.
+/// Returns five sampled turns both ways (all of them cold takes minutes)
+/// and the mean seconds per turn with reuse.
+fn conversation(
+    engine: &mut Engine,
+    turns: usize,
+    reply_tokens: usize,
+) -> Result<(Vec<TurnCost>, f64), BackendError> {
+    let mut messages = vec![Message::new(
+        Role::System,
+        "You keep a ledger of work orders.".to_string(),
+    )];
+    let session = engine.open_session();
+    let mut warm = Vec::new();
+    let mut transcripts = Vec::new();
+    for turn in 0..turns {
+        messages.push(Message::new(
+            Role::User,
+            format!("Turn {}: {}", turn + 1, filler(20, turn)),
+        ));
+        let req = ChatRequest::greedy(messages.clone(), reply_tokens);
+        transcripts.push(req.clone());
+        let t = Instant::now();
+        let reply = engine.chat(session, req)?;
+        warm.push((t.elapsed().as_secs_f64(), reply.usage));
+        messages.push(Message::new(Role::Assistant, reply.content));
+    }
+    let n = turns;
+    let mut sample: Vec<usize> = [1, n / 4, n / 2, 3 * n / 4, n]
+        .into_iter()
+        .filter(|&t| t >= 1 && t <= n)
+        .collect();
+    sample.dedup();
+    let mut costs = Vec::new();
+    for t in sample {
+        let s = engine.open_session();
+        let start = Instant::now();
+        let cold = engine.chat(s, transcripts[t - 1].clone())?;
+        let cold_secs = start.elapsed().as_secs_f64();
+        engine.close_session(s);
+        let (warm_secs, warm_usage) = warm[t - 1];
+        costs.push(TurnCost {
+            turn: t,
+            warm_secs,
+            warm: warm_usage,
+            cold_secs,
+            cold: cold.usage,
+        });
+    }
+    let mean = warm.iter().map(|w| w.0).sum::<f64>() / n.max(1) as f64;
+    Ok((costs, mean))
+}
+
+/// One arm's rates in the cell benchmark.
+#[derive(Debug, Clone)]
+pub struct ArmRates {
+    /// The arm's name, or `all`.
+    pub arm: String,
+    /// The arm's episodes over the wall time every arm shared.
+    pub batched_per_hour: f64,
+    /// The arm's episodes over the time they took, one at a time.
+    pub sequential_per_hour: f64,
+    /// Share of the batched run's prompt tokens served from cache.
+    pub cached_share: f64,
+}
+
+/// A live cell batched against one episode-arm at a time.
+#[derive(Debug, Clone)]
+pub struct CellBench {
+    pub cell: CellConfig,
+    pub model: String,
+    pub batched_secs: f64,
+    pub sequential_secs: f64,
+    /// Whether both runs wrote the same replies and bookings.
+    pub identical: bool,
+    /// Per arm, then `all`.
+    pub arms: Vec<ArmRates>,
+}
+
+/// Runs `cell` with every episode-arm live at once, then one at a time, in
+/// run directories under `scratch` (removed afterwards).
+pub fn cell(
+    client: Client,
+    model: ModelIdentity,
+    cell: CellConfig,
+    scratch: &Path,
+) -> Result<CellBench, CellError> {
+    let parts = CellParts::model(client, model.clone(), cell.thinking);
+    let total = cell.episodes as usize * cell.arms.len();
+    let mut walls = Vec::new();
+    for (name, workers) in [("batched", total), ("sequential", 1)] {
+        let dir = scratch.join(name);
+        let _ = std::fs::remove_dir_all(&dir);
+        let t = Instant::now();
+        run_cell(&cell, &parts, None, &dir, workers, true)?;
+        walls.push((dir, t.elapsed().as_secs_f64()));
+    }
+    let runs: Vec<RunRead> = walls
+        .iter()
+        .map(|(d, _)| read_run(d))
+        .collect::<Result<_, _>>()?;
+    let transcripts = |d: &Path| -> Result<Vec<String>, CellError> {
+        let mut v: Vec<String> = read_turns(d)?
+            .into_iter()
+            .map(|t| serde_json::json!([t.seed, t.arm, t.turn, t.replies, t.bookings]).to_string())
+            .collect();
+        v.sort();
+        Ok(v)
+    };
+    let identical = transcripts(&walls[0].0)? == transcripts(&walls[1].0)?;
+    let (batched_secs, sequential_secs) = (walls[0].1, walls[1].1);
+    let (mut prompt, mut cached) = (0usize, 0usize);
+    let mut arms = Vec::new();
+    for arm in &cell.arms {
+        let of = |r: &RunRead| -> Vec<_> {
+            r.episodes
+                .iter()
+                .filter(|e| e.arm == *arm)
+                .cloned()
+                .collect()
+        };
+        let (b, q) = (of(&runs[0]), of(&runs[1]));
+        let seq_s: f64 = q.iter().map(|e| e.wall_s).sum();
+        let p: usize = b.iter().map(|e| e.usage.prompt_tokens).sum();
+        let c: usize = b.iter().map(|e| e.usage.cached_tokens).sum();
+        prompt += p;
+        cached += c;
+        arms.push(ArmRates {
+            arm: Arm::name(*arm).to_string(),
+            batched_per_hour: b.len() as f64 / batched_secs * 3600.0,
+            sequential_per_hour: q.len() as f64 / seq_s.max(1e-9) * 3600.0,
+            cached_share: c as f64 / p.max(1) as f64,
+        });
+    }
+    arms.push(ArmRates {
+        arm: "all".into(),
+        batched_per_hour: total as f64 / batched_secs * 3600.0,
+        sequential_per_hour: total as f64 / sequential_secs * 3600.0,
+        cached_share: cached as f64 / prompt.max(1) as f64,
+    });
+    let _ = std::fs::remove_dir_all(scratch);
+    Ok(CellBench {
+        cell,
+        model: model.name,
+        batched_secs,
+        sequential_secs,
+        identical,
+        arms,
+    })
+}

@@ -1,0 +1,186 @@
+//! The command line: argument types, the model every model command loads,
+//! and one module per group of commands. Every command calls the library
+//! and prints what it returns.
+
+mod bench;
+mod engine;
+mod ladder;
+mod serve;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+
+use statebench::backend::http_client::{OpenAiBackend, OpenAiOptions};
+use statebench::backend::shared::SharedBackend;
+use statebench::backend::ModelIdentity;
+use statebench::engine::{gib, Engine, EngineOptions, DEFAULT_MODEL};
+
+/// statebench: how strongly should task state act on an LLM agent?
+#[derive(Parser)]
+#[command(version, about, long_about = None)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// The paper's testbed: episodes, cells, reports, scoring.
+    #[command(subcommand)]
+    Ladder(ladder::LadderCommand),
+    /// Quick start: a small live ladder on the default model (procurement, S=5, four arms).
+    Run(ladder::RunArgs),
+    /// Generate one reply with the in-process engine and print its accounting.
+    Generate(engine::GenerateArgs),
+    /// Manage model files.
+    #[command(subcommand)]
+    Model(engine::ModelCommand),
+    /// Measure prefill, batched decode and growing-conversation cost; with --cell, a live cell batched against one episode at a time.
+    Bench(bench::BenchArgs),
+    /// Serve the in-process engine as an OpenAI-compatible chat-completions endpoint.
+    Serve(serve::ServeArgs),
+}
+
+/// Runs one parsed command line.
+pub fn run(cli: Cli) -> Result<()> {
+    match cli.command {
+        Command::Ladder(c) => ladder::run(c),
+        Command::Run(a) => ladder::quickstart(a),
+        Command::Generate(a) => engine::generate(a),
+        Command::Model(c) => engine::model(c),
+        Command::Bench(a) => bench::run(a),
+        Command::Serve(a) => serve::run(a),
+    }
+}
+
+/// Which model, and how the in-process engine runs it.
+#[derive(Args, Debug, Clone)]
+pub struct ModelArgs {
+    /// A .gguf file, a directory with config.json + safetensors, or a Hugging
+    /// Face id (from the hub cache; downloaded unless HF_HUB_OFFLINE=1).
+    /// Default: the default GGUF, fetched with models/fetch.sh if missing.
+    #[arg(long)]
+    pub model: Option<String>,
+    /// Compute threads of the engine.
+    #[arg(long, default_value_t = EngineOptions::DEFAULT_THREADS)]
+    pub threads: usize,
+    /// KV-cache memory of the engine in GiB (running requests and idle
+    /// sessions together; idle caches are dropped, least recently used first).
+    #[arg(long, default_value_t = EngineOptions::DEFAULT_KV_BUDGET_GIB)]
+    pub kv_budget_gib: f64,
+}
+
+impl ModelArgs {
+    /// Loads the engine these flags name.
+    pub fn load(&self) -> Result<Engine> {
+        let spec = resolve_model(&self.model)?;
+        let opts = EngineOptions {
+            threads: self.threads,
+            kv_budget_bytes: gib(self.kv_budget_gib),
+            ..EngineOptions::default()
+        };
+        Ok(Engine::load(&spec, opts)?)
+    }
+}
+
+/// A model for the studies: the in-process engine, or a remote server.
+#[derive(Args, Debug, Clone)]
+pub struct BackendArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Drive a remote OpenAI-compatible server (vLLM, SGLang, `statebench serve`) instead of the in-process engine, e.g. http://127.0.0.1:8000.
+    #[arg(long, conflicts_with = "model")]
+    pub endpoint: Option<String>,
+    /// Model name to request from --endpoint (default: the first it lists at /v1/models).
+    #[arg(long, requires = "endpoint")]
+    pub remote_model: Option<String>,
+    /// Environment variable holding the --endpoint API key (sent as a bearer token when set).
+    #[arg(long, default_value = "OPENAI_API_KEY", requires = "endpoint")]
+    pub api_key_env: String,
+    /// Thinking regime (Qwen3 enable_thinking) with the paper's thinking budgets.
+    #[arg(long)]
+    pub think: bool,
+    /// Episode-arms in flight at once; their model calls are batched together.
+    #[arg(long, alias = "live", default_value_t = 32)]
+    pub concurrency: usize,
+}
+
+impl BackendArgs {
+    /// Starts the backend on its own thread, shared by every caller.
+    pub fn spawn(&self) -> Result<(SharedBackend, ModelIdentity)> {
+        let backend: Box<dyn statebench::backend::Backend + Send> = match &self.endpoint {
+            Some(url) => Box::new(OpenAiBackend::connect(OpenAiOptions {
+                model: self.remote_model.clone(),
+                api_key_env: Some(self.api_key_env.clone()),
+                max_concurrency: self.concurrency.max(1),
+                ..OpenAiOptions::new(url.clone())
+            })?),
+            None => Box::new(self.model.load()?),
+        };
+        let shared = SharedBackend::spawn(backend)?;
+        let id = shared.model_id().clone();
+        Ok((shared, id))
+    }
+}
+
+/// Writes to stdout; a closed pipe (e.g. `| head`) ends output quietly.
+pub fn emit(text: &str) -> Result<()> {
+    use std::io::Write;
+    match std::io::stdout().lock().write_all(text.as_bytes()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        r => Ok(r?),
+    }
+}
+
+/// The repository root: the working directory if it holds `models/`, else
+/// the directory the binary was built from.
+fn repo_root() -> PathBuf {
+    if Path::new("models/fetch.sh").is_file() {
+        PathBuf::from(".")
+    } else {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    }
+}
+
+/// Runs `models/fetch.sh` (the one piece of code that fetches models).
+fn fetch_default_model() -> Result<PathBuf> {
+    let script = repo_root().join("models/fetch.sh");
+    if !script.is_file() {
+        bail!(
+            "{}: fetch script not found (run from the statebench repository)",
+            script.display()
+        );
+    }
+    let status = std::process::Command::new("bash")
+        .arg(&script)
+        .status()
+        .with_context(|| format!("{}: could not run bash", script.display()))?;
+    if !status.success() {
+        bail!(
+            "{}: fetching the default model failed ({status}); see its output above",
+            script.display()
+        );
+    }
+    let path = repo_root().join(DEFAULT_MODEL);
+    if !path.is_file() {
+        bail!("{}: still missing after fetching", path.display());
+    }
+    Ok(path)
+}
+
+/// The model spec to load: the flag, or the default GGUF (fetched if missing).
+fn resolve_model(arg: &Option<String>) -> Result<String> {
+    if let Some(m) = arg {
+        return Ok(m.clone());
+    }
+    let path = repo_root().join(DEFAULT_MODEL);
+    let path = if path.is_file() {
+        path
+    } else {
+        eprintln!("default model missing; fetching it with models/fetch.sh");
+        fetch_default_model()?
+    };
+    Ok(path.to_string_lossy().into_owned())
+}

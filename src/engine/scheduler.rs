@@ -1,0 +1,366 @@
+//! The scheduler: sessions, the waiting queue, the running batch, admission
+//! by KV budget and eviction of idle caches.
+//!
+//! Its contract is narrow: [`Scheduler::add_request`] queues a tokenized
+//! request, [`Scheduler::schedule`] admits what fits and hands out the next
+//! forward step's batch, and [`Scheduler::update`] takes that step's logits,
+//! samples each request's next token and returns the requests that finished.
+//! It never sees the model, the tokenizer or which device runs; the engine
+//! ties the three together.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::Duration;
+
+use super::kv_cache::KvStore;
+use super::model::BatchItem;
+use super::sampling::{self, Rng};
+use crate::backend::{BackendError, ChatRequest, Finish, RequestId, SessionId};
+
+/// Limits the scheduler enforces.
+#[derive(Debug, Clone)]
+pub struct Limits {
+    /// Bytes that in-flight requests (prompt plus `max_tokens`) and idle
+    /// sessions' caches may hold together.
+    pub kv_budget_bytes: usize,
+    /// Bytes one cached position takes.
+    pub kv_bytes_per_token: usize,
+    /// The model's context length.
+    pub context: usize,
+    /// Token ids that end a reply.
+    pub stop_ids: Vec<u32>,
+}
+
+/// A conversation's cached tokens and their KV entries.
+#[derive(Default)]
+struct Session<C> {
+    tokens: Vec<u32>,
+    cache: C,
+    busy: bool,
+    /// Scheduler clock when the session last started or finished a request.
+    last_used: u64,
+}
+
+/// A request waiting for admission.
+struct Waiting {
+    id: RequestId,
+    session: SessionId,
+    req: ChatRequest,
+    prompt: Vec<u32>,
+}
+
+/// A request in the running batch; it holds its session's cache meanwhile.
+struct Running<C> {
+    id: RequestId,
+    session: SessionId,
+    req: ChatRequest,
+    prompt: Vec<u32>,
+    cached: usize,
+    /// Tokens to feed on the next forward step.
+    feed: Vec<u32>,
+    tokens: Vec<u32>,
+    cache: C,
+    generated: Vec<u32>,
+    rng: Rng,
+    prefill_secs: f64,
+    decode_secs: f64,
+}
+
+/// A request that finished: what the engine needs to write its reply.
+#[derive(Debug, Clone)]
+pub struct Done {
+    pub id: RequestId,
+    pub req: ChatRequest,
+    pub prompt_tokens: usize,
+    /// Prompt tokens whose KV entries came from the session's cache.
+    pub cached_tokens: usize,
+    /// Generated ids, the stop token included when one ended the reply.
+    pub generated: Vec<u32>,
+    pub finish: Finish,
+    pub prefill_secs: f64,
+    pub decode_secs: f64,
+}
+
+/// Sessions, queue and running batch of one engine.
+pub struct Scheduler<C: KvStore> {
+    limits: Limits,
+    sessions: HashMap<SessionId, Session<C>>,
+    waiting: VecDeque<Waiting>,
+    running: Vec<Running<C>>,
+    next_id: u64,
+    /// Counts admissions and finishes; orders sessions for eviction.
+    clock: u64,
+}
+
+impl<C: KvStore> Scheduler<C> {
+    pub fn new(limits: Limits) -> Self {
+        Scheduler {
+            limits,
+            sessions: HashMap::new(),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            next_id: 0,
+            clock: 0,
+        }
+    }
+
+    fn fresh_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    pub fn open_session(&mut self) -> SessionId {
+        let id = SessionId(self.fresh_id());
+        self.sessions.insert(id, Session::default());
+        id
+    }
+
+    /// Closes a session and drops its requests, queued or running.
+    pub fn close_session(&mut self, s: SessionId) {
+        self.sessions.remove(&s);
+        self.waiting.retain(|p| p.session != s);
+        self.running.retain(|r| r.session != s);
+    }
+
+    /// Checks that a session can take a request now.
+    pub fn check_session(&self, s: SessionId) -> Result<(), BackendError> {
+        let session = self
+            .sessions
+            .get(&s)
+            .ok_or(BackendError::UnknownSession(s))?;
+        if session.busy {
+            return Err(BackendError::SessionBusy(s));
+        }
+        Ok(())
+    }
+
+    /// Queues a tokenized request; refuses one that can never run.
+    pub fn add_request(
+        &mut self,
+        s: SessionId,
+        req: ChatRequest,
+        prompt: Vec<u32>,
+    ) -> Result<RequestId, BackendError> {
+        self.check_session(s)?;
+        let context = self.limits.context;
+        if prompt.len() + req.max_tokens > context {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens: prompt.len(),
+                max_tokens: req.max_tokens,
+                context,
+            });
+        }
+        let need = (prompt.len() + req.max_tokens) * self.limits.kv_bytes_per_token;
+        if need > self.limits.kv_budget_bytes {
+            return Err(BackendError::ExceedsKvBudget {
+                needed_bytes: need,
+                budget_bytes: self.limits.kv_budget_bytes,
+            });
+        }
+        let id = RequestId(self.fresh_id());
+        if let Some(session) = self.sessions.get_mut(&s) {
+            session.busy = true;
+        }
+        self.waiting.push_back(Waiting {
+            id,
+            session: s,
+            req,
+            prompt,
+        });
+        Ok(id)
+    }
+
+    /// Whether a token id ends a reply.
+    pub fn is_stop_id(&self, t: u32) -> bool {
+        self.limits.stop_ids.contains(&t)
+    }
+
+    pub fn has_pending(&self) -> bool {
+        !self.waiting.is_empty() || !self.running.is_empty()
+    }
+
+    /// Bytes of KV cache held now: running requests' reservations plus every
+    /// session's cached entries.
+    pub fn kv_bytes_in_use(&self) -> usize {
+        self.reserved_bytes() + self.idle_bytes_except(None)
+    }
+
+    fn idle_bytes_except(&self, keep: Option<SessionId>) -> usize {
+        self.sessions
+            .iter()
+            .filter(|(id, _)| Some(**id) != keep)
+            .map(|(_, s)| s.cache.len() * self.limits.kv_bytes_per_token)
+            .sum()
+    }
+
+    fn reserved_bytes(&self) -> usize {
+        self.running
+            .iter()
+            .map(|r| (r.prompt.len() + r.req.max_tokens) * self.limits.kv_bytes_per_token)
+            .sum()
+    }
+
+    /// Drops the cache of the least recently used session other than `keep`
+    /// (it re-prefills on its next turn, with the same result); returns the
+    /// bytes freed, or None when no such session holds a cache.
+    fn evict_lru_except(&mut self, keep: SessionId) -> Option<usize> {
+        let victim = self
+            .sessions
+            .iter()
+            .filter(|(id, s)| **id != keep && !s.cache.is_empty())
+            .min_by_key(|(id, s)| (s.last_used, **id))
+            .map(|(id, _)| *id);
+        let s = self.sessions.get_mut(&victim?)?;
+        let freed = s.cache.len() * self.limits.kv_bytes_per_token;
+        s.cache = C::default();
+        s.tokens.clear();
+        Some(freed)
+    }
+
+    /// Moves waiting requests into the running batch while the KV budget allows.
+    fn admit(&mut self) {
+        let per = self.limits.kv_bytes_per_token;
+        let budget = self.limits.kv_budget_bytes;
+        while let Some(p) = self.waiting.front() {
+            let (need, keep) = ((p.prompt.len() + p.req.max_tokens) * per, p.session);
+            let mut reserved = self.reserved_bytes();
+            if !self.running.is_empty() && reserved + need > budget {
+                break;
+            }
+            // Idle caches make room for a request that fits beside the running ones.
+            reserved += self.idle_bytes_except(Some(keep));
+            while reserved + need > budget {
+                match self.evict_lru_except(keep) {
+                    Some(freed) => reserved -= freed,
+                    None => break,
+                }
+            }
+            let Some(p) = self.waiting.pop_front() else {
+                break;
+            };
+            self.clock += 1;
+            let clock = self.clock;
+            let session = self.sessions.entry(p.session).or_default();
+            session.last_used = clock;
+            let mut tokens = std::mem::take(&mut session.tokens);
+            let mut cache = std::mem::take(&mut session.cache);
+            // Reuse the longest common prefix, but always recompute the last
+            // prompt token: its logits choose the first reply token.
+            let lcp = tokens
+                .iter()
+                .zip(&p.prompt)
+                .take_while(|(a, b)| a == b)
+                .count()
+                .min(p.prompt.len() - 1)
+                .min(cache.len());
+            cache.truncate(lcp);
+            tokens.truncate(lcp);
+            self.running.push(Running {
+                id: p.id,
+                session: p.session,
+                feed: p.prompt[lcp..].to_vec(),
+                prompt: p.prompt,
+                cached: lcp,
+                tokens,
+                cache,
+                generated: Vec::new(),
+                rng: Rng::new(p.req.seed),
+                prefill_secs: 0.0,
+                decode_secs: 0.0,
+                req: p.req,
+            });
+        }
+    }
+
+    /// Admits what fits and returns the next forward step's batch: every
+    /// running request with the tokens it feeds (its uncached prompt, or its
+    /// last generated token). None when nothing runs.
+    pub fn schedule(&mut self) -> Option<Vec<BatchItem<'_, C>>> {
+        self.admit();
+        if self.running.is_empty() {
+            return None;
+        }
+        Some(
+            self.running
+                .iter_mut()
+                .map(|r| BatchItem {
+                    tokens: &r.feed,
+                    cache: &mut r.cache,
+                })
+                .collect(),
+        )
+    }
+
+    /// Takes the logits of the batch [`Self::schedule`] returned (one per
+    /// running request, in its order) and the step's wall time; samples each
+    /// request's next token and returns the finished requests, in id order.
+    /// `stopped` says whether generated ids contain one of the stop strings.
+    pub fn update(
+        &mut self,
+        logits: &[Vec<f32>],
+        took: Duration,
+        stopped: &dyn Fn(&[u32], &[String]) -> bool,
+    ) -> Vec<Done> {
+        let secs = took.as_secs_f64();
+        for (r, l) in self.running.iter_mut().zip(logits) {
+            if r.generated.is_empty() {
+                r.prefill_secs += secs;
+            } else {
+                r.decode_secs += secs;
+            }
+            r.tokens.extend_from_slice(&r.feed);
+            let t = sampling::sample(l, r.req.temperature, &mut r.rng);
+            r.generated.push(t);
+            r.feed.clear();
+            r.feed.push(t);
+        }
+        let mut done = Vec::new();
+        let mut i = 0;
+        while i < self.running.len() {
+            let Some(finish) = self.finish_of(&self.running[i], stopped) else {
+                i += 1;
+                continue;
+            };
+            let r = self.running.swap_remove(i);
+            self.clock += 1;
+            if let Some(session) = self.sessions.get_mut(&r.session) {
+                session.tokens = r.tokens;
+                session.cache = r.cache;
+                session.busy = false;
+                session.last_used = self.clock;
+            }
+            done.push(Done {
+                id: r.id,
+                prompt_tokens: r.prompt.len(),
+                cached_tokens: r.cached,
+                generated: r.generated,
+                finish,
+                prefill_secs: r.prefill_secs,
+                decode_secs: r.decode_secs,
+                req: r.req,
+            });
+        }
+        done.sort_by_key(|d| d.id);
+        done
+    }
+
+    /// Why a running request is done, if it is.
+    fn finish_of(
+        &self,
+        r: &Running<C>,
+        stopped: &dyn Fn(&[u32], &[String]) -> bool,
+    ) -> Option<Finish> {
+        let last = *r.generated.last()?;
+        if self.is_stop_id(last) {
+            return Some(Finish::Stop);
+        }
+        if !r.req.stop.is_empty() && stopped(&r.generated, &r.req.stop) {
+            return Some(Finish::Stop);
+        }
+        if r.generated.len() >= r.req.max_tokens
+            || r.prompt.len() + r.generated.len() >= self.limits.context
+        {
+            return Some(Finish::Length);
+        }
+        None
+    }
+}

@@ -1,0 +1,7 @@
+//! Running episodes: one episode on one arm, a cell of them into a run
+//! directory, reading run logs back, and replaying recorded replies.
+
+pub mod cell;
+pub mod replay;
+pub mod runlog;
+pub mod runner;

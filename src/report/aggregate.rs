@@ -1,0 +1,343 @@
+//! Aggregation: run directories → per-arm summaries and adjacent-rung
+//! contrasts. Adjacent rungs are the cell's arms in the order the cell
+//! lists them; McNemar pairs episodes by seed; Holm runs over every adjacent
+//! contrast of every cell in the report, separately for each scoring.
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+
+use crate::backend::Usage;
+use crate::ladder::arms::gate::DirectiveKind;
+use crate::ladder::arms::Arm;
+use crate::ladder::run::cell::CellConfig;
+use crate::ladder::run::runlog::{sorted_keys, RunRead};
+use crate::ladder::run::runner::{EpisodeRecord, MatcherStats, Obedience};
+use crate::ladder::score::compile::CompileTotals;
+use crate::ladder::score::{Channel, ChannelCounts};
+use crate::stats::{holm, mcnemar_exact, wilson};
+
+/// Decline-aware success of an arm.
+#[derive(Debug, Clone, Serialize)]
+pub struct DeclineAware {
+    /// Strict successes.
+    pub strict: u64,
+    pub rate: f64,
+    /// Wilson 95% interval.
+    pub wilson95: [f64; 2],
+}
+
+/// Per-arm means of the accounting (paper Table 7).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct Accounting {
+    /// Prompt tokens per episode.
+    pub prompt_tokens: f64,
+    /// Cached prompt tokens per episode.
+    pub cached_tokens: f64,
+    /// Completion tokens per episode.
+    pub completion_tokens: f64,
+    /// Agent calls per episode.
+    pub agent_calls: f64,
+    /// Matcher calls per episode.
+    pub matcher_calls: f64,
+    /// Refused bookings in the cell.
+    pub refused: u64,
+    /// Silent refusals in the cell.
+    pub silent_refusals: u64,
+    /// Wall-clock seconds per episode.
+    pub wall_s: f64,
+    /// Uncached prompt tokens per second of the prefill steps the arm's
+    /// requests took part in (a per-sequence rate: in a batched run the steps
+    /// are shared, so this is not the engine's throughput).
+    pub prefill_tok_s: f64,
+    /// Completion tokens per second of the decode steps the arm's requests
+    /// took part in (per sequence, as above).
+    pub decode_tok_s: f64,
+    /// Per-turn accuracy (fraction of turns without a violation).
+    pub turn_accuracy: f64,
+}
+
+/// One arm of one cell.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArmSummary {
+    /// Arm name.
+    pub arm: String,
+    pub episodes: u64,
+    /// Strict successes (primary scoring).
+    pub strict: u64,
+    pub rate: f64,
+    /// Wilson 95% interval.
+    pub wilson95: [f64; 2],
+    /// Decline-aware scoring.
+    pub decline_aware: DeclineAware,
+    /// Violations per channel (primary scoring).
+    pub channels: BTreeMap<&'static str, u32>,
+    pub accounting: Accounting,
+    /// Directive obedience per directive kind (directive arms).
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub obedience: BTreeMap<DirectiveKind, Obedience>,
+    /// Matcher step agreement over ask and probe turns, when a matcher ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub matcher_agreement: Option<f64>,
+    /// Explicit-redo precision and recall, when a matcher ran.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub redo_precision_recall: Option<[f64; 2]>,
+    /// Compile accuracy against the generator, for module arms (paper Table 5).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub compile: Option<CompileSummary>,
+}
+
+/// Compile accuracy over a cell's episodes (paper Table 5).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct CompileSummary {
+    /// Compiled episodes.
+    pub episodes: u64,
+    /// Fraction of steps whose dependency set matches exactly.
+    pub deps: f64,
+    /// Fraction of steps whose completion code matches.
+    pub codes: f64,
+    /// Fraction of episodes with the cancelled step right.
+    pub cancel: f64,
+    /// Fraction with the rewires right.
+    pub rewire: f64,
+    /// Fraction with the relaxed prerequisite right.
+    pub relax: f64,
+    /// Episodes the ground-truth-free validator flags.
+    pub flagged: u64,
+}
+
+/// An adjacent-rung contrast.
+#[derive(Debug, Clone, Serialize)]
+pub struct Contrast {
+    /// Lower rung.
+    pub a: String,
+    /// Upper rung.
+    pub b: String,
+    /// Exact McNemar p on shared seeds.
+    pub p: f64,
+    /// Holm-adjusted p.
+    pub p_holm: f64,
+    /// The same under decline-aware scoring.
+    pub decline_aware: ContrastP,
+}
+
+/// A p-value pair.
+#[derive(Debug, Clone, Serialize)]
+pub struct ContrastP {
+    /// Raw p.
+    pub p: f64,
+    /// Holm-adjusted p.
+    pub p_holm: f64,
+}
+
+/// One cell of the report.
+#[derive(Debug, Clone, Serialize)]
+pub struct CellReport {
+    /// The cell's configuration (from its manifest).
+    #[serde(serialize_with = "sorted_keys")]
+    pub config: CellConfig,
+    /// Run directory.
+    pub dir: String,
+    /// Per-arm summaries in cell order.
+    pub arms: Vec<ArmSummary>,
+    /// Adjacent contrasts.
+    pub contrasts: Vec<Contrast>,
+}
+
+/// The whole report.
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub cells: Vec<CellReport>,
+}
+
+fn ratio(n: u64, d: u64) -> f64 {
+    if d == 0 {
+        0.0
+    } else {
+        n as f64 / d as f64
+    }
+}
+
+/// An arm's episodes summed.
+#[derive(Debug, Clone, Default)]
+struct ArmTotals {
+    episodes: u64,
+    strict: u64,
+    decline_aware: u64,
+    channels: ChannelCounts,
+    obedience: BTreeMap<DirectiveKind, Obedience>,
+    usage: Usage,
+    agent_calls: u64,
+    matcher: MatcherStats,
+    refused: u64,
+    silent: u64,
+    wall_s: f64,
+    turns_correct: u64,
+    turns: u64,
+    compile: CompileTotals,
+    /// Compiled episodes the validator flags.
+    flagged: u64,
+}
+
+impl std::ops::AddAssign<&EpisodeRecord> for ArmTotals {
+    fn add_assign(&mut self, e: &EpisodeRecord) {
+        self.episodes += 1;
+        self.strict += u64::from(e.primary.strict);
+        self.decline_aware += u64::from(e.decline_aware.strict);
+        if let Some(c) = &e.compile {
+            self.compile += c;
+            self.flagged += u64::from(!e.defects.is_empty());
+        }
+        self.channels += e.primary.channels;
+        for (k, o) in &e.directives {
+            *self.obedience.entry(*k).or_default() += *o;
+        }
+        self.usage += e.usage;
+        self.agent_calls += u64::from(e.agent_calls);
+        self.matcher += e.matcher;
+        self.refused += u64::from(e.refused);
+        self.silent += u64::from(e.silent_refusals);
+        self.wall_s += e.wall_s;
+        self.turns_correct += u64::from(e.primary.turns_correct);
+        self.turns += u64::from(e.turns);
+    }
+}
+
+fn summarize(arm: Arm, eps: &[&EpisodeRecord]) -> ArmSummary {
+    let mut t = ArmTotals::default();
+    for e in eps {
+        t += e;
+    }
+    let n = t.episodes;
+    let per = |x: f64| if n == 0 { 0.0 } else { x / n as f64 };
+    let rate = |tokens: usize, secs: f64| {
+        if secs > 0.0 {
+            tokens as f64 / secs
+        } else {
+            0.0
+        }
+    };
+    let u = &t.usage;
+    let accounting = Accounting {
+        prompt_tokens: per(u.prompt_tokens as f64),
+        cached_tokens: per(u.cached_tokens as f64),
+        completion_tokens: per(u.completion_tokens as f64),
+        agent_calls: per(t.agent_calls as f64),
+        matcher_calls: per(f64::from(t.matcher.calls)),
+        refused: t.refused,
+        silent_refusals: t.silent,
+        wall_s: per(t.wall_s),
+        prefill_tok_s: rate(u.prompt_tokens - u.cached_tokens, u.prefill_secs),
+        decode_tok_s: rate(u.completion_tokens, u.decode_secs),
+        turn_accuracy: ratio(t.turns_correct, t.turns),
+    };
+    let c = &t.compile;
+    let compile = CompileSummary {
+        episodes: c.episodes,
+        deps: ratio(c.deps_correct, c.steps),
+        codes: ratio(c.codes_correct, c.steps),
+        cancel: ratio(c.cancel_correct, c.episodes),
+        rewire: ratio(c.rewire_correct, c.episodes),
+        relax: ratio(c.relax_correct, c.episodes),
+        flagged: t.flagged,
+    };
+    let m = &t.matcher;
+    let matcher_ran = arm.uses_matcher();
+    let (lo, hi) = wilson(t.strict, n);
+    let (dlo, dhi) = wilson(t.decline_aware, n);
+    ArmSummary {
+        arm: arm.name().to_string(),
+        episodes: n,
+        strict: t.strict,
+        rate: ratio(t.strict, n),
+        wilson95: [lo, hi],
+        decline_aware: DeclineAware {
+            strict: t.decline_aware,
+            rate: ratio(t.decline_aware, n),
+            wilson95: [dlo, dhi],
+        },
+        channels: Channel::ALL
+            .iter()
+            .map(|ch| (ch.name(), t.channels.get(*ch)))
+            .collect(),
+        accounting,
+        obedience: t.obedience,
+        matcher_agreement: matcher_ran.then(|| ratio(u64::from(m.agree), u64::from(m.scored))),
+        redo_precision_recall: matcher_ran.then(|| {
+            [
+                ratio(u64::from(m.redo_tp), u64::from(m.redo_tp + m.redo_fp)),
+                ratio(u64::from(m.redo_tp), u64::from(m.redo_tp + m.redo_fn)),
+            ]
+        }),
+        compile: (compile.episodes > 0).then_some(compile),
+    }
+}
+
+/// Exact McNemar between two arms on their shared seeds.
+fn paired_p(a: &[&EpisodeRecord], b: &[&EpisodeRecord], decline_aware: bool) -> f64 {
+    let ok = |e: &EpisodeRecord| {
+        if decline_aware {
+            e.decline_aware.strict
+        } else {
+            e.primary.strict
+        }
+    };
+    let bmap: BTreeMap<u64, bool> = b.iter().map(|e| (e.seed, ok(e))).collect();
+    let (mut only_a, mut only_b) = (0, 0);
+    for e in a {
+        if let Some(&sb) = bmap.get(&e.seed) {
+            match (ok(e), sb) {
+                (true, false) => only_a += 1,
+                (false, true) => only_b += 1,
+                _ => {}
+            }
+        }
+    }
+    mcnemar_exact(only_a, only_b)
+}
+
+/// Builds the report over run directories.
+pub fn build(runs: &[RunRead]) -> Report {
+    let mut cells = Vec::new();
+    let mut raw_p = Vec::new();
+    let mut raw_da = Vec::new();
+    for run in runs {
+        let order = &run.manifest.config.arms;
+        let by_arm = |arm: Arm| -> Vec<&EpisodeRecord> {
+            run.episodes.iter().filter(|e| e.arm == arm).collect()
+        };
+        let arms: Vec<ArmSummary> = order.iter().map(|&a| summarize(a, &by_arm(a))).collect();
+        let mut contrasts = Vec::new();
+        for w in order.windows(2) {
+            let (ea, eb) = (by_arm(w[0]), by_arm(w[1]));
+            let p = paired_p(&ea, &eb, false);
+            let pd = paired_p(&ea, &eb, true);
+            raw_p.push(p);
+            raw_da.push(pd);
+            contrasts.push(Contrast {
+                a: w[0].name().into(),
+                b: w[1].name().into(),
+                p,
+                p_holm: p,
+                decline_aware: ContrastP { p: pd, p_holm: pd },
+            });
+        }
+        cells.push(CellReport {
+            config: run.manifest.config.clone(),
+            dir: run.dir.display().to_string(),
+            arms,
+            contrasts,
+        });
+    }
+    let adj = holm(&raw_p);
+    let adj_da = holm(&raw_da);
+    let mut k = 0;
+    for c in &mut cells {
+        for x in &mut c.contrasts {
+            x.p_holm = adj[k];
+            x.decline_aware.p_holm = adj_da[k];
+            k += 1;
+        }
+    }
+    Report { cells }
+}

@@ -1,0 +1,387 @@
+//! Rendering a report: the ladder, contrast, channel, accounting, obedience
+//! and compile tables as aligned text or Markdown, one CSV row per cell and
+//! arm, or the JSON document described in the README.
+
+use std::fmt::Write as _;
+
+use serde::Serialize;
+
+use super::aggregate::{ArmSummary, CellReport, Report};
+use crate::ladder::arms::gate::DirectiveKind;
+use crate::ladder::score::Channel;
+
+/// Output format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Format {
+    /// Aligned terminal tables.
+    Text,
+    /// Markdown tables.
+    Md,
+    /// Comma-separated values, one row per cell and arm.
+    Csv,
+    /// The JSON document described in the README.
+    Json,
+}
+
+/// A configuration value as its JSON spells it, without quotes (so ρ = 1
+/// reads `1.0`, as it always has).
+fn field<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v)
+        .unwrap_or_default()
+        .trim_matches('"')
+        .to_string()
+}
+
+fn cell_title(c: &CellReport) -> String {
+    let g = &c.config;
+    format!(
+        "{} S={} rho={} brief={} protocol={} agent={} episodes={} seeds {}..",
+        field(&g.domain),
+        g.steps,
+        field(&g.density),
+        field(&g.brief),
+        field(&g.protocol),
+        field(&g.agent),
+        g.episodes,
+        g.seed_start,
+    )
+}
+
+fn fmt_p(p: f64) -> String {
+    if p < 1e-3 {
+        format!("{p:.1e}")
+    } else {
+        format!("{p:.3}")
+    }
+}
+
+/// A plain table: header and rows.
+struct Table {
+    head: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Table {
+    fn text(&self) -> String {
+        let w: Vec<usize> = (0..self.head.len())
+            .map(|i| {
+                self.rows
+                    .iter()
+                    .map(|r| r[i].chars().count())
+                    .chain([self.head[i].chars().count()])
+                    .max()
+                    .unwrap_or(0)
+            })
+            .collect();
+        let line = |r: &[String]| {
+            r.iter()
+                .enumerate()
+                .map(|(i, c)| format!("{c:<width$}", width = w[i]))
+                .collect::<Vec<_>>()
+                .join("  ")
+                .trim_end()
+                .to_string()
+        };
+        let mut s = line(&self.head) + "\n";
+        for r in &self.rows {
+            s += &line(r);
+            s.push('\n');
+        }
+        s
+    }
+
+    fn md(&self) -> String {
+        let mut s = format!("| {} |\n", self.head.join(" | "));
+        s += &format!("|{}\n", " --- |".repeat(self.head.len()));
+        for r in &self.rows {
+            s += &format!("| {} |\n", r.join(" | "));
+        }
+        s
+    }
+}
+
+fn ladder_table(c: &CellReport) -> Table {
+    Table {
+        head: [
+            "arm",
+            "n",
+            "strict",
+            "rate",
+            "Wilson 95%",
+            "decline-aware",
+            "per-turn acc.",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: c
+            .arms
+            .iter()
+            .map(|a| {
+                vec![
+                    a.arm.clone(),
+                    a.episodes.to_string(),
+                    a.strict.to_string(),
+                    format!("{:.2}", a.rate),
+                    format!("[{:.2}, {:.2}]", a.wilson95[0], a.wilson95[1]),
+                    format!("{:.2}", a.decline_aware.rate),
+                    format!("{:.3}", a.accounting.turn_accuracy),
+                ]
+            })
+            .collect(),
+    }
+}
+
+fn contrast_table(c: &CellReport) -> Table {
+    Table {
+        head: ["contrast", "McNemar p", "Holm p", "DA p", "DA Holm p"]
+            .map(String::from)
+            .to_vec(),
+        rows: c
+            .contrasts
+            .iter()
+            .map(|x| {
+                vec![
+                    format!("{} -> {}", x.a, x.b),
+                    fmt_p(x.p),
+                    fmt_p(x.p_holm),
+                    fmt_p(x.decline_aware.p),
+                    fmt_p(x.decline_aware.p_holm),
+                ]
+            })
+            .collect(),
+    }
+}
+
+fn channel_table(c: &CellReport) -> Table {
+    let mut head = vec!["arm".to_string()];
+    head.extend(Channel::ALL.iter().map(|ch| ch.name().to_string()));
+    Table {
+        head,
+        rows: c
+            .arms
+            .iter()
+            .map(|a| {
+                let mut r = vec![a.arm.clone()];
+                r.extend(
+                    Channel::ALL
+                        .iter()
+                        .map(|ch| a.channels[ch.name()].to_string()),
+                );
+                r
+            })
+            .collect(),
+    }
+}
+
+fn accounting_table(c: &CellReport) -> Table {
+    Table {
+        head: [
+            "arm",
+            "prompt tok/ep",
+            "cached tok/ep",
+            "completion tok/ep",
+            "agent calls/ep",
+            "matcher calls/ep",
+            "refused",
+            "silent",
+            "wall s/ep",
+            "prefill tok/s/seq",
+            "decode tok/s/seq",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: c
+            .arms
+            .iter()
+            .map(|a| {
+                let x = &a.accounting;
+                vec![
+                    a.arm.clone(),
+                    format!("{:.0}", x.prompt_tokens),
+                    format!("{:.0}", x.cached_tokens),
+                    format!("{:.0}", x.completion_tokens),
+                    format!("{:.1}", x.agent_calls),
+                    format!("{:.1}", x.matcher_calls),
+                    x.refused.to_string(),
+                    x.silent_refusals.to_string(),
+                    format!("{:.2}", x.wall_s),
+                    format!("{:.1}", x.prefill_tok_s),
+                    format!("{:.1}", x.decode_tok_s),
+                ]
+            })
+            .collect(),
+    }
+}
+
+fn gate_table(c: &CellReport) -> Table {
+    let kinds = [
+        DirectiveKind::Cancelled,
+        DirectiveKind::Done,
+        DirectiveKind::Blocked,
+    ];
+    let ob = |a: &ArmSummary, k: DirectiveKind| match a.obedience.get(&k) {
+        Some(o) if o.issued > 0 => format!(
+            "{}/{} ({:.3})",
+            o.obeyed,
+            o.issued,
+            f64::from(o.obeyed) / f64::from(o.issued)
+        ),
+        _ => "-".into(),
+    };
+    Table {
+        head: [
+            "arm",
+            "obeyed CANCELLED",
+            "obeyed DONE",
+            "obeyed BLOCKED",
+            "matcher agreement",
+            "redo precision",
+            "redo recall",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: c
+            .arms
+            .iter()
+            .filter(|a| a.matcher_agreement.is_some())
+            .map(|a| {
+                let pr = a.redo_precision_recall.unwrap_or([0.0, 0.0]);
+                let mut r = vec![a.arm.clone()];
+                r.extend(kinds.iter().map(|k| ob(a, *k)));
+                r.push(format!("{:.3}", a.matcher_agreement.unwrap_or(0.0)));
+                r.push(format!("{:.3}", pr[0]));
+                r.push(format!("{:.3}", pr[1]));
+                r
+            })
+            .collect(),
+    }
+}
+
+fn compile_table(c: &CellReport) -> Table {
+    Table {
+        head: [
+            "arm",
+            "episodes",
+            "deps",
+            "codes",
+            "cancel",
+            "rewire",
+            "relax",
+            "validator flags",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: c
+            .arms
+            .iter()
+            .filter_map(|a| a.compile.as_ref().map(|x| (a, x)))
+            .map(|(a, x)| {
+                vec![
+                    a.arm.clone(),
+                    x.episodes.to_string(),
+                    format!("{:.3}", x.deps),
+                    format!("{:.3}", x.codes),
+                    format!("{:.3}", x.cancel),
+                    format!("{:.3}", x.rewire),
+                    format!("{:.3}", x.relax),
+                    x.flagged.to_string(),
+                ]
+            })
+            .collect(),
+    }
+}
+
+/// Renders the report.
+pub fn render(r: &Report, format: Format) -> String {
+    match format {
+        Format::Json => serde_json::to_string_pretty(r).expect("report serializes") + "\n",
+        Format::Csv => csv(r),
+        Format::Text => tables(r, false),
+        Format::Md => tables(r, true),
+    }
+}
+
+/// One row per cell and arm.
+fn csv(r: &Report) -> String {
+    let mut s = String::from("dir,domain,steps,density,brief,agent,arm,episodes,strict,rate,wilson_lo,wilson_hi,da_strict,da_rate");
+    for ch in Channel::ALL {
+        s += &format!(",{}", ch.name());
+    }
+    s += ",prompt_tokens,cached_tokens,completion_tokens,refused,silent_refusals,wall_s\n";
+    for c in &r.cells {
+        let g = &c.config;
+        for a in &c.arms {
+            let _ = write!(
+                s,
+                "{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{},{:.4}",
+                c.dir,
+                field(&g.domain),
+                g.steps,
+                field(&g.density),
+                field(&g.brief),
+                field(&g.agent),
+                a.arm,
+                a.episodes,
+                a.strict,
+                a.rate,
+                a.wilson95[0],
+                a.wilson95[1],
+                a.decline_aware.strict,
+                a.decline_aware.rate
+            );
+            for ch in Channel::ALL {
+                let _ = write!(s, ",{}", a.channels[ch.name()]);
+            }
+            let x = &a.accounting;
+            let _ = writeln!(
+                s,
+                ",{:.1},{:.1},{:.1},{},{},{:.3}",
+                x.prompt_tokens,
+                x.cached_tokens,
+                x.completion_tokens,
+                x.refused,
+                x.silent_refusals,
+                x.wall_s
+            );
+        }
+    }
+    s
+}
+
+/// Every table of every cell, as aligned text or Markdown.
+fn tables(r: &Report, md: bool) -> String {
+    let mut s = String::new();
+    for c in &r.cells {
+        let title = cell_title(c);
+        let sections = [
+            ("Ladder (strict episode success)", ladder_table(c)),
+            (
+                "Adjacent rungs (exact McNemar on shared seeds, Holm over the report)",
+                contrast_table(c),
+            ),
+            ("Error channels (primary scoring)", channel_table(c)),
+            ("Per-arm accounting", accounting_table(c)),
+            ("Directive obedience and matcher (gate arms)", gate_table(c)),
+            (
+                "Compile accuracy against the generator (module arms)",
+                compile_table(c),
+            ),
+        ];
+        if md {
+            let _ = writeln!(s, "### {title}\n");
+        } else {
+            let _ = writeln!(s, "== {title}");
+        }
+        for (name, t) in sections {
+            if t.rows.is_empty() {
+                continue;
+            }
+            if md {
+                let _ = writeln!(s, "**{name}**\n\n{}", t.md());
+            } else {
+                let _ = writeln!(s, "{name}\n{}", t.text());
+            }
+        }
+    }
+    s
+}

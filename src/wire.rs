@@ -1,0 +1,423 @@
+//! The OpenAI chat-completions wire format, written once: the HTTP client
+//! backend sends and reads these structs, `statebench serve` reads and
+//! writes them.
+//!
+//! Fields a server may leave out have serde defaults, so replies from vLLM,
+//! SGLang, llama.cpp's server and `statebench serve` all parse.
+
+use serde::{Deserialize, Serialize};
+
+use crate::backend::{ChatReply, ChatRequest, Finish, Message, Role, Usage};
+
+/// Why a body was refused, in one line for a 400, or why a reply could not
+/// be read.
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("invalid JSON body")]
+    Syntax(#[source] serde_json::Error),
+    #[error("the body must be a JSON object with OpenAI chat fields")]
+    Shape(#[source] serde_json::Error),
+    #[error("stream: true is not supported; this server answers non-streaming requests only (send stream: false)")]
+    Stream,
+    #[error("n must be 1, got {0}")]
+    N(u64),
+    #[error("messages is empty")]
+    NoMessages,
+    #[error("messages[{0}].role '{1}' is not supported (system, user, assistant)")]
+    Role(usize, String),
+    #[error("messages[{0}] has no role")]
+    NoRole(usize),
+    #[error("messages[{0}]: only text content parts are supported, got {1}")]
+    Part(usize, String),
+    #[error("max_tokens must be at least 1")]
+    NoTokens,
+    #[error("temperature must be a number >= 0")]
+    Temperature,
+    #[error("no choices")]
+    NoChoices,
+}
+
+impl WireError {
+    /// A JSON error on a body: broken JSON, or JSON of the wrong shape.
+    pub fn json(e: serde_json::Error) -> Self {
+        match e.classify() {
+            serde_json::error::Category::Data => WireError::Shape(e),
+            _ => WireError::Syntax(e),
+        }
+    }
+}
+
+/// `max_tokens` when a request gives none.
+pub const DEFAULT_MAX_TOKENS: usize = 1024;
+
+/// `POST /v1/chat/completions` body.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ChatCompletionRequest {
+    #[serde(default)]
+    pub model: String,
+    pub messages: Vec<WireMessage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    /// The newer spelling of `max_tokens`; wins when both are given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_completion_tokens: Option<u64>,
+    /// The API's default is 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    /// Some clients send negative seeds; they wrap to u64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<i128>,
+    #[serde(default, skip_serializing_if = "Stop::is_empty")]
+    pub stop: Stop,
+    #[serde(default)]
+    pub stream: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<TemplateKwargs>,
+}
+
+/// One message as the API spells it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WireMessage {
+    #[serde(default)]
+    pub role: Option<String>,
+    #[serde(default)]
+    pub content: Option<Content>,
+}
+
+/// A message's content: a string, or a list of parts.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    Text(String),
+    Parts(Vec<ContentPart>),
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ContentPart {
+    #[serde(rename = "type", default, skip_serializing_if = "Option::is_none")]
+    pub kind: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub text: Option<String>,
+}
+
+/// Stop strings: one string or a list.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Default for Stop {
+    fn default() -> Self {
+        Stop::Many(Vec::new())
+    }
+}
+
+impl Stop {
+    fn is_empty(&self) -> bool {
+        matches!(self, Stop::Many(v) if v.is_empty())
+    }
+
+    fn into_vec(self) -> Vec<String> {
+        match self {
+            Stop::One(s) => vec![s],
+            Stop::Many(v) => v,
+        }
+    }
+}
+
+/// What vLLM and SGLang pass to the chat template (Qwen3's `enable_thinking`).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TemplateKwargs {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub enable_thinking: Option<bool>,
+}
+
+impl ChatCompletionRequest {
+    /// The body for an engine request.
+    pub fn from_chat(model: &str, req: &ChatRequest) -> Self {
+        ChatCompletionRequest {
+            model: model.to_string(),
+            messages: req
+                .messages
+                .iter()
+                .map(|m| WireMessage {
+                    role: Some(m.role.as_str().to_string()),
+                    content: Some(Content::Text(m.content.clone())),
+                })
+                .collect(),
+            max_tokens: Some(req.max_tokens as u64),
+            temperature: Some(req.temperature),
+            seed: Some(i128::from(req.seed)),
+            stop: Stop::Many(req.stop.clone()),
+            chat_template_kwargs: Some(TemplateKwargs {
+                enable_thinking: Some(req.thinking),
+            }),
+            ..Default::default()
+        }
+    }
+
+    /// The engine request this body asks for, or a one-line reason it is
+    /// refused. Thinking is on unless the body turns it off (as Qwen3's
+    /// template and vLLM have it).
+    pub fn into_chat(self) -> Result<ChatRequest, WireError> {
+        if self.stream {
+            return Err(WireError::Stream);
+        }
+        if let Some(n) = self.n.filter(|n| *n != 1) {
+            return Err(WireError::N(n));
+        }
+        if self.messages.is_empty() {
+            return Err(WireError::NoMessages);
+        }
+        let messages = self
+            .messages
+            .into_iter()
+            .enumerate()
+            .map(|(i, m)| m.into_message(i))
+            .collect::<Result<Vec<_>, _>>()?;
+        let max_tokens = self
+            .max_completion_tokens
+            .or(self.max_tokens)
+            .map_or(DEFAULT_MAX_TOKENS, |n| n as usize);
+        if max_tokens == 0 {
+            return Err(WireError::NoTokens);
+        }
+        let temperature = self.temperature.unwrap_or(1.0);
+        if !(temperature.is_finite() && temperature >= 0.0) {
+            return Err(WireError::Temperature);
+        }
+        Ok(ChatRequest {
+            messages,
+            max_tokens,
+            stop: self.stop.into_vec(),
+            thinking: self
+                .chat_template_kwargs
+                .and_then(|k| k.enable_thinking)
+                .unwrap_or(true),
+            temperature,
+            seed: self.seed.unwrap_or(0) as u64,
+        })
+    }
+}
+
+impl WireMessage {
+    fn into_message(self, i: usize) -> Result<Message, WireError> {
+        let role = match self.role.as_deref() {
+            Some("system" | "developer") => Role::System,
+            Some("user") => Role::User,
+            Some("assistant") => Role::Assistant,
+            Some(r) => return Err(WireError::Role(i, r.to_string())),
+            None => return Err(WireError::NoRole(i)),
+        };
+        let content = match self.content {
+            None => String::new(),
+            Some(Content::Text(s)) => s,
+            Some(Content::Parts(parts)) => {
+                let mut out = String::new();
+                for p in parts {
+                    match (p.kind.as_deref(), p.text) {
+                        (Some("text") | None, Some(t)) => out.push_str(&t),
+                        (t, _) => {
+                            let t = t.unwrap_or("a part without text").to_string();
+                            return Err(WireError::Part(i, t));
+                        }
+                    }
+                }
+                out
+            }
+        };
+        Ok(Message::new(role, content))
+    }
+}
+
+/// A `chat.completion` reply.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ChatCompletion {
+    #[serde(default)]
+    pub id: String,
+    #[serde(default)]
+    pub object: String,
+    #[serde(default)]
+    pub created: u64,
+    #[serde(default)]
+    pub model: String,
+    pub choices: Vec<Choice>,
+    #[serde(default)]
+    pub usage: WireUsage,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Choice {
+    #[serde(default)]
+    pub index: u32,
+    pub message: AssistantMessage,
+    /// Always null here; whatever a server sends is not read.
+    #[serde(skip_deserializing)]
+    pub logprobs: Option<()>,
+    #[serde(default)]
+    pub finish_reason: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct AssistantMessage {
+    #[serde(default)]
+    pub role: String,
+    #[serde(default)]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    /// Some servers' spelling of `reasoning_content`.
+    #[serde(default, skip_serializing)]
+    pub reasoning: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WireUsage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub completion_tokens: u64,
+    #[serde(default)]
+    pub total_tokens: u64,
+    #[serde(default)]
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PromptTokensDetails {
+    #[serde(default)]
+    pub cached_tokens: u64,
+}
+
+impl ChatCompletion {
+    /// The reply to write for an engine reply.
+    pub fn from_reply(reply: &ChatReply, model: &str, n: u64, created: u64) -> Self {
+        let u = &reply.usage;
+        ChatCompletion {
+            id: format!("chatcmpl-{n}"),
+            object: "chat.completion".into(),
+            created,
+            model: model.to_string(),
+            choices: vec![Choice {
+                index: 0,
+                message: AssistantMessage {
+                    role: "assistant".into(),
+                    content: Some(reply.content.clone()),
+                    reasoning_content: reply.reasoning.clone(),
+                    reasoning: None,
+                },
+                logprobs: None,
+                finish_reason: Some(
+                    match reply.finish {
+                        Finish::Stop => "stop",
+                        Finish::Length => "length",
+                    }
+                    .into(),
+                ),
+            }],
+            usage: WireUsage {
+                prompt_tokens: u.prompt_tokens as u64,
+                completion_tokens: u.completion_tokens as u64,
+                total_tokens: (u.prompt_tokens + u.completion_tokens) as u64,
+                prompt_tokens_details: PromptTokensDetails {
+                    cached_tokens: u.cached_tokens as u64,
+                },
+            },
+        }
+    }
+
+    /// The engine reply this completion carries. A server's timings are
+    /// unknown: `secs` (the call's wall time) is counted as decode time.
+    pub fn into_reply(self, secs: f64) -> Result<ChatReply, WireError> {
+        let usage = Usage {
+            prompt_tokens: self.usage.prompt_tokens as usize,
+            cached_tokens: self.usage.prompt_tokens_details.cached_tokens as usize,
+            completion_tokens: self.usage.completion_tokens as usize,
+            prefill_secs: 0.0,
+            decode_secs: secs,
+        };
+        let choice = self
+            .choices
+            .into_iter()
+            .next()
+            .ok_or(WireError::NoChoices)?;
+        let m = choice.message;
+        let raw = m.content.unwrap_or_default();
+        let (reasoning, content) = match m.reasoning_content.or(m.reasoning) {
+            Some(r) => (Some(r), raw),
+            None => crate::backend::split_thinking(&raw),
+        };
+        Ok(ChatReply {
+            content,
+            reasoning,
+            finish: match choice.finish_reason.as_deref() {
+                Some("length") => Finish::Length,
+                _ => Finish::Stop,
+            },
+            usage,
+            tokens: Vec::new(),
+        })
+    }
+}
+
+/// An error reply: `{"error": {"message", "type", "param", "code"}}`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ErrorDetail {
+    pub message: String,
+    #[serde(rename = "type", default)]
+    pub kind: String,
+    #[serde(default)]
+    pub param: Option<String>,
+    #[serde(default)]
+    pub code: Option<String>,
+}
+
+/// The error bodies servers send: OpenAI's, or a bare message.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum AnyError {
+    OpenAi { error: ErrorDetail },
+    Message { message: String },
+    Detail { detail: String },
+    Plain { error: String },
+}
+
+impl AnyError {
+    pub fn message(self) -> String {
+        match self {
+            AnyError::OpenAi { error } => error.message,
+            AnyError::Message { message: m }
+            | AnyError::Detail { detail: m }
+            | AnyError::Plain { error: m } => m,
+        }
+    }
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ModelList {
+    #[serde(default)]
+    pub object: String,
+    #[serde(default)]
+    pub data: Vec<ModelCard>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ModelCard {
+    pub id: String,
+    #[serde(default)]
+    pub object: String,
+    #[serde(default)]
+    pub created: u64,
+    #[serde(default)]
+    pub owned_by: String,
+}
