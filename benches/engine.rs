@@ -49,17 +49,21 @@ fn decode_step(c: &mut Criterion) {
     };
     let prompt: Vec<u32> = (0..64).map(|i| 1000 + i).collect();
     let mut cache = KvCache::default();
-    engine.forward(&mut [BatchItem {
-        tokens: &prompt,
-        cache: &mut cache,
-    }]);
+    engine
+        .forward(&mut [BatchItem {
+            tokens: &prompt,
+            cache: &mut cache,
+        }])
+        .expect("forward");
     c.bench_function("default model decode step, batch 1", |b| {
         b.iter(|| {
             let mut c2 = cache.clone();
-            engine.forward(&mut [BatchItem {
-                tokens: &[1234],
-                cache: &mut c2,
-            }])
+            engine
+                .forward(&mut [BatchItem {
+                    tokens: &[1234],
+                    cache: &mut c2,
+                }])
+                .expect("forward")
         })
     });
 }

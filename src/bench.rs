@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use crate::backend::shared::Client;
 use crate::backend::{Backend, BackendError, ChatRequest, Message, ModelIdentity, Role, Usage};
+use crate::engine::device::Device;
 use crate::engine::model::BatchItem;
 use crate::engine::Engine;
 use crate::ladder::arms::Arm;
@@ -78,7 +79,10 @@ fn filler(words: usize, salt: usize) -> String {
 }
 
 /// Prefill, batched decode and the growing conversation on `engine`.
-pub fn engine(engine: &mut Engine, o: &EngineBenchOptions) -> Result<EngineBench, BackendError> {
+pub fn engine<D: Device>(
+    engine: &mut Engine<D>,
+    o: &EngineBenchOptions,
+) -> Result<EngineBench, BackendError> {
     let prefill = prefill(engine, o.prefill_tokens)?;
     let decode = o
         .batches
@@ -95,14 +99,14 @@ pub fn engine(engine: &mut Engine, o: &EngineBenchOptions) -> Result<EngineBench
 }
 
 /// One prompt of exactly `n` tokens, cold cache.
-fn prefill(engine: &Engine, n: usize) -> Result<Rate, BackendError> {
+fn prefill<D: Device>(engine: &Engine<D>, n: usize) -> Result<Rate, BackendError> {
     let mut toks = engine.encode(&filler(n * 2, 0))?;
     toks.truncate(n);
     let t = Instant::now();
     engine.forward(&mut [BatchItem {
         tokens: &toks,
         cache: &mut Default::default(),
-    }]);
+    }])?;
     Ok(Rate {
         tokens: toks.len(),
         secs: t.elapsed().as_secs_f64(),
@@ -110,27 +114,27 @@ fn prefill(engine: &Engine, n: usize) -> Result<Rate, BackendError> {
 }
 
 /// `b` sequences with distinct 64-token prompts, `steps` decode steps each.
-fn decode(engine: &Engine, b: usize, steps: usize) -> Result<Rate, BackendError> {
+fn decode<D: Device>(engine: &Engine<D>, b: usize, steps: usize) -> Result<Rate, BackendError> {
     let mut prompts = Vec::with_capacity(b);
     for i in 0..b {
         let mut p = engine.encode(&filler(100, i + 1))?;
         p.truncate(64);
         prompts.push(p);
     }
-    let mut caches = vec![Default::default(); b];
-    let mut items: Vec<BatchItem<'_>> = prompts
+    let mut caches: Vec<D::Cache> = (0..b).map(|_| D::Cache::default()).collect();
+    let mut items: Vec<BatchItem<'_, D::Cache>> = prompts
         .iter()
         .zip(caches.iter_mut())
         .map(|(p, cache)| BatchItem { tokens: p, cache })
         .collect();
-    engine.forward(&mut items);
+    engine.forward(&mut items)?;
     let feed: Vec<[u32; 1]> = (0..b).map(|i| [(i as u32 * 17 + 220) % 1000]).collect();
     for (it, f) in items.iter_mut().zip(&feed) {
         it.tokens = f;
     }
     let t = Instant::now();
     for _ in 0..steps {
-        engine.forward(&mut items);
+        engine.forward(&mut items)?;
     }
     Ok(Rate {
         tokens: b * steps,
@@ -142,8 +146,8 @@ fn decode(engine: &Engine, b: usize, steps: usize) -> Result<Rate, BackendError>
 /// prefix reuse only the new tokens are prefilled; cold, all of them are.
 /// Returns five sampled turns both ways (all of them cold takes minutes)
 /// and the mean seconds per turn with reuse.
-fn conversation(
-    engine: &mut Engine,
+fn conversation<D: Device>(
+    engine: &mut Engine<D>,
     turns: usize,
     reply_tokens: usize,
 ) -> Result<(Vec<TurnCost>, f64), BackendError> {

@@ -79,3 +79,39 @@ fn cli_reports_bad_model_in_one_line() {
         "{err}"
     );
 }
+
+/// `--device` names a device this machine or this build cannot give: one
+/// line saying which and what to do, exit non-zero, before any model loads.
+#[test]
+fn unusable_devices_are_one_line_errors() {
+    let tiny = root().join("tests/fixtures/engine/tiny-qwen2");
+    let run = |device: &str| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_statebench"))
+            .args(["generate", "--max-tokens", "2", "--device", device])
+            .arg("--model")
+            .arg(&tiny)
+            .output()
+            .expect("spawn");
+        let err = String::from_utf8_lossy(&out.stderr).trim().to_string();
+        (out.status.success(), err)
+    };
+    let (ok, err) = run("tpu");
+    assert!(!ok && err.contains("unknown device 'tpu'"), "{err}");
+    let (ok, err) = run("metal");
+    if !cfg!(feature = "metal") {
+        assert!(!ok && err.contains("without the `metal` feature"), "{err}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+    }
+    #[cfg(feature = "cuda")]
+    if statebench::engine::device::cuda::gpu_count() == 0 {
+        for device in ["cuda", "cuda:3"] {
+            let (ok, err) = run(device);
+            assert!(!ok, "{device} ran without a GPU");
+            assert!(err.contains(device) && !err.contains("panicked"), "{err}");
+            assert_eq!(err.lines().count(), 1, "{err}");
+        }
+    }
+    // The CPU always answers.
+    let (ok, err) = run("cpu");
+    assert!(ok, "{err}");
+}

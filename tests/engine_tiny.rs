@@ -9,6 +9,8 @@ use std::path::{Path, PathBuf};
 
 use engine_common::*;
 use statebench::backend::{BackendError, ChatRequest, Message, Role};
+use statebench::engine::device::candle::Candle;
+use statebench::engine::device::Device;
 use statebench::engine::{Engine, EngineOptions};
 
 /// Max abs difference allowed against transformers' f32 logits.
@@ -33,23 +35,27 @@ fn floats(v: &serde_json::Value) -> Vec<f32> {
 
 fn check_reference(name: &str) {
     let dir = tiny(name);
-    let engine = load(&dir);
-    let r = reference(&dir);
+    check_reference_on(name, &load(&dir), TOLERANCE);
+}
+
+fn check_reference_on<D: Device>(name: &str, engine: &Engine<D>, tolerance: f32) {
+    let engine = &engine;
+    let r = reference(&tiny(name));
     for case in r["cases"].as_array().expect("cases") {
         let input = ids(&case["input_ids"]);
-        let got = cold_logits(&engine, &input);
+        let got = cold_logits(engine, &input);
         let want = floats(&case["last_logits"]);
         let d = max_abs_diff(&got, &want);
-        assert!(d <= TOLERANCE, "{name} {}: max abs diff {d}", case["name"]);
+        assert!(d <= tolerance, "{name} {}: max abs diff {d}", case["name"]);
         if let Some(all) = case.get("all_logits").and_then(|a| a.as_array()) {
             for (i, row) in all.iter().enumerate() {
-                let got = cold_logits(&engine, &input[..=i]);
+                let got = cold_logits(engine, &input[..=i]);
                 let d = max_abs_diff(&got, &floats(row));
-                assert!(d <= TOLERANCE, "{name} {} position {i}: {d}", case["name"]);
+                assert!(d <= tolerance, "{name} {} position {i}: {d}", case["name"]);
             }
         }
         let want_greedy = ids(&case["greedy"]);
-        let (got_greedy, _) = greedy_incremental(&engine, &input, want_greedy.len());
+        let (got_greedy, _) = greedy_incremental(engine, &input, want_greedy.len());
         assert_eq!(got_greedy, want_greedy, "{name} {} greedy", case["name"]);
     }
 }
@@ -62,6 +68,29 @@ fn tiny_qwen2_matches_transformers_logits_and_greedy() {
 #[test]
 fn tiny_qwen3_matches_transformers_logits_and_greedy() {
     check_reference("tiny-qwen3");
+}
+
+/// The forward pass on candle's tensors (what runs on Metal), here on
+/// candle's CPU backend: the same reference logits and greedy paths.
+fn check_candle(name: &str) {
+    let dir = tiny(name);
+    let engine = Engine::load_on(
+        Candle::cpu(),
+        &dir.to_string_lossy(),
+        EngineOptions::default(),
+    )
+    .expect("loads on candle");
+    check_reference_on(name, &engine, TOLERANCE);
+}
+
+#[test]
+fn tiny_qwen2_on_candle_matches_transformers() {
+    check_candle("tiny-qwen2");
+}
+
+#[test]
+fn tiny_qwen3_on_candle_matches_transformers() {
+    check_candle("tiny-qwen3");
 }
 
 fn invariance(name: &str) {

@@ -153,6 +153,7 @@ fn resuming_across_a_change_of_engine_arithmetic_is_refused() {
             architecture: "qwen2".into(),
             format: "gguf".into(),
             arithmetic: arithmetic.into(),
+            device: String::new(),
         }),
         crate_version: "0".into(),
         git_commit: "unknown".into(),

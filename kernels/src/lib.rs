@@ -23,3 +23,31 @@ pub mod q8;
 pub use attention::attend;
 pub use matmul::{Matrix, MatrixError, WeightData};
 pub use ops::{dot_f32, rms_norm, rope_neox, silu_mul, RopeTable};
+
+/// The sources of the engine's CUDA kernels (`kernels/cuda/`), compiled at
+/// run time by NVRTC for the device at hand.
+pub mod cuda {
+    /// What every kernel set shares; prepended to each source.
+    pub const COMMON: &str = include_str!("../cuda/common.cuh");
+
+    /// Every kernel set: (name, source).
+    pub const SOURCES: [(&str, &str); 5] = [
+        ("gemm", include_str!("../cuda/gemm.cu")),
+        ("norm", include_str!("../cuda/norm.cu")),
+        ("rope", include_str!("../cuda/rope.cu")),
+        ("attention", include_str!("../cuda/attention.cu")),
+        ("elementwise", include_str!("../cuda/elementwise.cu")),
+    ];
+
+    /// The per-element arithmetic of these kernels (GPU results are
+    /// reproducible within one arithmetic; they need not equal the CPU's).
+    pub const ARITHMETIC: &str = "statebench-cuda/1: bf16 weights, f32 activations and KV; \
+         one sequential fma per k in the matrix products; 256-lane tree norms; \
+         attention as a per-position online softmax";
+
+    /// A kernel set's full source, as NVRTC compiles it (its errors name
+    /// `<name>.cu` and the line there).
+    pub fn source(name: &str, body: &str) -> String {
+        format!("{COMMON}\n#line 1 \"{name}.cu\"\n{body}")
+    }
+}

@@ -107,6 +107,21 @@ impl RopeTable {
     pub fn max_pos(&self) -> usize {
         self.max_pos
     }
+
+    /// Half the head dimension: the angles per position.
+    pub fn half(&self) -> usize {
+        self.half
+    }
+
+    /// cos of every angle, `max_pos × half` (for devices that keep their own copy).
+    pub fn cos(&self) -> &[f32] {
+        &self.cos
+    }
+
+    /// sin of every angle, `max_pos × half`.
+    pub fn sin(&self) -> &[f32] {
+        &self.sin
+    }
 }
 
 /// Applies RoPE in place to `n_heads` consecutive heads of one row at `pos`.

@@ -364,6 +364,7 @@ impl Backend for OpenAiBackend {
             architecture: "remote".into(),
             format: "remote".into(),
             arithmetic: "remote".into(),
+            device: String::new(),
         })
     }
 }

@@ -163,9 +163,14 @@ pub struct ModelIdentity {
     pub architecture: String,
     /// Storage format (e.g. `gguf Q4_K_M mix`, `safetensors bf16`).
     pub format: String,
-    /// The engine's per-element arithmetic (`statebench_kernels::ARITHMETIC`),
-    /// or `remote` for a served model.
+    /// The engine's per-element arithmetic (`statebench_kernels::ARITHMETIC`
+    /// on the CPU, the device's otherwise), or `remote` for a served model.
+    #[serde(default)]
     pub arithmetic: String,
+    /// The device that ran it, with its driver and compute capability;
+    /// empty for the CPU.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub device: String,
 }
 
 /// A conversation whose KV cache the backend keeps between calls.
@@ -244,6 +249,10 @@ pub enum BackendError {
         /// What went wrong (HTTP status and the server's message, or the connection error).
         cause: String,
     },
+    /// The compute device failed (a driver error, memory exhausted, a
+    /// kernel that did not compile).
+    #[error("{device}: {cause}")]
+    Device { device: String, cause: String },
     /// An I/O error on a named file.
     #[error("{path}")]
     Io {

@@ -4,7 +4,10 @@
 use anyhow::Result;
 use clap::Args;
 
+use statebench::backend::Backend;
 use statebench::bench::{self, EngineBenchOptions};
+use statebench::engine::device::{Device, DeviceChoice};
+use statebench::engine::Engine;
 use statebench::ladder::run::cell::CellConfig;
 
 use super::{emit, BackendArgs, ModelArgs};
@@ -46,14 +49,42 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.cell {
         return cell(a);
     }
-    let mut engine = a.model.load()?;
-    let id = statebench::backend::Backend::model_id(&engine)?;
+    let (spec, opts) = a.model.spec_and_options()?;
+    match a.model.device() {
+        DeviceChoice::Cpu => engine(&a, &mut Engine::load(&spec, opts)?),
+        #[cfg(feature = "cuda")]
+        DeviceChoice::Cuda(n) => engine(
+            &a,
+            &mut Engine::load_on(
+                statebench::engine::device::cuda::Cuda::open(n)?,
+                &spec,
+                opts,
+            )?,
+        ),
+        #[cfg(feature = "metal")]
+        DeviceChoice::Metal(n) => engine(
+            &a,
+            &mut Engine::load_on(
+                statebench::engine::device::candle::Candle::metal(n)?,
+                &spec,
+                opts,
+            )?,
+        ),
+        #[allow(unreachable_patterns)]
+        other => anyhow::bail!("--device {other}: this statebench was built without it"),
+    }
+}
+
+/// The engine's figures on one device.
+fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
+    let id = engine.model_id()?;
+    let device = engine.model().device.info();
     println!(
-        "setup: model {} | {} | {} threads | f32 activations and KV cache | CPU",
-        id.name, id.format, a.model.threads
+        "setup: model {} | {} | {} threads | f32 activations and KV cache | {} {}",
+        id.name, id.format, a.model.threads, device.name, device.hardware
     );
     let b = bench::engine(
-        &mut engine,
+        engine,
         &EngineBenchOptions {
             prefill_tokens: a.prefill_tokens,
             decode_steps: a.decode_steps,

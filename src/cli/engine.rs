@@ -3,7 +3,7 @@
 use anyhow::Result;
 use clap::{Args, Subcommand};
 
-use statebench::backend::{Backend, ChatRequest, Message, Role};
+use statebench::backend::{ChatRequest, Message, Role};
 
 use super::ModelArgs;
 

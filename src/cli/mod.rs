@@ -14,8 +14,9 @@ use clap::{Args, Parser, Subcommand};
 
 use statebench::backend::http_client::{OpenAiBackend, OpenAiOptions};
 use statebench::backend::shared::SharedBackend;
-use statebench::backend::ModelIdentity;
-use statebench::engine::{gib, Engine, EngineOptions, DEFAULT_MODEL};
+use statebench::backend::{Backend, ModelIdentity};
+use statebench::engine::device::DeviceChoice;
+use statebench::engine::{gib, EngineOptions, DEFAULT_MODEL};
 
 /// statebench: how strongly should task state act on an LLM agent?
 #[derive(Parser)]
@@ -67,21 +68,36 @@ pub struct ModelArgs {
     #[arg(long, default_value_t = EngineOptions::DEFAULT_THREADS)]
     pub threads: usize,
     /// KV-cache memory of the engine in GiB (running requests and idle
-    /// sessions together; idle caches are dropped, least recently used first).
+    /// sessions together; idle caches are dropped, least recently used first;
+    /// on a GPU, at most what its memory holds after the weights).
     #[arg(long, default_value_t = EngineOptions::DEFAULT_KV_BUDGET_GIB)]
     pub kv_budget_gib: f64,
+    /// Device of the forward pass: cpu, cuda, cuda:N or metal. Default: the
+    /// first CUDA GPU when this build has CUDA and one answers, else cpu.
+    #[arg(long)]
+    pub device: Option<DeviceChoice>,
 }
 
 impl ModelArgs {
-    /// Loads the engine these flags name.
-    pub fn load(&self) -> Result<Engine> {
+    pub fn spec_and_options(&self) -> Result<(String, EngineOptions)> {
         let spec = resolve_model(&self.model)?;
         let opts = EngineOptions {
             threads: self.threads,
             kv_budget_bytes: gib(self.kv_budget_gib),
             ..EngineOptions::default()
         };
-        Ok(Engine::load(&spec, opts)?)
+        Ok((spec, opts))
+    }
+
+    /// The device these flags name.
+    pub fn device(&self) -> DeviceChoice {
+        self.device.unwrap_or_else(DeviceChoice::auto)
+    }
+
+    /// Loads the engine these flags name on their device.
+    pub fn load(&self) -> Result<Box<dyn Backend + Send>> {
+        let (spec, opts) = self.spec_and_options()?;
+        Ok(statebench::engine::open(&spec, opts, self.device())?)
     }
 }
 
@@ -110,14 +126,14 @@ pub struct BackendArgs {
 impl BackendArgs {
     /// Starts the backend on its own thread, shared by every caller.
     pub fn spawn(&self) -> Result<(SharedBackend, ModelIdentity)> {
-        let backend: Box<dyn statebench::backend::Backend + Send> = match &self.endpoint {
+        let backend: Box<dyn Backend + Send> = match &self.endpoint {
             Some(url) => Box::new(OpenAiBackend::connect(OpenAiOptions {
                 model: self.remote_model.clone(),
                 api_key_env: Some(self.api_key_env.clone()),
                 max_concurrency: self.concurrency.max(1),
                 ..OpenAiOptions::new(url.clone())
             })?),
-            None => Box::new(self.model.load()?),
+            None => self.model.load()?,
         };
         let shared = SharedBackend::spawn(backend)?;
         let id = shared.model_id().clone();

@@ -24,7 +24,7 @@ pub struct ServeArgs {
 /// until killed.
 pub fn run(a: ServeArgs) -> Result<()> {
     let listener = Listener::bind(&a.host, a.port)?;
-    let shared = SharedBackend::spawn(Box::new(a.model.load()?))?;
+    let shared = SharedBackend::spawn(a.model.load()?)?;
     let model = shared.model_id().clone();
     let server = listener.serve(shared.client(), model.clone())?;
     let addr = server.addr();

@@ -21,6 +21,11 @@ pub trait KvStore: Default + Send + Sync {
     fn is_empty(&self) -> bool {
         self.len() == 0
     }
+    /// Positions of memory that holding `tokens` positions takes (a paged
+    /// cache rounds up to whole blocks); what admission counts.
+    fn footprint(tokens: usize) -> usize {
+        tokens
+    }
 }
 
 /// The CPU cache of one sequence.

@@ -25,7 +25,7 @@ use crate::backend::{
     split_thinking, Backend, BackendError, ChatReply, ChatRequest, Finished, Message,
     ModelIdentity, RequestId, SessionId, Usage,
 };
-use device::{Cpu, Device};
+use device::{Cpu, Device, DeviceChoice};
 use model::{BatchItem, Model};
 use scheduler::{Done, Limits, Scheduler};
 use template::ChatTemplate;
@@ -88,6 +88,42 @@ pub struct Engine<D: Device = Cpu> {
     scheduler: Scheduler<D::Cache>,
 }
 
+/// Loads a model onto the chosen device, as the one chat interface the
+/// studies call.
+pub fn open(
+    spec: &str,
+    opts: EngineOptions,
+    device: DeviceChoice,
+) -> Result<Box<dyn Backend + Send>, BackendError> {
+    let not_built = |feature: &str| {
+        BackendError::Device {
+        device: device.to_string(),
+        cause: format!(
+            "this statebench was built without the `{feature}` feature (rebuild with --features {feature}, or use --device cpu)"
+        ),
+    }
+    };
+    match device {
+        DeviceChoice::Cpu => Ok(Box::new(Engine::load(spec, opts)?)),
+        #[cfg(feature = "cuda")]
+        DeviceChoice::Cuda(n) => Ok(Box::new(Engine::load_on(
+            device::cuda::Cuda::open(n)?,
+            spec,
+            opts,
+        )?)),
+        #[cfg(not(feature = "cuda"))]
+        DeviceChoice::Cuda(_) => Err(not_built("cuda")),
+        #[cfg(feature = "metal")]
+        DeviceChoice::Metal(n) => Ok(Box::new(Engine::load_on(
+            device::candle::Candle::metal(n)?,
+            spec,
+            opts,
+        )?)),
+        #[cfg(not(feature = "metal"))]
+        DeviceChoice::Metal(_) => Err(not_built("metal")),
+    }
+}
+
 impl Engine<Cpu> {
     /// Loads a model onto the CPU from a GGUF path, a safetensors directory
     /// or a hub id.
@@ -101,7 +137,7 @@ impl<D: Device> Engine<D> {
     pub fn load_on(device: D, spec: &str, opts: EngineOptions) -> Result<Self, BackendError> {
         let mut loaded = weights::load(spec, device)?;
         if let Some(max) = opts.max_context {
-            loaded.model.cap_context(max);
+            loaded.model.cap_context(max)?;
         }
         let template = ChatTemplate::new(&loaded.chat_template)?;
         let stop_ids = ["<|im_end|>", "<|endoftext|>"]
@@ -113,8 +149,13 @@ impl<D: Device> Engine<D> {
             .build()
             .map_err(|e| BackendError::BadRequest(format!("thread pool: {e}")))?;
         let cfg = &loaded.model.cfg;
+        let kv_budget_bytes =
+            loaded
+                .model
+                .device
+                .reserve_kv(cfg.layers, cfg.heads(), opts.kv_budget_bytes)?;
         let scheduler = Scheduler::new(Limits {
-            kv_budget_bytes: opts.kv_budget_bytes,
+            kv_budget_bytes,
             kv_bytes_per_token: cfg.kv_bytes_per_token(),
             context: cfg.context,
             stop_ids,
@@ -142,8 +183,12 @@ impl<D: Device> Engine<D> {
         &self.model
     }
 
-    /// Runs one ragged forward batch on the engine's threads.
-    pub fn forward(&self, items: &mut [BatchItem<'_, D::Cache>]) -> Vec<Vec<f32>> {
+    /// Runs one ragged forward batch on the engine's threads; returns each
+    /// item's last logits.
+    pub fn forward(
+        &self,
+        items: &mut [BatchItem<'_, D::Cache>],
+    ) -> Result<Vec<Vec<f32>>, BackendError> {
         self.pool.install(|| self.model.forward(items))
     }
 
@@ -249,8 +294,10 @@ impl<D: Device> Backend for Engine<D> {
 
     fn step(&mut self) -> Result<Finished, BackendError> {
         let started = Instant::now();
-        let logits = match self.scheduler.schedule() {
-            Some(mut batch) => self.pool.install(|| self.model.forward(&mut batch)),
+        let outputs = match self.scheduler.schedule() {
+            Some(mut b) => self
+                .pool
+                .install(|| self.model.step(&mut b.items, &b.greedy))?,
             None => return Ok(Vec::new()),
         };
         let tokenizer = &self.tokenizer;
@@ -261,7 +308,7 @@ impl<D: Device> Backend for Engine<D> {
                     .any(|s| !s.is_empty() && text.contains(s.as_str()))
             })
         };
-        let done = self.scheduler.update(&logits, started.elapsed(), &stopped);
+        let done = self.scheduler.update(&outputs, started.elapsed(), &stopped);
         Ok(done.into_iter().map(|d| (d.id, self.reply(d))).collect())
     }
 
@@ -278,13 +325,21 @@ impl<D: Device> Backend for Engine<D> {
                 o.sha.get_or_init(|| sha).clone()
             }
         };
+        let d = self.model.device.info();
+        // The CPU is what every manifest meant before devices existed.
+        let device = if d.name == "cpu" {
+            String::new()
+        } else {
+            format!("{} ({}; {})", d.name, d.hardware, d.detail)
+        };
         Ok(ModelIdentity {
             name: o.name.clone(),
             source: o.source.clone(),
             weights_sha256,
             architecture: self.model.cfg.arch.as_str().to_string(),
             format: o.format.clone(),
-            arithmetic: statebench_kernels::ARITHMETIC.to_string(),
+            arithmetic: d.arithmetic,
+            device,
         })
     }
 }

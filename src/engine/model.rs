@@ -6,8 +6,9 @@
 //! KV cache. All rows of all items go through the matrix products together;
 //! attention runs per row over that row's own sequence.
 
-use super::device::{BatchRows, Device, Heads};
+use super::device::{BatchRows, Device, Heads, Next};
 use super::kv_cache::{KvCache, KvStore};
+use crate::backend::BackendError;
 
 /// Which member of the Qwen family the weights are.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -129,9 +130,8 @@ impl<D: Device> Attention<D> {
         }
         dev.rope(&mut q, nh, &s.rows.pos, s.rope);
         dev.rope(&mut k, nkv, &s.rows.pos, s.rope);
-        for (it, span) in s.items.iter_mut().zip(&s.rows.spans) {
-            dev.kv_write(it.cache, layer, &k, &v, span.clone(), s.heads);
-        }
+        let mut caches: Vec<&mut D::Cache> = s.items.iter_mut().map(|it| &mut *it.cache).collect();
+        dev.kv_write(&mut caches, layer, &k, &v, s.rows, s.heads);
         let caches: Vec<&D::Cache> = s.items.iter().map(|it| &*it.cache).collect();
         let att = dev.attention(&q, &caches, layer, s.rows, s.heads);
         self.o.forward(dev, &att)
@@ -195,11 +195,46 @@ pub struct BatchItem<'a, C = KvCache> {
 
 impl<D: Device> Model<D> {
     /// Runs the batch; returns the logits of each item's last token.
-    pub fn forward(&self, items: &mut [BatchItem<'_, D::Cache>]) -> Vec<Vec<f32>> {
+    pub fn forward(
+        &self,
+        items: &mut [BatchItem<'_, D::Cache>],
+    ) -> Result<Vec<Vec<f32>>, BackendError> {
+        let Some(logits) = self.last_logits(items) else {
+            return Ok(Vec::new());
+        };
+        let out = self.device.to_host(logits);
+        self.device.sync()?;
+        Ok(out)
+    }
+
+    /// Runs the batch; for the items marked `greedy` only the chosen token
+    /// comes back from the device, for the others their logits.
+    pub fn step(
+        &self,
+        items: &mut [BatchItem<'_, D::Cache>],
+        greedy: &[bool],
+    ) -> Result<Vec<Next>, BackendError> {
+        let Some(logits) = self.last_logits(items) else {
+            return Ok(Vec::new());
+        };
+        let out = if greedy.iter().all(|g| *g) {
+            let picks = self.device.argmax(&logits);
+            picks.into_iter().map(Next::Argmax).collect()
+        } else {
+            let rows = self.device.to_host(logits);
+            rows.into_iter().map(Next::Logits).collect()
+        };
+        self.device.sync()?;
+        Ok(out)
+    }
+
+    /// The forward pass up to the output head: `items × vocab` logits of
+    /// each item's last token, on the device. None for an empty batch.
+    fn last_logits(&self, items: &mut [BatchItem<'_, D::Cache>]) -> Option<D::Act> {
         let (c, dev) = (&self.cfg, &self.device);
         let rows = BatchRows::new(items.iter().map(|it| (it.cache.len(), it.tokens.len())));
         if rows.is_empty() {
-            return Vec::new();
+            return None;
         }
         let tokens: Vec<u32> = items
             .iter()
@@ -222,16 +257,17 @@ impl<D: Device> Model<D> {
         let last = dev.gather(&x, &rows.last_of_each()); // items × hidden
         let last = dev.rms_norm(&last, &self.norm, c.rms_eps);
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        dev.to_host(dev.matmul(head, &last)) // items × vocab
+        Some(dev.matmul(head, &last)) // items × vocab
     }
 
     /// Caps the context (and the RoPE table) at `max` positions.
-    pub fn cap_context(&mut self, max: usize) {
+    pub fn cap_context(&mut self, max: usize) -> Result<(), BackendError> {
         if max < self.cfg.context {
             self.cfg.context = max;
             self.rope = self
                 .device
-                .rope_table(self.cfg.head_dim, self.cfg.rope_theta, max);
+                .rope_table(self.cfg.head_dim, self.cfg.rope_theta, max)?;
         }
+        Ok(())
     }
 }

@@ -38,9 +38,14 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// Whether a temperature means greedy decoding (0, negative or not finite).
+pub fn is_greedy(temperature: f32) -> bool {
+    temperature <= 0.0 || !temperature.is_finite()
+}
+
 /// Samples from `softmax(logits / temperature)`; greedy when temperature is 0.
 pub fn sample(logits: &[f32], temperature: f32, rng: &mut Rng) -> u32 {
-    if temperature <= 0.0 || !temperature.is_finite() {
+    if is_greedy(temperature) {
         return argmax(logits);
     }
     let max = logits

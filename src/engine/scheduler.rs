@@ -11,6 +11,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::Duration;
 
+use super::device::Next;
 use super::kv_cache::KvStore;
 use super::model::BatchItem;
 use super::sampling::{self, Rng};
@@ -78,6 +79,13 @@ pub struct Done {
     pub finish: Finish,
     pub prefill_secs: f64,
     pub decode_secs: f64,
+}
+
+/// One forward step's work: every running request's feed and cache, and
+/// whether it decodes greedily (so the device may pick its token).
+pub struct Batch<'a, C> {
+    pub items: Vec<BatchItem<'a, C>>,
+    pub greedy: Vec<bool>,
 }
 
 /// Sessions, queue and running batch of one engine.
@@ -149,7 +157,7 @@ impl<C: KvStore> Scheduler<C> {
                 context,
             });
         }
-        let need = (prompt.len() + req.max_tokens) * self.limits.kv_bytes_per_token;
+        let need = self.bytes(prompt.len() + req.max_tokens);
         if need > self.limits.kv_budget_bytes {
             return Err(BackendError::ExceedsKvBudget {
                 needed_bytes: need,
@@ -184,18 +192,23 @@ impl<C: KvStore> Scheduler<C> {
         self.reserved_bytes() + self.idle_bytes_except(None)
     }
 
+    /// Bytes of cache memory `tokens` positions take.
+    fn bytes(&self, tokens: usize) -> usize {
+        C::footprint(tokens) * self.limits.kv_bytes_per_token
+    }
+
     fn idle_bytes_except(&self, keep: Option<SessionId>) -> usize {
         self.sessions
             .iter()
             .filter(|(id, _)| Some(**id) != keep)
-            .map(|(_, s)| s.cache.len() * self.limits.kv_bytes_per_token)
+            .map(|(_, s)| self.bytes(s.cache.len()))
             .sum()
     }
 
     fn reserved_bytes(&self) -> usize {
         self.running
             .iter()
-            .map(|r| (r.prompt.len() + r.req.max_tokens) * self.limits.kv_bytes_per_token)
+            .map(|r| self.bytes(r.prompt.len() + r.req.max_tokens))
             .sum()
     }
 
@@ -209,8 +222,8 @@ impl<C: KvStore> Scheduler<C> {
             .filter(|(id, s)| **id != keep && !s.cache.is_empty())
             .min_by_key(|(id, s)| (s.last_used, **id))
             .map(|(id, _)| *id);
+        let freed = self.bytes(self.sessions.get(&victim?)?.cache.len());
         let s = self.sessions.get_mut(&victim?)?;
-        let freed = s.cache.len() * self.limits.kv_bytes_per_token;
         s.cache = C::default();
         s.tokens.clear();
         Some(freed)
@@ -218,10 +231,9 @@ impl<C: KvStore> Scheduler<C> {
 
     /// Moves waiting requests into the running batch while the KV budget allows.
     fn admit(&mut self) {
-        let per = self.limits.kv_bytes_per_token;
         let budget = self.limits.kv_budget_bytes;
         while let Some(p) = self.waiting.front() {
-            let (need, keep) = ((p.prompt.len() + p.req.max_tokens) * per, p.session);
+            let (need, keep) = (self.bytes(p.prompt.len() + p.req.max_tokens), p.session);
             let mut reserved = self.reserved_bytes();
             if !self.running.is_empty() && reserved + need > budget {
                 break;
@@ -274,41 +286,49 @@ impl<C: KvStore> Scheduler<C> {
     /// Admits what fits and returns the next forward step's batch: every
     /// running request with the tokens it feeds (its uncached prompt, or its
     /// last generated token). None when nothing runs.
-    pub fn schedule(&mut self) -> Option<Vec<BatchItem<'_, C>>> {
+    pub fn schedule(&mut self) -> Option<Batch<'_, C>> {
         self.admit();
         if self.running.is_empty() {
             return None;
         }
-        Some(
-            self.running
-                .iter_mut()
-                .map(|r| BatchItem {
-                    tokens: &r.feed,
-                    cache: &mut r.cache,
-                })
-                .collect(),
-        )
+        let greedy = self
+            .running
+            .iter()
+            .map(|r| sampling::is_greedy(r.req.temperature))
+            .collect();
+        let items = self
+            .running
+            .iter_mut()
+            .map(|r| BatchItem {
+                tokens: &r.feed,
+                cache: &mut r.cache,
+            })
+            .collect();
+        Some(Batch { items, greedy })
     }
 
-    /// Takes the logits of the batch [`Self::schedule`] returned (one per
+    /// Takes the outputs of the batch [`Self::schedule`] returned (one per
     /// running request, in its order) and the step's wall time; samples each
     /// request's next token and returns the finished requests, in id order.
     /// `stopped` says whether generated ids contain one of the stop strings.
     pub fn update(
         &mut self,
-        logits: &[Vec<f32>],
+        outputs: &[Next],
         took: Duration,
         stopped: &dyn Fn(&[u32], &[String]) -> bool,
     ) -> Vec<Done> {
         let secs = took.as_secs_f64();
-        for (r, l) in self.running.iter_mut().zip(logits) {
+        for (r, out) in self.running.iter_mut().zip(outputs) {
             if r.generated.is_empty() {
                 r.prefill_secs += secs;
             } else {
                 r.decode_secs += secs;
             }
             r.tokens.extend_from_slice(&r.feed);
-            let t = sampling::sample(l, r.req.temperature, &mut r.rng);
+            let t = match out {
+                Next::Argmax(t) => *t,
+                Next::Logits(l) => sampling::sample(l, r.req.temperature, &mut r.rng),
+            };
             r.generated.push(t);
             r.feed.clear();
             r.feed.push(t);

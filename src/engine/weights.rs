@@ -11,7 +11,7 @@ use serde::Deserialize;
 use statebench_kernels::Matrix;
 use tokenizers::Tokenizer;
 
-use super::device::Device;
+use super::device::{Device, HostWeight};
 use super::model::{Arch, Attention, Config, DecoderLayer, Linear, Mlp, Model};
 use crate::backend::BackendError;
 
@@ -96,13 +96,7 @@ fn resolve_hub_id(id: &str) -> Result<PathBuf, BackendError> {
                 ),
             ));
         }
-        let api = hf_hub::api::sync::ApiBuilder::from_env()
-            .with_progress(true)
-            .build()
-            .map_err(|e| missing(file, format!("cannot reach the Hugging Face hub: {e}")))?;
-        api.model(id.to_string())
-            .get(file)
-            .map_err(|e| missing(file, format!("download failed: {e}")))
+        download(id, file).map_err(|why| missing(file, why))
     };
     let config = fetch("config.json")?;
     fetch("tokenizer.json")?;
@@ -127,6 +121,23 @@ fn resolve_hub_id(id: &str) -> Result<PathBuf, BackendError> {
 #[derive(Deserialize)]
 struct ShardIndex {
     weight_map: HashMap<String, String>,
+}
+
+/// Downloads one file of a hub repository into the hub cache.
+#[cfg(feature = "hub-download")]
+fn download(id: &str, file: &str) -> Result<PathBuf, String> {
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_progress(true)
+        .build()
+        .map_err(|e| format!("cannot reach the Hugging Face hub: {e}"))?;
+    api.model(id.to_string())
+        .get(file)
+        .map_err(|e| format!("download failed: {e}"))
+}
+
+#[cfg(not(feature = "hub-download"))]
+fn download(_id: &str, _file: &str) -> Result<PathBuf, String> {
+    Err("not in the Hugging Face cache, and this build cannot download (built without the hub-download feature)".into())
 }
 
 fn read_to_string(path: &Path) -> Result<String, BackendError> {
@@ -176,7 +187,7 @@ fn unsupported(path: &Path, cause: impl Into<String>) -> BackendError {
 trait TensorSource {
     fn path(&self) -> &Path;
     fn has(&self, name: &str) -> bool;
-    fn matrix(&self, name: &str) -> Result<Matrix, BackendError>;
+    fn matrix(&self, name: &str) -> Result<HostWeight, BackendError>;
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, BackendError> {
         let m = self.matrix(name)?;
         let v = m.to_f32();
@@ -288,12 +299,12 @@ fn linear<D: Device>(
     }
     let bname = names.layer(i, &format!("{part}.bias"));
     let b = if src.has(&bname) {
-        Some(dev.vector(src.vector(&bname, rows)?))
+        Some(dev.vector(src.vector(&bname, rows)?)?)
     } else {
         None
     };
     Ok(Linear {
-        w: dev.weight(w),
+        w: dev.weight(w)?,
         b,
     })
 }
@@ -316,7 +327,7 @@ fn build_model<D: Device>(
         ));
     }
     cfg.vocab = embed.rows();
-    let vector = |name: String, len: usize| src.vector(&name, len).map(|v| dev.vector(v));
+    let vector = |name: String, len: usize| dev.vector(src.vector(&name, len)?);
     let linear = |i, part, rows, cols| linear(&dev, src, names, i, part, rows, cols);
     let mut layers = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
@@ -349,7 +360,7 @@ fn build_model<D: Device>(
     let norm = vector(names.norm(), h)?;
     let lm_head = match (tied, src.has(&names.head())) {
         (Some(true), _) | (None, false) => None,
-        (_, true) => Some(dev.weight(src.matrix(&names.head())?)),
+        (_, true) => Some(dev.weight(src.matrix(&names.head())?)?),
         (Some(false), false) => {
             return Err(corrupt(
                 src.path(),
@@ -357,9 +368,9 @@ fn build_model<D: Device>(
             ))
         }
     };
-    let rope = dev.rope_table(hd, cfg.rope_theta, cfg.context);
+    let rope = dev.rope_table(hd, cfg.rope_theta, cfg.context)?;
     Ok(Model {
-        embed: dev.weight(embed),
+        embed: dev.weight(embed)?,
         device: dev,
         cfg,
         layers,
@@ -384,7 +395,7 @@ impl TensorSource for GgufSource {
     fn has(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
-    fn matrix(&self, name: &str) -> Result<Matrix, BackendError> {
+    fn matrix(&self, name: &str) -> Result<HostWeight, BackendError> {
         let info = self
             .content
             .tensor_infos
@@ -421,12 +432,14 @@ impl TensorSource for GgufSource {
                 ),
             ));
         }
-        Matrix::from_ggml(dtype, rows, cols, &self.map[start..end]).map_err(|e| match e {
-            statebench_kernels::MatrixError::UnsupportedType(t) => {
-                unsupported(&self.path, format!("tensor {name} has quant type {t}"))
-            }
-            other => corrupt(&self.path, format!("tensor {name}: {other}")),
-        })
+        Matrix::from_ggml(dtype, rows, cols, &self.map[start..end])
+            .map(HostWeight::Matrix)
+            .map_err(|e| match e {
+                statebench_kernels::MatrixError::UnsupportedType(t) => {
+                    unsupported(&self.path, format!("tensor {name} has quant type {t}"))
+                }
+                other => corrupt(&self.path, format!("tensor {name}: {other}")),
+            })
     }
 }
 
@@ -564,8 +577,14 @@ fn validate(cfg: &Config, path: &Path) -> Result<(), BackendError> {
 
 // ---------------------------------------------------------------- safetensors
 
-/// A safetensors tensor converted to f32: shape and values.
-type StTensor = (Vec<usize>, Vec<f32>);
+/// A safetensors tensor: its shape, and its values as bf16 bits (bf16
+/// files, kept as they are) or widened to f32 (f16 and f32 files).
+type StTensor = (Vec<usize>, StValues);
+
+enum StValues {
+    Bf16(Vec<u16>),
+    F32(Vec<f32>),
+}
 
 struct StSource {
     path: PathBuf,
@@ -580,7 +599,7 @@ impl TensorSource for StSource {
     fn has(&self, name: &str) -> bool {
         self.tensors.borrow().contains_key(name)
     }
-    fn matrix(&self, name: &str) -> Result<Matrix, BackendError> {
+    fn matrix(&self, name: &str) -> Result<HostWeight, BackendError> {
         let (shape, data) = self
             .tensors
             .borrow_mut()
@@ -596,8 +615,19 @@ impl TensorSource for StSource {
                 ))
             }
         };
-        Matrix::from_f32(rows, cols, data)
-            .map_err(|e| corrupt(&self.path, format!("tensor {name}: {e}")))
+        let bad = |e: String| corrupt(&self.path, format!("tensor {name}: {e}"));
+        match data {
+            StValues::Bf16(bits) if bits.len() == rows * cols => {
+                Ok(HostWeight::Bf16 { rows, cols, bits })
+            }
+            StValues::Bf16(bits) => Err(bad(format!(
+                "{} values for a {rows}x{cols} matrix",
+                bits.len()
+            ))),
+            StValues::F32(v) => Matrix::from_f32(rows, cols, v)
+                .map(HostWeight::Matrix)
+                .map_err(|e| bad(e.to_string())),
+        }
     }
 }
 
@@ -679,19 +709,25 @@ fn read_safetensors(dir: &Path) -> Result<(StSource, Vec<PathBuf>, String), Back
         for (name, view) in st.tensors() {
             use safetensors::Dtype;
             let bytes = view.data();
-            let data: Vec<f32> = match view.dtype() {
-                Dtype::F32 => bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-                Dtype::BF16 => bytes
-                    .chunks_exact(2)
-                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect(),
-                Dtype::F16 => bytes
-                    .chunks_exact(2)
-                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                    .collect(),
+            let data = match view.dtype() {
+                Dtype::F32 => StValues::F32(
+                    bytes
+                        .chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect(),
+                ),
+                Dtype::BF16 => StValues::Bf16(
+                    bytes
+                        .chunks_exact(2)
+                        .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                        .collect(),
+                ),
+                Dtype::F16 => StValues::F32(
+                    bytes
+                        .chunks_exact(2)
+                        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                        .collect(),
+                ),
                 other => return Err(unsupported(f, format!("tensor {name} has dtype {other:?}"))),
             };
             dtypes.insert(format!("{:?}", view.dtype()).to_lowercase());

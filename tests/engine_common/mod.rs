@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use statebench::backend::{Backend, ChatReply, ChatRequest, Message, Role, SessionId};
-use statebench::engine::kv_cache::KvCache;
+use statebench::engine::device::Device;
 use statebench::engine::model::BatchItem;
 use statebench::engine::{Engine, EngineOptions, DEFAULT_MODEL};
 
@@ -13,9 +13,8 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The default GGUF, fetched with `models/fetch.sh` when missing. When it
-/// is absent and cannot be fetched: in CI (`CI` or `STATEBENCH_REQUIRE_MODEL`
-/// set) the test fails; elsewhere it is skipped visibly and this is `None`.
+/// The default GGUF, fetched with `models/fetch.sh` when missing; `None`
+/// when it is absent and cannot be fetched (see [`missing`]).
 pub fn default_model() -> Option<PathBuf> {
     let path = root().join(DEFAULT_MODEL);
     if path.is_file() {
@@ -27,18 +26,24 @@ pub fn default_model() -> Option<PathBuf> {
     if path.is_file() {
         return Some(path);
     }
-    let why = format!(
+    missing(&format!(
         "the default model {} is absent and could not be fetched ({status:?})",
         path.display()
-    );
-    if ["CI", "STATEBENCH_REQUIRE_MODEL"]
+    ));
+    None
+}
+
+/// Something a test needs is not installed: in CI (`CI` or
+/// `STATEBENCH_REQUIRE` set) the test fails, since `.ci/run` installs
+/// everything; elsewhere it is skipped, visibly.
+pub fn missing(why: &str) {
+    if ["CI", "STATEBENCH_REQUIRE"]
         .iter()
         .any(|v| std::env::var_os(v).is_some_and(|x| !x.is_empty()))
     {
-        panic!("{why}; CI fetches it with models/fetch.sh before the tests");
+        panic!("{why}; .ci/run installs it before the tests");
     }
-    skip(&why);
-    None
+    skip(why);
 }
 
 /// Reports a skipped test on the terminal: written to stderr directly, so
@@ -60,7 +65,7 @@ pub fn ask(text: &str, max_tokens: usize) -> ChatRequest {
 }
 
 /// Runs one request alone on a fresh session.
-pub fn run_alone(engine: &mut Engine, req: ChatRequest) -> ChatReply {
+pub fn run_alone<D: Device>(engine: &mut Engine<D>, req: ChatRequest) -> ChatReply {
     let s = engine.open_session();
     let r = engine.chat(s, req).expect("chat");
     engine.close_session(s);
@@ -68,7 +73,11 @@ pub fn run_alone(engine: &mut Engine, req: ChatRequest) -> ChatReply {
 }
 
 /// Runs `target` together with `others` in one batch; returns the target's reply.
-pub fn run_batched(engine: &mut Engine, target: ChatRequest, others: &[ChatRequest]) -> ChatReply {
+pub fn run_batched<D: Device>(
+    engine: &mut Engine<D>,
+    target: ChatRequest,
+    others: &[ChatRequest],
+) -> ChatReply {
     let mut sessions: Vec<SessionId> = Vec::new();
     let mut ids = Vec::new();
     // Put the target in the middle of the batch so it is neither first nor last.
@@ -96,24 +105,30 @@ pub fn run_batched(engine: &mut Engine, target: ChatRequest, others: &[ChatReque
 }
 
 /// Last-token logits of a cold prefill of `tokens`.
-pub fn cold_logits(engine: &Engine, tokens: &[u32]) -> Vec<f32> {
-    let mut cache = KvCache::default();
+pub fn cold_logits<D: Device>(engine: &Engine<D>, tokens: &[u32]) -> Vec<f32> {
+    let mut cache = D::Cache::default();
     engine
         .forward(&mut [BatchItem {
             tokens,
             cache: &mut cache,
         }])
+        .expect("forward")
         .remove(0)
 }
 
 /// Greedy continuation by incremental decoding; returns tokens and each step's logits.
-pub fn greedy_incremental(engine: &Engine, prompt: &[u32], n: usize) -> (Vec<u32>, Vec<Vec<f32>>) {
-    let mut cache = KvCache::default();
+pub fn greedy_incremental<D: Device>(
+    engine: &Engine<D>,
+    prompt: &[u32],
+    n: usize,
+) -> (Vec<u32>, Vec<Vec<f32>>) {
+    let mut cache = D::Cache::default();
     let mut logits = engine
         .forward(&mut [BatchItem {
             tokens: prompt,
             cache: &mut cache,
         }])
+        .expect("forward")
         .remove(0);
     let mut toks = Vec::new();
     let mut all = vec![logits.clone()];
@@ -125,6 +140,7 @@ pub fn greedy_incremental(engine: &Engine, prompt: &[u32], n: usize) -> (Vec<u32
                 tokens: &[t],
                 cache: &mut cache,
             }])
+            .expect("forward")
             .remove(0);
         all.push(logits.clone());
     }
@@ -140,7 +156,7 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// (a) KV-cached incremental decoding equals full recompute, bit for bit.
-pub fn check_incremental_equals_recompute(engine: &Engine, prompt: &[u32], n: usize) {
+pub fn check_incremental_equals_recompute<D: Device>(engine: &Engine<D>, prompt: &[u32], n: usize) {
     let (toks, inc) = greedy_incremental(engine, prompt, n);
     for i in 0..=n {
         let mut seq = prompt.to_vec();
@@ -156,20 +172,23 @@ pub fn check_incremental_equals_recompute(engine: &Engine, prompt: &[u32], n: us
 }
 
 /// (c) a prompt prefilled in two parts (cache + rest) equals a cold prefill, bit for bit.
-pub fn check_split_prefill(engine: &Engine, prompt: &[u32], splits: &[usize]) {
+pub fn check_split_prefill<D: Device>(engine: &Engine<D>, prompt: &[u32], splits: &[usize]) {
     let cold = cold_logits(engine, prompt);
     for &s in splits {
         assert!(s > 0 && s < prompt.len());
-        let mut cache = KvCache::default();
-        engine.forward(&mut [BatchItem {
-            tokens: &prompt[..s],
-            cache: &mut cache,
-        }]);
+        let mut cache = D::Cache::default();
+        engine
+            .forward(&mut [BatchItem {
+                tokens: &prompt[..s],
+                cache: &mut cache,
+            }])
+            .expect("forward");
         let warm = engine
             .forward(&mut [BatchItem {
                 tokens: &prompt[s..],
                 cache: &mut cache,
             }])
+            .expect("forward")
             .remove(0);
         assert_eq!(
             warm,
@@ -181,7 +200,11 @@ pub fn check_split_prefill(engine: &Engine, prompt: &[u32], splits: &[usize]) {
 }
 
 /// (b) a request's tokens are identical alone and in ragged batches of 2, 4 and 16.
-pub fn check_batch_invariance(engine: &mut Engine, target: ChatRequest, others: &[ChatRequest]) {
+pub fn check_batch_invariance<D: Device>(
+    engine: &mut Engine<D>,
+    target: ChatRequest,
+    others: &[ChatRequest],
+) {
     let alone = run_alone(engine, target.clone());
     for b in [2usize, 4, 16] {
         let batched = run_batched(engine, target.clone(), &others[..b - 1]);

@@ -1,0 +1,265 @@
+//! Every device operation run on two devices with the same random inputs,
+//! and how far the results differ: the test of a new kernel set against
+//! the CPU's (`statebench check-device`, `scripts/gpu-check.sh`).
+//!
+//! Weights are drawn as bf16 values, so a bf16 device holds exactly what
+//! the CPU holds and a difference is arithmetic alone.
+
+use super::{bf16_to_f32, f32_to_bf16, BatchRows, Device, Heads, HostWeight};
+use crate::backend::BackendError;
+use crate::rng::Rng;
+use statebench_kernels::Matrix;
+
+/// How far one operation's outputs differ between the two devices.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KernelDiff {
+    pub kernel: &'static str,
+    pub max_abs: f32,
+    /// Largest |a − b| / max(|a|, 1e-6).
+    pub max_rel: f32,
+    /// Values compared.
+    pub values: usize,
+}
+
+fn values(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n)
+        .map(|_| (rng.unit() as f32 * 2.0 - 1.0) * scale)
+        .collect()
+}
+
+/// Values a bf16 device stores exactly.
+fn bf16_values(rng: &mut Rng, n: usize, scale: f32) -> Vec<f32> {
+    values(rng, n, scale)
+        .into_iter()
+        .map(|v| bf16_to_f32(f32_to_bf16(v)))
+        .collect()
+}
+
+fn weight(rows: usize, cols: usize, v: &[f32]) -> HostWeight {
+    let m = Matrix::from_f32(rows, cols, v.to_vec()).expect("a well-formed matrix");
+    HostWeight::Matrix(m)
+}
+
+fn diff(kernel: &'static str, a: &[Vec<f32>], b: &[Vec<f32>]) -> KernelDiff {
+    let (mut max_abs, mut max_rel, mut n) = (0f32, 0f32, 0);
+    if a.len() != b.len() {
+        return KernelDiff {
+            kernel,
+            max_abs: f32::INFINITY,
+            max_rel: f32::INFINITY,
+            values: 0,
+        };
+    }
+    for (ra, rb) in a.iter().zip(b) {
+        if ra.len() != rb.len() {
+            max_abs = f32::INFINITY;
+            max_rel = f32::INFINITY;
+            continue;
+        }
+        for (x, y) in ra.iter().zip(rb) {
+            let d = (x - y).abs();
+            let d = if d.is_nan() { f32::INFINITY } else { d };
+            max_abs = max_abs.max(d);
+            max_rel = max_rel.max(d / x.abs().max(1e-6));
+            n += 1;
+        }
+    }
+    KernelDiff {
+        kernel,
+        max_abs,
+        max_rel,
+        values: n,
+    }
+}
+
+/// One device's side of the comparison.
+struct Side<'d, D: Device> {
+    dev: &'d D,
+}
+
+impl<D: Device> Side<'_, D> {
+    fn host(&self, x: D::Act) -> Vec<Vec<f32>> {
+        self.dev.to_host(x)
+    }
+}
+
+/// Runs each operation on `a` and `b` with the same inputs (seeded) and
+/// returns how far each pair of results differs.
+pub fn compare<A: Device, B: Device>(
+    a: &A,
+    b: &B,
+    seed: u64,
+) -> Result<Vec<KernelDiff>, BackendError> {
+    let (sa, sb) = (Side { dev: a }, Side { dev: b });
+    let mut rng = Rng::stream(seed, "device-check");
+    let mut out = Vec::new();
+    // Shapes with ragged edges: rows and widths that fill no tile exactly.
+    let (rows, hidden, inner, vocab) = (7usize, 96usize, 80usize, 150usize);
+    let heads = Heads {
+        q: 4,
+        kv: 2,
+        dim: 24,
+    };
+
+    // Embedding gather.
+    let table = bf16_values(&mut rng, vocab * hidden, 1.0);
+    let (ta, tb) = (
+        a.weight(weight(vocab, hidden, &table))?,
+        b.weight(weight(vocab, hidden, &table))?,
+    );
+    let tokens: Vec<u32> = (0..rows).map(|i| (i * 37 % vocab) as u32).collect();
+    out.push(diff(
+        "embed",
+        &sa.host(a.embed(&ta, &tokens)),
+        &sb.host(b.embed(&tb, &tokens)),
+    ));
+
+    // Matrix product with a bias.
+    let x = values(&mut rng, rows * hidden, 1.0);
+    let w = bf16_values(&mut rng, inner * hidden, 0.1);
+    let bias = values(&mut rng, inner, 0.1);
+    let (wa, wb) = (
+        a.weight(weight(inner, hidden, &w))?,
+        b.weight(weight(inner, hidden, &w))?,
+    );
+    let (ba, bb) = (a.vector(bias.clone())?, b.vector(bias)?);
+    let (xa, xb) = (a.act(hidden, x.clone()), b.act(hidden, x.clone()));
+    let mut ya = a.matmul(&wa, &xa);
+    let mut yb = b.matmul(&wb, &xb);
+    out.push(diff(
+        "matmul",
+        &sa.host(a.matmul(&wa, &xa)),
+        &sb.host(b.matmul(&wb, &xb)),
+    ));
+    a.add_bias(&mut ya, &ba);
+    b.add_bias(&mut yb, &bb);
+    out.push(diff("add_bias", &sa.host(ya), &sb.host(yb)));
+
+    // RMSNorm over whole rows and per head.
+    let g = values(&mut rng, hidden, 1.0);
+    let (ga, gb) = (a.vector(g.clone())?, b.vector(g)?);
+    out.push(diff(
+        "rms_norm",
+        &sa.host(a.rms_norm(&xa, &ga, 1e-6)),
+        &sb.host(b.rms_norm(&xb, &gb, 1e-6)),
+    ));
+    let hg = values(&mut rng, heads.dim, 1.0);
+    let (hga, hgb) = (a.vector(hg.clone())?, b.vector(hg)?);
+    let q = values(&mut rng, rows * heads.q * heads.dim, 1.0);
+    let (qa, qb) = (
+        a.act(heads.q * heads.dim, q.clone()),
+        b.act(heads.q * heads.dim, q),
+    );
+    out.push(diff(
+        "rms_norm per head",
+        &sa.host(a.rms_norm(&qa, &hga, 1e-6)),
+        &sb.host(b.rms_norm(&qb, &hgb, 1e-6)),
+    ));
+
+    // RoPE at scattered positions.
+    let (ra, rb) = (
+        a.rope_table(heads.dim, 10_000.0, 512)?,
+        b.rope_table(heads.dim, 10_000.0, 512)?,
+    );
+    let pos: Vec<usize> = (0..rows).map(|i| i * 61 % 500).collect();
+    let (mut qra, mut qrb) = (
+        a.act(
+            heads.q * heads.dim,
+            sa.host(a.rms_norm(&qa, &hga, 1e-6)).concat(),
+        ),
+        b.act(
+            heads.q * heads.dim,
+            sb.host(b.rms_norm(&qb, &hgb, 1e-6)).concat(),
+        ),
+    );
+    a.rope(&mut qra, heads.q, &pos, &ra);
+    b.rope(&mut qrb, heads.q, &pos, &rb);
+    out.push(diff("rope", &sa.host(qra), &sb.host(qrb)));
+
+    // SwiGLU and the residual add.
+    let gate = values(&mut rng, rows * inner, 4.0);
+    let up = values(&mut rng, rows * inner, 1.0);
+    let (mut gta, mut gtb) = (a.act(inner, gate.clone()), b.act(inner, gate));
+    a.silu_mul(&mut gta, &a.act(inner, up.clone()));
+    b.silu_mul(&mut gtb, &b.act(inner, up.clone()));
+    out.push(diff("silu_mul", &sa.host(gta), &sb.host(gtb)));
+    let (mut ada, mut adb) = (a.act(hidden, x.clone()), b.act(hidden, x.clone()));
+    let other = values(&mut rng, rows * hidden, 1.0);
+    a.add(&mut ada, &a.act(hidden, other.clone()));
+    b.add(&mut adb, &b.act(hidden, other));
+    out.push(diff("add", &sa.host(ada), &sb.host(adb)));
+
+    // Row gather and argmax (exact: compared as numbers).
+    let pick = [6usize, 0, 3];
+    out.push(diff(
+        "gather",
+        &sa.host(a.gather(&xa, &pick)),
+        &sb.host(b.gather(&xb, &pick)),
+    ));
+    let mut logits = values(&mut rng, rows * vocab, 1.0);
+    logits[5] = logits.iter().copied().fold(f32::MIN, f32::max); // a tie, lowest index wins
+    logits[vocab + 3] = f32::NAN;
+    let (la, lb) = (a.act(vocab, logits.clone()), b.act(vocab, logits));
+    let as_f = |v: Vec<u32>| vec![v.into_iter().map(|i| i as f32).collect::<Vec<_>>()];
+    out.push(diff("argmax", &as_f(a.argmax(&la)), &as_f(b.argmax(&lb))));
+
+    // KV write and attention: two sequences prefilled (3 and 5 positions),
+    // then one decode step each.
+    let budget = 1 << 24;
+    a.reserve_kv(1, heads, budget)?;
+    b.reserve_kv(1, heads, budget)?;
+    let (mut ca, mut cb) = (
+        [A::Cache::default(), A::Cache::default()],
+        [B::Cache::default(), B::Cache::default()],
+    );
+    let mut att = Vec::new();
+    for step in [vec![3usize, 5], vec![1, 1]] {
+        let n: usize = step.iter().sum();
+        let cached: Vec<usize> = ca
+            .iter()
+            .map(crate::engine::kv_cache::KvStore::len)
+            .collect();
+        let brows = BatchRows::new(cached.into_iter().zip(step.iter().copied()));
+        let kvw = heads.kv * heads.dim;
+        let k = values(&mut rng, n * kvw, 1.0);
+        let v = values(&mut rng, n * kvw, 1.0);
+        let q = values(&mut rng, n * heads.q * heads.dim, 1.0);
+        {
+            let mut refs: Vec<&mut A::Cache> = ca.iter_mut().collect();
+            a.kv_write(
+                &mut refs,
+                0,
+                &a.act(kvw, k.clone()),
+                &a.act(kvw, v.clone()),
+                &brows,
+                heads,
+            );
+        }
+        {
+            let mut refs: Vec<&mut B::Cache> = cb.iter_mut().collect();
+            b.kv_write(&mut refs, 0, &b.act(kvw, k), &b.act(kvw, v), &brows, heads);
+        }
+        let refs_a: Vec<&A::Cache> = ca.iter().collect();
+        let refs_b: Vec<&B::Cache> = cb.iter().collect();
+        let oa = a.attention(
+            &a.act(heads.q * heads.dim, q.clone()),
+            &refs_a,
+            0,
+            &brows,
+            heads,
+        );
+        let ob = b.attention(&b.act(heads.q * heads.dim, q), &refs_b, 0, &brows, heads);
+        att.push((sa.host(oa), sb.host(ob)));
+        for (c, &m) in ca.iter_mut().zip(&step) {
+            crate::engine::kv_cache::KvStore::advance(c, m);
+        }
+        for (c, &m) in cb.iter_mut().zip(&step) {
+            crate::engine::kv_cache::KvStore::advance(c, m);
+        }
+    }
+    out.push(diff("attention prefill", &att[0].0, &att[0].1));
+    out.push(diff("attention decode", &att[1].0, &att[1].1));
+    a.sync()?;
+    b.sync()?;
+    Ok(out)
+}

@@ -1,0 +1,206 @@
+//! The CPU device: the kernels of `statebench_kernels`, run on the calling
+//! rayon pool, in the arithmetic `statebench_kernels::ARITHMETIC` names.
+
+use rayon::prelude::*;
+use statebench_kernels::{attend, rms_norm, rope_neox, silu_mul, Matrix, RopeTable};
+
+use super::{BatchRows, Device, DeviceInfo, Heads, HostWeight};
+use crate::backend::BackendError;
+use crate::engine::kv_cache::KvCache;
+
+/// Activations on the CPU: `rows × width`, row-major.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Activations {
+    /// Floats per row.
+    pub width: usize,
+    /// `rows × width` values.
+    pub data: Vec<f32>,
+}
+
+impl Activations {
+    fn zeros(rows: usize, width: usize) -> Self {
+        Activations {
+            width,
+            data: vec![0f32; rows * width],
+        }
+    }
+
+    pub fn rows(&self) -> usize {
+        self.data.len() / self.width.max(1)
+    }
+}
+
+/// The CPU, through `statebench_kernels`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Cpu;
+
+impl Device for Cpu {
+    type Weight = Matrix;
+    type Vector = Vec<f32>;
+    type Act = Activations;
+    type Rope = RopeTable;
+    type Cache = KvCache;
+
+    fn info(&self) -> DeviceInfo {
+        DeviceInfo {
+            name: "cpu".into(),
+            hardware: String::new(),
+            detail: String::new(),
+            arithmetic: statebench_kernels::ARITHMETIC.into(),
+        }
+    }
+
+    fn weight(&self, w: HostWeight) -> Result<Matrix, BackendError> {
+        w.into_matrix()
+            .map_err(|e| BackendError::BadRequest(format!("weight matrix: {e}")))
+    }
+
+    fn vector(&self, v: Vec<f32>) -> Result<Vec<f32>, BackendError> {
+        Ok(v)
+    }
+
+    fn rope_table(
+        &self,
+        head_dim: usize,
+        theta: f32,
+        max_pos: usize,
+    ) -> Result<RopeTable, BackendError> {
+        Ok(RopeTable::new(head_dim, theta, max_pos))
+    }
+
+    fn act(&self, width: usize, data: Vec<f32>) -> Activations {
+        Activations { width, data }
+    }
+
+    fn embed(&self, table: &Matrix, tokens: &[u32]) -> Activations {
+        let mut x = Activations::zeros(tokens.len(), table.cols());
+        x.data
+            .par_chunks_mut(x.width)
+            .zip(tokens.par_iter())
+            .for_each(|(row, &t)| table.row_f32(t as usize, row));
+        x
+    }
+
+    fn rms_norm(&self, x: &Activations, weight: &Vec<f32>, eps: f32) -> Activations {
+        let mut y = x.clone();
+        y.data
+            .par_chunks_mut(weight.len())
+            .for_each(|r| rms_norm(r, weight, eps));
+        y
+    }
+
+    fn matmul(&self, w: &Matrix, x: &Activations) -> Activations {
+        let n = x.rows();
+        let mut y = Activations::zeros(n, w.rows());
+        w.matmul(&x.data, n, &mut y.data);
+        y
+    }
+
+    fn add_bias(&self, y: &mut Activations, bias: &Vec<f32>) {
+        for row in y.data.chunks_exact_mut(y.width) {
+            for (v, b) in row.iter_mut().zip(bias) {
+                *v += b;
+            }
+        }
+    }
+
+    fn rope(&self, x: &mut Activations, heads: usize, pos: &[usize], table: &RopeTable) {
+        x.data
+            .par_chunks_mut(x.width)
+            .zip(pos.par_iter())
+            .for_each(|(r, &p)| rope_neox(r, heads, p, table));
+    }
+
+    fn kv_write(
+        &self,
+        caches: &mut [&mut KvCache],
+        layer: usize,
+        k: &Activations,
+        v: &Activations,
+        rows: &BatchRows,
+        heads: Heads,
+    ) {
+        let kvd = heads.kv * heads.dim;
+        for (cache, span) in caches.iter_mut().zip(&rows.spans) {
+            let span = span.start * kvd..span.end * kvd;
+            cache.write(
+                layer,
+                &k.data[span.clone()],
+                &v.data[span],
+                heads.kv,
+                heads.dim,
+            );
+        }
+    }
+
+    fn attention(
+        &self,
+        q: &Activations,
+        caches: &[&KvCache],
+        layer: usize,
+        rows: &BatchRows,
+        heads: Heads,
+    ) -> Activations {
+        let mut out = Activations::zeros(rows.len(), q.width);
+        let layers: Vec<(&[f32], &[f32])> = caches.iter().map(|c| c.layer(layer)).collect();
+        // One task per (row, KV head): the query heads sharing that KV head.
+        let group = q.width / heads.kv;
+        out.data
+            .par_chunks_mut(group)
+            .zip(q.data.par_chunks(group))
+            .enumerate()
+            .for_each_init(Vec::new, |scores, (i, (o, qg))| {
+                let (r, kvh) = (i / heads.kv, i % heads.kv);
+                let (kt, v) = layers[rows.item[r]];
+                attend(
+                    qg,
+                    kt,
+                    v,
+                    rows.pos[r] + 1,
+                    kvh,
+                    heads.kv,
+                    heads.dim,
+                    scores,
+                    o,
+                );
+            });
+        out
+    }
+
+    fn silu_mul(&self, gate: &mut Activations, up: &Activations) {
+        gate.data
+            .par_chunks_mut(gate.width)
+            .zip(up.data.par_chunks(up.width))
+            .for_each(|(g, u)| silu_mul(g, u));
+    }
+
+    fn add(&self, x: &mut Activations, y: &Activations) {
+        for (a, b) in x.data.iter_mut().zip(&y.data) {
+            *a += b;
+        }
+    }
+
+    fn gather(&self, x: &Activations, rows: &[usize]) -> Activations {
+        let w = x.width;
+        let mut data = Vec::with_capacity(rows.len() * w);
+        for &r in rows {
+            data.extend_from_slice(&x.data[r * w..(r + 1) * w]);
+        }
+        Activations { width: w, data }
+    }
+
+    fn to_host(&self, x: Activations) -> Vec<Vec<f32>> {
+        x.data.chunks_exact(x.width).map(<[f32]>::to_vec).collect()
+    }
+
+    fn argmax(&self, x: &Activations) -> Vec<u32> {
+        x.data
+            .chunks_exact(x.width)
+            .map(crate::engine::sampling::argmax)
+            .collect()
+    }
+
+    fn sync(&self) -> Result<(), BackendError> {
+        Ok(())
+    }
+}

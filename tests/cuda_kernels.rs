@@ -1,0 +1,34 @@
+//! Every CUDA kernel set compiles under NVRTC, for the compute capabilities
+//! the engine targets, without an error or a warning. No GPU is needed:
+//! NVRTC alone (the `nvidia-cuda-nvrtc` wheel `.ci/run` installs) compiles
+//! to PTX. Where NVRTC is absent the test fails in CI and is skipped,
+//! visibly, elsewhere.
+#![cfg(feature = "cuda")]
+
+mod engine_common;
+
+use statebench::engine::device::cuda::{compile, nvrtc_available};
+
+#[test]
+fn every_cuda_kernel_compiles_without_errors_or_warnings() {
+    if !nvrtc_available() {
+        engine_common::missing("NVRTC (libnvrtc) is not on the library path");
+        return;
+    }
+    // Ampere, Ada and Hopper; the H200 is compute capability 9.0.
+    for arch in ["compute_80", "compute_89", "compute_90"] {
+        for (name, body) in statebench_kernels::cuda::SOURCES {
+            let c = compile(name, body, arch)
+                .unwrap_or_else(|e| panic!("{arch}: {}", statebench::one_line(&e)));
+            assert!(
+                c.log.is_empty(),
+                "{name} ({arch}) compiles with a log:\n{}",
+                c.log
+            );
+            assert!(
+                c.ptx.contains(".entry"),
+                "{name} ({arch}): no kernel in the PTX"
+            );
+        }
+    }
+}
