@@ -24,6 +24,8 @@ pub struct EngineBenchOptions {
     pub decode_steps: usize,
     /// Batch sizes of the decode measurement.
     pub batches: Vec<usize>,
+    /// Cached tokens of each sequence before the decode steps.
+    pub decode_context: usize,
     /// Turns of the growing conversation.
     pub turns: usize,
     /// Reply tokens per turn of the growing conversation.
@@ -87,7 +89,7 @@ pub fn engine<D: Device>(
     let decode = o
         .batches
         .iter()
-        .map(|&b| Ok((b, decode(engine, b, o.decode_steps)?)))
+        .map(|&b| Ok((b, decode(engine, b, o.decode_context, o.decode_steps)?)))
         .collect::<Result<_, BackendError>>()?;
     let (conversation, mean_warm_secs) = conversation(engine, o.turns, o.turn_tokens)?;
     Ok(EngineBench {
@@ -113,25 +115,40 @@ fn prefill<D: Device>(engine: &Engine<D>, n: usize) -> Result<Rate, BackendError
     })
 }
 
-/// `b` sequences with distinct 64-token prompts, `steps` decode steps each.
-fn decode<D: Device>(engine: &Engine<D>, b: usize, steps: usize) -> Result<Rate, BackendError> {
+/// `b` sequences with distinct `context`-token prompts, `steps` decode
+/// steps each (the prompts are prefilled a few at a time, so a long
+/// context at a large batch does not need all its activations at once).
+fn decode<D: Device>(
+    engine: &Engine<D>,
+    b: usize,
+    context: usize,
+    steps: usize,
+) -> Result<Rate, BackendError> {
     let mut prompts = Vec::with_capacity(b);
     for i in 0..b {
-        let mut p = engine.encode(&filler(100, i + 1))?;
-        p.truncate(64);
+        let mut p = engine.encode(&filler(context * 2 + 36, i + 1))?;
+        p.truncate(context);
         prompts.push(p);
     }
     let mut caches: Vec<D::Cache> = (0..b).map(|_| D::Cache::default()).collect();
-    let mut items: Vec<BatchItem<'_, D::Cache>> = prompts
+    let per_forward = (16_384 / context.max(1)).max(1);
+    for (ps, cs) in prompts
+        .chunks(per_forward)
+        .zip(caches.chunks_mut(per_forward))
+    {
+        let mut items: Vec<BatchItem<'_, D::Cache>> = ps
+            .iter()
+            .zip(cs.iter_mut())
+            .map(|(p, cache)| BatchItem { tokens: p, cache })
+            .collect();
+        engine.forward(&mut items)?;
+    }
+    let feed: Vec<[u32; 1]> = (0..b).map(|i| [(i as u32 * 17 + 220) % 1000]).collect();
+    let mut items: Vec<BatchItem<'_, D::Cache>> = feed
         .iter()
         .zip(caches.iter_mut())
-        .map(|(p, cache)| BatchItem { tokens: p, cache })
+        .map(|(f, cache)| BatchItem { tokens: f, cache })
         .collect();
-    engine.forward(&mut items)?;
-    let feed: Vec<[u32; 1]> = (0..b).map(|i| [(i as u32 * 17 + 220) % 1000]).collect();
-    for (it, f) in items.iter_mut().zip(&feed) {
-        it.tokens = f;
-    }
     let t = Instant::now();
     for _ in 0..steps {
         engine.forward(&mut items)?;

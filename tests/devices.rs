@@ -37,6 +37,20 @@ fn candle_operations_agree_with_the_cpu() {
     assert_close(&diffs, 1e-4);
 }
 
+/// The invariance check `statebench check invariance` and the GPU script
+/// run: on the CPU every hash agrees.
+#[test]
+fn invariance_check_holds_on_the_cpu() {
+    let dir = engine_common::root().join("tests/fixtures/engine/tiny-qwen2");
+    let mut engine = engine_common::load(&dir);
+    let out = statebench::engine::device::check::invariance(&mut engine, &[3, 8], 8).expect("runs");
+    assert_eq!(out.len(), 5);
+    let (first, turns) = out.split_at(3);
+    assert!(first.iter().all(|o| o.hash == first[0].hash), "{first:?}");
+    assert_eq!(turns[0].hash, turns[1].hash, "{turns:?}");
+    assert!(turns[0].case.contains("cached") && !turns[0].case.starts_with("second turn, 0 "));
+}
+
 #[cfg(feature = "cuda")]
 mod cuda {
     use super::*;

@@ -202,7 +202,7 @@ fn invariance_d_identical_across_processes_and_thread_counts() {
     let Some(path) = default_model() else { return };
     let run = |threads: &str| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_statebench"))
-            .args(["generate", "--model"])
+            .args(["generate", "--device", "cpu", "--model"])
             .arg(&path)
             .args([
                 "--prompt",

@@ -280,7 +280,8 @@ fn scripted_cells_reports_and_scores_are_unchanged() {
 }
 
 /// Token for token: a model-backed cell on the default GGUF (agent, matcher
-/// and compiler) under the kernels' arithmetic `statebench-kernels/3`.
+/// and compiler) on the CPU, under the kernels' arithmetic
+/// `statebench-kernels/3`.
 #[test]
 fn default_model_cell_is_unchanged() {
     let Some(gguf) = engine_common::default_model() else {
@@ -293,6 +294,8 @@ fn default_model_cell_is_unchanged() {
         "cell",
         "--agent",
         "model",
+        "--device",
+        "cpu",
         "--model",
         gguf.to_str().expect("utf-8 path"),
         "--arms",

@@ -25,6 +25,9 @@ pub struct BenchArgs {
     /// Batch sizes of the decode measurement.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,32")]
     pub batches: Vec<usize>,
+    /// Cached tokens of each sequence before the decode steps.
+    #[arg(long, default_value_t = 64)]
+    pub decode_context: usize,
     /// Turns of the growing conversation.
     #[arg(long, default_value_t = 44)]
     pub turns: usize,
@@ -49,30 +52,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.cell {
         return cell(a);
     }
-    let (spec, opts) = a.model.spec_and_options()?;
-    match a.model.device() {
-        DeviceChoice::Cpu => engine(&a, &mut Engine::load(&spec, opts)?),
-        #[cfg(feature = "cuda")]
-        DeviceChoice::Cuda(n) => engine(
-            &a,
-            &mut Engine::load_on(
-                statebench::engine::device::cuda::Cuda::open(n)?,
-                &spec,
-                opts,
-            )?,
-        ),
-        #[cfg(feature = "metal")]
-        DeviceChoice::Metal(n) => engine(
-            &a,
-            &mut Engine::load_on(
-                statebench::engine::device::candle::Candle::metal(n)?,
-                &spec,
-                opts,
-            )?,
-        ),
-        #[allow(unreachable_patterns)]
-        other => anyhow::bail!("--device {other}: this statebench was built without it"),
-    }
+    super::check::with_engine!(a.model, |e| engine(&a, &mut e))
 }
 
 /// The engine's figures on one device.
@@ -89,6 +69,7 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
             prefill_tokens: a.prefill_tokens,
             decode_steps: a.decode_steps,
             batches: a.batches.clone(),
+            decode_context: a.decode_context,
             turns: a.turns,
             turn_tokens: a.turn_tokens,
         },

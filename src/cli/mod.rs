@@ -3,6 +3,7 @@
 //! and prints what it returns.
 
 mod bench;
+mod check;
 mod engine;
 mod ladder;
 mod serve;
@@ -42,6 +43,9 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Serve the in-process engine as an OpenAI-compatible chat-completions endpoint.
     Serve(serve::ServeArgs),
+    /// Check a device: kernels against the CPU, invariance, logits for a reference.
+    #[command(subcommand)]
+    Check(check::CheckCommand),
 }
 
 /// Runs one parsed command line.
@@ -53,6 +57,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Model(c) => engine::model(c),
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),
+        Command::Check(c) => check::run(c),
     }
 }
 

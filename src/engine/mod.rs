@@ -297,8 +297,28 @@ impl<D: Device> Backend for Engine<D> {
         let outputs = match self.scheduler.schedule() {
             Some(mut b) => self
                 .pool
-                .install(|| self.model.step(&mut b.items, &b.greedy))?,
+                .install(|| self.model.step(&mut b.items, &b.greedy)),
             None => return Ok(Vec::new()),
+        };
+        let outputs = match outputs {
+            Ok(o) => o,
+            // The device failed: every request of the step ends with its
+            // error, and their sessions start over.
+            Err(e) => {
+                let msg = match &e {
+                    BackendError::Device { cause, .. } => cause.clone(),
+                    other => crate::one_line(other),
+                };
+                let ids = self.scheduler.abort_running();
+                return Ok(ids
+                    .into_iter()
+                    .map(|id| {
+                        let device = self.model.device.info().name;
+                        let cause = msg.clone();
+                        (id, Err(BackendError::Device { device, cause }))
+                    })
+                    .collect());
+            }
         };
         let tokenizer = &self.tokenizer;
         // Whether the ids decode to text containing one of the stop strings.

@@ -363,6 +363,21 @@ impl<C: KvStore> Scheduler<C> {
         done
     }
 
+    /// Ends every running request after a failed step: their sessions are
+    /// free again, with empty caches (what the step wrote is not trusted).
+    pub fn abort_running(&mut self) -> Vec<RequestId> {
+        let mut ids = Vec::new();
+        for r in self.running.drain(..) {
+            if let Some(session) = self.sessions.get_mut(&r.session) {
+                session.busy = false;
+                session.tokens.clear();
+            }
+            ids.push(r.id);
+        }
+        ids.sort();
+        ids
+    }
+
     /// Why a running request is done, if it is.
     fn finish_of(
         &self,

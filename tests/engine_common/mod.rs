@@ -8,9 +8,12 @@ use statebench::engine::device::Device;
 use statebench::engine::model::BatchItem;
 use statebench::engine::{Engine, EngineOptions, DEFAULT_MODEL};
 
-/// The repository root.
+/// The repository root: where the tests were built, or `STATEBENCH_ROOT`
+/// when a test binary runs on another machine (`scripts/gpu-check.sh`).
 pub fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+    std::env::var_os("STATEBENCH_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")))
 }
 
 /// The default GGUF, fetched with `models/fetch.sh` when missing; `None`

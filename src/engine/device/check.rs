@@ -263,3 +263,115 @@ pub fn compare<A: Device, B: Device>(
     b.sync()?;
     Ok(out)
 }
+
+/// The tokens one request produced under one condition, as a short hash.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Outcome {
+    /// `alone`, `batch of 32`, `cached prefix`, …
+    pub case: String,
+    pub tokens: usize,
+    /// sha256 of the token ids, first 16 hex digits.
+    pub hash: String,
+}
+
+fn token_hash(tokens: &[u32]) -> String {
+    use sha2::{Digest, Sha256};
+    let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
+    Sha256::digest(bytes)
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The invariance promise on `engine`'s device: one greedy request's
+/// tokens alone, in batches of each size in `batches` beside requests of
+/// other lengths (greedy and sampled), and with its prefix cached or cold.
+/// Every hash must be the same; across processes too.
+pub fn invariance<D: Device>(
+    engine: &mut crate::engine::Engine<D>,
+    batches: &[usize],
+    max_tokens: usize,
+) -> Result<Vec<Outcome>, BackendError> {
+    use crate::backend::{Backend, ChatRequest, Message, Role};
+    let user = |t: &str| Message::new(Role::User, t);
+    let target = ChatRequest::greedy(
+        vec![user(
+            "List three colours, one per line, then say which you like.",
+        )],
+        max_tokens,
+    );
+    let other = |i: usize| {
+        let mut r = ChatRequest::greedy(
+            vec![user(&format!(
+                "{} {i}",
+                "Tell me about the ledger.".repeat(1 + i % 9)
+            ))],
+            4 + i % 13,
+        );
+        if i % 2 == 1 {
+            r.temperature = 1.0;
+            r.seed = i as u64;
+        }
+        r
+    };
+    let mut out = Vec::new();
+    let mut record = |case: String, tokens: &[u32]| {
+        out.push(Outcome {
+            case,
+            tokens: tokens.len(),
+            hash: token_hash(tokens),
+        })
+    };
+    let s = engine.open_session();
+    let alone = engine.chat(s, target.clone())?;
+    engine.close_session(s);
+    record("alone".into(), &alone.tokens);
+    for &n in batches {
+        // The target in the middle of the batch, neither first nor last.
+        let mut reqs: Vec<ChatRequest> = (0..n.saturating_sub(1)).map(other).collect();
+        let at = reqs.len() / 2;
+        reqs.insert(at, target.clone());
+        let mut ids = Vec::new();
+        let mut sessions = Vec::new();
+        for r in reqs {
+            let s = engine.open_session();
+            ids.push(engine.submit(s, r)?);
+            sessions.push(s);
+        }
+        let want = ids[at];
+        let mut got = None;
+        while engine.has_pending() {
+            for (id, r) in engine.step()? {
+                if id == want {
+                    got = Some(r?);
+                }
+            }
+        }
+        for s in sessions {
+            engine.close_session(s);
+        }
+        let reply =
+            got.ok_or_else(|| BackendError::BadRequest("the target never finished".into()))?;
+        record(format!("batch of {n}"), &reply.tokens);
+    }
+    // A second turn whose first turn is cached, and the same conversation cold.
+    let s = engine.open_session();
+    let first = engine.chat(s, target.clone())?;
+    let mut second = target.clone();
+    second
+        .messages
+        .push(Message::new(Role::Assistant, first.content));
+    second.messages.push(user("Now name one more."));
+    let cached = engine.chat(s, second.clone())?;
+    engine.close_session(s);
+    let s = engine.open_session();
+    let cold = engine.chat(s, second)?;
+    engine.close_session(s);
+    record(
+        format!("second turn, {} tokens cached", cached.usage.cached_tokens),
+        &cached.tokens,
+    );
+    record("second turn, cold".into(), &cold.tokens);
+    Ok(out)
+}

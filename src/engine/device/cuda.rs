@@ -786,3 +786,28 @@ impl Device for Cuda {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn caches_give_their_blocks_back_when_they_shrink_or_drop() {
+        let pool = Arc::new(BlockPool {
+            free: Mutex::new((0..10).collect()),
+        });
+        let mut c = CudaCache::default();
+        c.blocks = pool.take(4).expect("10 free");
+        c.pool = Some(Arc::clone(&pool));
+        c.len = 4 * KV_BLOCK;
+        assert_eq!(pool.free.lock().unwrap().len(), 6);
+        assert!(pool.take(7).is_none(), "never more than is free");
+        c.truncate(KV_BLOCK + 1); // two blocks still hold positions
+        assert_eq!(c.blocks.len(), 2);
+        assert_eq!(pool.free.lock().unwrap().len(), 8);
+        drop(c);
+        assert_eq!(pool.free.lock().unwrap().len(), 10);
+        assert_eq!(CudaCache::footprint(17), 32);
+        assert_eq!(CudaCache::footprint(0), 0);
+    }
+}

@@ -1,0 +1,187 @@
+//! `statebench check …`: whether a device keeps the engine's promises —
+//! each kernel against the CPU's, the invariance of a request's tokens, and
+//! a model's logits for given tokens (for comparison with a reference).
+//! `scripts/gpu-check.sh` runs these on a GPU machine.
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand};
+use serde::Serialize;
+
+use statebench::engine::device::check::{self, Outcome};
+use statebench::engine::device::{Cpu, Device, DeviceChoice};
+use statebench::engine::kv_cache::KvStore;
+use statebench::engine::model::BatchItem;
+use statebench::engine::Engine;
+
+use super::{emit, ModelArgs};
+
+#[derive(Subcommand)]
+pub enum CheckCommand {
+    /// Every device operation against the CPU's on random inputs: max abs and relative error.
+    Kernels(KernelArgs),
+    /// One request's tokens alone, in batches beside requests of other lengths, cached and cold.
+    Invariance(InvarianceArgs),
+    /// The last-position logits and the greedy continuation of given token ids.
+    Logits(LogitArgs),
+}
+
+#[derive(Args)]
+pub struct KernelArgs {
+    /// Device to check against the CPU: cuda, cuda:N or metal.
+    #[arg(long)]
+    device: DeviceChoice,
+    /// Seed of the random inputs.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
+}
+
+#[derive(Args)]
+pub struct InvarianceArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Batch sizes the request runs in.
+    #[arg(long, value_delimiter = ',', default_value = "3,32,128")]
+    batches: Vec<usize>,
+    /// Tokens the request generates.
+    #[arg(long, default_value_t = 24)]
+    max_tokens: usize,
+}
+
+#[derive(Args)]
+pub struct LogitArgs {
+    #[command(flatten)]
+    model: ModelArgs,
+    /// Comma-separated token ids.
+    #[arg(long, value_delimiter = ',', required = true)]
+    tokens: Vec<u32>,
+    /// Greedy tokens to continue with.
+    #[arg(long, default_value_t = 0)]
+    greedy: usize,
+}
+
+/// Runs `$body` with `$engine` bound to the engine `$args` name, on its
+/// device (an engine's type depends on its device, so this is a macro).
+macro_rules! with_engine {
+    ($args:expr, |$engine:ident| $body:expr) => {{
+        let (spec, opts) = $args.spec_and_options()?;
+        match $args.device() {
+            DeviceChoice::Cpu => {
+                let mut $engine = Engine::load(&spec, opts)?;
+                $body
+            }
+            #[cfg(feature = "cuda")]
+            DeviceChoice::Cuda(n) => {
+                let dev = statebench::engine::device::cuda::Cuda::open(n)?;
+                let mut $engine = Engine::load_on(dev, &spec, opts)?;
+                $body
+            }
+            #[cfg(feature = "metal")]
+            DeviceChoice::Metal(n) => {
+                let dev = statebench::engine::device::candle::Candle::metal(n)?;
+                let mut $engine = Engine::load_on(dev, &spec, opts)?;
+                $body
+            }
+            #[allow(unreachable_patterns)]
+            other => anyhow::bail!("--device {other}: this statebench was built without it"),
+        }
+    }};
+}
+pub(crate) use with_engine;
+
+pub fn run(c: CheckCommand) -> Result<()> {
+    match c {
+        CheckCommand::Kernels(a) => kernels(a),
+        CheckCommand::Invariance(a) => with_engine!(a.model, |engine| invariance(&a, &mut engine)),
+        CheckCommand::Logits(a) => with_engine!(a.model, |engine| logits(&a, &mut engine)),
+    }
+}
+
+#[derive(Serialize)]
+struct KernelRow {
+    kernel: &'static str,
+    max_abs: f32,
+    max_rel: f32,
+    values: usize,
+}
+
+fn kernels(a: KernelArgs) -> Result<()> {
+    let diffs = match a.device {
+        DeviceChoice::Cpu => check::compare(&Cpu, &Cpu, a.seed)?,
+        #[cfg(feature = "cuda")]
+        DeviceChoice::Cuda(n) => check::compare(
+            &Cpu,
+            &statebench::engine::device::cuda::Cuda::open(n)?,
+            a.seed,
+        )?,
+        #[cfg(feature = "metal")]
+        DeviceChoice::Metal(n) => check::compare(
+            &Cpu,
+            &statebench::engine::device::candle::Candle::metal(n)?,
+            a.seed,
+        )?,
+        #[allow(unreachable_patterns)]
+        other => bail!("--device {other}: this statebench was built without it"),
+    };
+    let rows: Vec<KernelRow> = diffs
+        .into_iter()
+        .map(|d| KernelRow {
+            kernel: d.kernel,
+            max_abs: d.max_abs,
+            max_rel: d.max_rel,
+            values: d.values,
+        })
+        .collect();
+    emit(&(serde_json::to_string_pretty(&rows)? + "\n"))
+}
+
+#[derive(Serialize)]
+struct InvarianceRow {
+    case: String,
+    tokens: usize,
+    hash: String,
+}
+
+fn invariance<D: Device>(a: &InvarianceArgs, engine: &mut Engine<D>) -> Result<()> {
+    let outcomes = check::invariance(engine, &a.batches, a.max_tokens)?;
+    let rows: Vec<InvarianceRow> = outcomes
+        .into_iter()
+        .map(|Outcome { case, tokens, hash }| InvarianceRow { case, tokens, hash })
+        .collect();
+    emit(&(serde_json::to_string_pretty(&rows)? + "\n"))
+}
+
+#[derive(Serialize)]
+struct LogitsOut {
+    device: String,
+    last_logits: Vec<f32>,
+    greedy: Vec<u32>,
+}
+
+fn logits<D: Device>(a: &LogitArgs, engine: &mut Engine<D>) -> Result<()> {
+    let mut cache = D::Cache::default();
+    let mut last = engine
+        .forward(&mut [BatchItem {
+            tokens: &a.tokens,
+            cache: &mut cache,
+        }])?
+        .remove(0);
+    let first = last.clone();
+    let mut greedy = Vec::new();
+    for _ in 0..a.greedy {
+        let t = statebench::engine::sampling::argmax(&last);
+        greedy.push(t);
+        last = engine
+            .forward(&mut [BatchItem {
+                tokens: &[t],
+                cache: &mut cache,
+            }])?
+            .remove(0);
+    }
+    debug_assert_eq!(cache.len(), a.tokens.len() + a.greedy);
+    let out = LogitsOut {
+        device: engine.model().device.info().name,
+        last_logits: first,
+        greedy,
+    };
+    emit(&(serde_json::to_string(&out)? + "\n"))
+}
