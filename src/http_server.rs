@@ -2,6 +2,11 @@
 //! HTTP API (`POST /v1/chat/completions`, non-streaming; `GET /v1/models`;
 //! `GET /health`), loopback by default.
 //!
+//! The server is a small HTTP/1.1 over `std::net` (one request per
+//! connection, `Connection: close`, bodies by `Content-Length` up to
+//! 32 MiB, 30 s read timeouts): owning the socket lets it notice a client
+//! that hung up, and drop its request from the batch at once.
+//!
 //! Every HTTP request runs on its own thread and sends its chat to the one
 //! [`SharedBackend`](crate::backend::shared::SharedBackend) thread, so concurrent HTTP requests meet in the
 //! scheduler and decode in the same batched forward steps.
@@ -21,23 +26,27 @@
 //! `stream: true` is refused. Other sampling fields (`top_p`, penalties, …)
 //! are accepted and ignored: the engine samples from the plain softmax.
 
-use std::io::Read;
-use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::io::{Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use serde::Serialize;
-use tiny_http::{Header, Method, Request, Response};
 
 use crate::backend::shared::Client;
-use crate::backend::{BackendError, ChatReply, ChatRequest, ModelIdentity};
+use crate::backend::{BackendError, ChatRequest, ModelIdentity};
 use crate::wire::{
     ChatCompletion, ChatCompletionRequest, ErrorBody, ErrorDetail, ModelCard, ModelList, WireError,
 };
 
 /// Largest request body read (bytes).
-const MAX_BODY: u64 = 32 << 20;
+const MAX_BODY: usize = 32 << 20;
+/// Largest request line plus headers (bytes).
+const MAX_HEAD: usize = 64 << 10;
+/// How long a client may take to send its request, or to take the answer.
+const IO_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -55,7 +64,7 @@ pub enum ServeError {
 /// A bound listener that answers nothing yet (bind before loading a model,
 /// so a taken port fails fast).
 pub struct Listener {
-    http: tiny_http::Server,
+    tcp: TcpListener,
     addr: SocketAddr,
 }
 
@@ -71,18 +80,14 @@ impl Listener {
             addr: spelled.clone(),
             source,
         };
-        let other = |msg: String| bind(std::io::Error::other(msg));
         let addr = spelled
             .to_socket_addrs()
             .map_err(bind)?
             .next()
-            .ok_or_else(|| other("resolves to no address".into()))?;
-        let http = tiny_http::Server::http(addr).map_err(|e| other(e.to_string()))?;
-        let addr = http
-            .server_addr()
-            .to_ip()
-            .ok_or_else(|| other("not an IP listener".into()))?;
-        Ok(Listener { http, addr })
+            .ok_or_else(|| bind(std::io::Error::other("resolves to no address")))?;
+        let tcp = TcpListener::bind(addr).map_err(bind)?;
+        let addr = tcp.local_addr().map_err(bind)?;
+        Ok(Listener { tcp, addr })
     }
 
     /// The bound address (with the actual port when 0 was asked).
@@ -92,22 +97,26 @@ impl Listener {
 
     /// Starts answering with the served engine behind `client`.
     pub fn serve(self, client: Client, model: ModelIdentity) -> Result<Server, ServeError> {
-        let Listener { http, addr } = self;
-        let http = Arc::new(http);
+        let Listener { tcp, addr } = self;
         let shared = Arc::new(Shared {
             client,
             model,
             next: AtomicU64::new(0),
         });
-        let h = Arc::clone(&http);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stopping = Arc::clone(&stop);
         let join = std::thread::Builder::new()
             .name("statebench-http-accept".into())
             .spawn(move || {
-                for rq in h.incoming_requests() {
+                for conn in tcp.incoming() {
+                    if stopping.load(Ordering::SeqCst) {
+                        break;
+                    }
+                    let Ok(stream) = conn else { continue };
                     let s = Arc::clone(&shared);
                     let spawned = std::thread::Builder::new()
                         .name("statebench-http-request".into())
-                        .spawn(move || handle(rq, &s));
+                        .spawn(move || handle(stream, &s));
                     if let Err(e) = spawned {
                         eprintln!("statebench serve: could not start a request thread: {e}");
                     }
@@ -118,8 +127,8 @@ impl Listener {
                 source,
             })?;
         Ok(Server {
-            http,
             addr,
+            stop,
             join: Some(join),
         })
     }
@@ -127,8 +136,8 @@ impl Listener {
 
 /// A running HTTP server; stops when shut down or dropped.
 pub struct Server {
-    http: Arc<tiny_http::Server>,
     addr: SocketAddr,
+    stop: Arc<AtomicBool>,
     join: Option<JoinHandle<()>>,
 }
 
@@ -161,7 +170,16 @@ impl Server {
     }
 
     fn stop(&mut self) {
-        self.http.unblock();
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake the accept loop with a connection of our own.
+        let mut wake = self.addr;
+        if wake.ip().is_unspecified() {
+            wake.set_ip(match wake {
+                SocketAddr::V4(_) => std::net::Ipv4Addr::LOCALHOST.into(),
+                SocketAddr::V6(_) => std::net::Ipv6Addr::LOCALHOST.into(),
+            });
+        }
+        let _ = TcpStream::connect_timeout(&wake, Duration::from_secs(1));
         if let Some(j) = self.join.take() {
             let _ = j.join();
         }
@@ -189,9 +207,24 @@ impl HttpError {
     }
 }
 
-fn handle(mut rq: Request, s: &Shared) {
-    let (status, body) = match route(&mut rq, s) {
+/// A request as read off the socket.
+struct HttpRequest {
+    method: String,
+    path: String,
+    body: Vec<u8>,
+}
+
+fn handle(mut stream: TcpStream, s: &Shared) {
+    let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
+    let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
+    let answer = match read_request(&mut stream) {
+        Ok(rq) => route(&rq, s, &stream),
+        Err(e) => Err(e),
+    };
+    let (status, body) = match answer {
         Ok(body) => (200, body),
+        // The client went away; there is nobody to answer.
+        Err(HttpError(499, ..)) => return,
         Err(HttpError(status, kind, message)) => {
             let body = ErrorBody {
                 error: ErrorDetail {
@@ -204,23 +237,124 @@ fn handle(mut rq: Request, s: &Shared) {
             (status, json(&body))
         }
     };
-    let header =
-        Header::from_bytes(&b"Content-Type"[..], &b"application/json"[..]).expect("static header");
-    let resp = Response::from_data(body.into_bytes())
-        .with_status_code(status)
-        .with_header(header);
-    let _ = rq.respond(resp);
+    let head = format!(
+        "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        reason(status),
+        body.len()
+    );
+    let _ = stream
+        .write_all(head.as_bytes())
+        .and_then(|()| stream.write_all(body.as_bytes()))
+        .and_then(|()| stream.flush());
+    let _ = stream.shutdown(Shutdown::Both);
+}
+
+fn reason(status: u16) -> &'static str {
+    match status {
+        200 => "OK",
+        400 => "Bad Request",
+        404 => "Not Found",
+        405 => "Method Not Allowed",
+        411 => "Length Required",
+        413 => "Payload Too Large",
+        431 => "Request Header Fields Too Large",
+        _ => "Internal Server Error",
+    }
+}
+
+/// Reads the request line, the headers and a `Content-Length` body.
+fn read_request(stream: &mut TcpStream) -> Result<HttpRequest, HttpError> {
+    let mut buf = Vec::with_capacity(4096);
+    let mut chunk = [0u8; 4096];
+    let head_end = loop {
+        if let Some(i) = buf.windows(4).position(|w| w == b"\r\n\r\n") {
+            break i;
+        }
+        if buf.len() > MAX_HEAD {
+            return Err(HttpError(
+                431,
+                "invalid_request_error",
+                format!("request line and headers over {MAX_HEAD} bytes"),
+            ));
+        }
+        let n = stream
+            .read(&mut chunk)
+            .map_err(|e| HttpError::bad(format!("could not read the request: {e}")))?;
+        if n == 0 {
+            return Err(HttpError::bad(
+                "the connection closed before a whole request arrived",
+            ));
+        }
+        buf.extend_from_slice(&chunk[..n]);
+    };
+    let head = String::from_utf8_lossy(&buf[..head_end]).into_owned();
+    let mut lines = head.split("\r\n");
+    let mut first = lines.next().unwrap_or("").split_whitespace();
+    let (Some(method), Some(target)) = (first.next(), first.next()) else {
+        return Err(HttpError::bad("malformed request line"));
+    };
+    let mut length = 0usize;
+    for line in lines {
+        let Some((name, value)) = line.split_once(':') else {
+            return Err(HttpError::bad(format!("malformed header line '{line}'")));
+        };
+        let (name, value) = (name.trim().to_ascii_lowercase(), value.trim());
+        if name == "content-length" {
+            length = value
+                .parse()
+                .map_err(|_| HttpError::bad(format!("Content-Length '{value}' is not a length")))?;
+        }
+        if name == "transfer-encoding" && !value.eq_ignore_ascii_case("identity") {
+            return Err(HttpError(
+                411,
+                "invalid_request_error",
+                "chunked request bodies are not supported; send Content-Length".into(),
+            ));
+        }
+    }
+    if length > MAX_BODY {
+        return Err(HttpError(
+            413,
+            "invalid_request_error",
+            format!("request body over {MAX_BODY} bytes"),
+        ));
+    }
+    let mut body = buf.split_off(head_end + 4);
+    body.truncate(length);
+    if body.len() < length {
+        let start = body.len();
+        body.resize(length, 0);
+        stream
+            .read_exact(&mut body[start..])
+            .map_err(|e| HttpError::bad(format!("could not read the request body: {e}")))?;
+    }
+    let path = target.split('?').next().unwrap_or("");
+    Ok(HttpRequest {
+        method: method.to_string(),
+        path: path.trim_end_matches('/').to_string(),
+        body,
+    })
+}
+
+/// Whether the client hung up: a read would see the end of the stream.
+fn client_gone(stream: &TcpStream) -> bool {
+    if stream.set_nonblocking(true).is_err() {
+        return false;
+    }
+    let mut b = [0u8; 1];
+    let gone = matches!(stream.peek(&mut b), Ok(0));
+    let _ = stream.set_nonblocking(false);
+    gone
 }
 
 fn json<T: Serialize>(v: &T) -> String {
     serde_json::to_string(v).expect("wire types serialize")
 }
 
-fn route(rq: &mut Request, s: &Shared) -> Result<String, HttpError> {
-    let path = rq.url().split('?').next().unwrap_or("").to_string();
-    let path = path.trim_end_matches('/');
-    match (rq.method(), path) {
-        (Method::Get, "/v1/models") => Ok(json(&ModelList {
+fn route(rq: &HttpRequest, s: &Shared, stream: &TcpStream) -> Result<String, HttpError> {
+    let path = rq.path.as_str();
+    match (rq.method.as_str(), path) {
+        ("GET", "/v1/models") => Ok(json(&ModelList {
             object: "list".into(),
             data: vec![ModelCard {
                 id: s.model.name.clone(),
@@ -229,22 +363,10 @@ fn route(rq: &mut Request, s: &Shared) -> Result<String, HttpError> {
                 owned_by: "statebench".into(),
             }],
         })),
-        (Method::Get, "/health") => Ok(r#"{"status":"ok"}"#.into()),
-        (Method::Post, "/v1/chat/completions") => {
-            let mut body = Vec::new();
-            rq.as_reader()
-                .take(MAX_BODY + 1)
-                .read_to_end(&mut body)
-                .map_err(|e| HttpError::bad(format!("could not read the request body: {e}")))?;
-            if body.len() as u64 > MAX_BODY {
-                return Err(HttpError(
-                    413,
-                    "invalid_request_error",
-                    format!("request body over {MAX_BODY} bytes"),
-                ));
-            }
-            let req = parse_chat(&body).map_err(|e| HttpError::bad(crate::one_line(&e)))?;
-            let reply = chat(&s.client, req).map_err(|e| backend_error(&e))?;
+        ("GET", "/health") => Ok(r#"{"status":"ok"}"#.into()),
+        ("POST", "/v1/chat/completions") => {
+            let req = parse_chat(&rq.body).map_err(|e| HttpError::bad(crate::one_line(&e)))?;
+            let reply = chat(&s.client, req, stream)?;
             let n = s.next.fetch_add(1, Ordering::Relaxed) + 1;
             let created = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
@@ -260,7 +382,7 @@ fn route(rq: &mut Request, s: &Shared) -> Result<String, HttpError> {
         (_, "/v1/models" | "/v1/chat/completions" | "/health") => Err(HttpError(
             405,
             "invalid_request_error",
-            format!("method {} not allowed on {path}", rq.method()),
+            format!("method {} not allowed on {path}", rq.method),
         )),
         _ => Err(HttpError(
             404,
@@ -272,9 +394,19 @@ fn route(rq: &mut Request, s: &Shared) -> Result<String, HttpError> {
     }
 }
 
-fn chat(client: &Client, req: ChatRequest) -> Result<ChatReply, BackendError> {
-    // One conversation per HTTP call; dropping it closes it.
-    client.open()?.chat(req)
+/// One conversation per HTTP call (dropping it closes it); dropped from the
+/// batch as soon as the client hangs up.
+fn chat(
+    client: &Client,
+    req: ChatRequest,
+    stream: &TcpStream,
+) -> Result<crate::backend::ChatReply, HttpError> {
+    let session = client.open().map_err(|e| backend_error(&e))?;
+    match session.chat_unless(req, &|| client_gone(stream)) {
+        Ok(r) => Ok(r),
+        Err(BackendError::Cancelled) => Err(HttpError(499, "", String::new())),
+        Err(e) => Err(backend_error(&e)),
+    }
 }
 
 fn backend_error(e: &BackendError) -> HttpError {

@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use engine_common::*;
-use statebench::backend::{BackendError, ChatRequest, Message, Role};
+use statebench::backend::{Backend, BackendError, ChatRequest, Message, Role};
 use statebench::engine::device::candle::Candle;
 use statebench::engine::device::Device;
 use statebench::engine::{Engine, EngineOptions};
@@ -112,9 +112,47 @@ fn invariance(name: &str) {
         .collect();
     let mut target = ask("Name a colour.", 12);
     check_batch_invariance(&mut engine, target.clone(), &others);
+    check_chunked_prefill(&dir, &mut engine, target.clone(), &others);
     target.temperature = 1.0;
     target.seed = 99;
-    check_batch_invariance(&mut engine, target, &others);
+    check_batch_invariance(&mut engine, target.clone(), &others);
+    check_chunked_prefill(&dir, &mut engine, target, &others);
+}
+
+/// Prompts fed three tokens a step, alone and beside requests that decode,
+/// give the same tokens as whole-prompt prefill.
+fn check_chunked_prefill(
+    dir: &Path,
+    engine: &mut Engine,
+    target: ChatRequest,
+    others: &[ChatRequest],
+) {
+    let opts = EngineOptions {
+        prefill_chunk: 3,
+        ..EngineOptions::default()
+    };
+    let mut chunked = Engine::load(&dir.to_string_lossy(), opts).expect("loads");
+    let whole = run_alone(engine, target.clone());
+    // Stepped by hand: the prompt takes one step per chunk.
+    let s = chunked.open_session();
+    chunked.submit(s, target.clone()).expect("submit");
+    let mut steps = 0;
+    let mut reply = None;
+    while chunked.has_pending() {
+        steps += 1;
+        if let Some((_, r)) = chunked.step().expect("step").pop() {
+            reply = Some(r.expect("reply"));
+        }
+    }
+    let reply = reply.expect("finished");
+    assert_eq!(reply.tokens, whole.tokens);
+    let u = &reply.usage;
+    assert_eq!(steps, u.prompt_tokens.div_ceil(3) + u.completion_tokens - 1);
+    chunked.close_session(s);
+    assert_eq!(
+        run_batched(&mut chunked, target, others).tokens,
+        whole.tokens
+    );
 }
 
 #[test]

@@ -157,7 +157,8 @@ fn post(url: &str, body: &str) -> (u16, Value) {
 }
 
 /// Every line of a run file keyed by (seed, arm, turn), without token
-/// accounting and timings (cached tokens and latencies differ by design).
+/// accounting and timings (cached tokens and latencies differ by design),
+/// and the configuration hash (the two runs name their model differently).
 fn lines(dir: &Path, file: &str) -> BTreeMap<(u64, String, u64), Value> {
     let text = std::fs::read_to_string(dir.join(file)).unwrap();
     let mut out = BTreeMap::new();
@@ -169,7 +170,7 @@ fn lines(dir: &Path, file: &str) -> BTreeMap<(u64, String, u64), Value> {
             v.get("turn").and_then(Value::as_u64).unwrap_or(0),
         );
         if let Some(o) = v.as_object_mut() {
-            for k in ["usage", "latency_s", "wall_s"] {
+            for k in ["usage", "latency_s", "wall_s", "config_hash"] {
                 o.remove(k);
             }
         }

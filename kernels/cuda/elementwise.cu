@@ -50,10 +50,11 @@ extern "C" __global__ void gather_rows(const float* __restrict__ x,
 }
 
 // One block of 256 threads per row: the index of the largest value, ties
-// to the lowest index, NaN never wins (0 when no value beats -inf), as
-// the host's sampling::argmax. Each thread scans its strided indices in
-// increasing order keeping the first maximum; a fixed tree then prefers
-// the larger value, and the lower index between equal ones.
+// to the lowest index, as the host's sampling::argmax; 0xffffffff when the
+// row holds a NaN or an infinity (the forward pass went wrong). Each thread
+// scans its strided indices in increasing order keeping the first maximum;
+// a fixed tree then prefers the larger value, and the lower index between
+// equal ones.
 
 #define ARGMAX_THREADS 256
 
@@ -62,11 +63,15 @@ extern "C" __global__ void argmax(const float* __restrict__ x,
                                   int width) {
     __shared__ float best_v[ARGMAX_THREADS];
     __shared__ unsigned int best_i[ARGMAX_THREADS];
+    __shared__ int bad[ARGMAX_THREADS];
     const float* xr = x + (size_t)blockIdx.x * width;
     float bv = NEG_INF;
     unsigned int bi = 0xffffffffu;
+    int nonfinite = 0;
     for (int i = threadIdx.x; i < width; i += ARGMAX_THREADS) {
         const float v = xr[i];
+        // False for NaN and for infinities.
+        nonfinite |= !(fabsf(v) <= 3.402823466e38f);
         if (v > bv) {
             bv = v;
             bi = (unsigned int)i;
@@ -74,6 +79,7 @@ extern "C" __global__ void argmax(const float* __restrict__ x,
     }
     best_v[threadIdx.x] = bv;
     best_i[threadIdx.x] = bi;
+    bad[threadIdx.x] = nonfinite;
     __syncthreads();
     for (int stride = ARGMAX_THREADS / 2; stride > 0; stride >>= 1) {
         if (threadIdx.x < stride) {
@@ -83,10 +89,11 @@ extern "C" __global__ void argmax(const float* __restrict__ x,
                 best_v[threadIdx.x] = v2;
                 best_i[threadIdx.x] = i2;
             }
+            bad[threadIdx.x] |= bad[threadIdx.x + stride];
         }
         __syncthreads();
     }
     if (threadIdx.x == 0) {
-        out[blockIdx.x] = best_i[0] == 0xffffffffu ? 0u : best_i[0];
+        out[blockIdx.x] = bad[0] ? 0xffffffffu : (best_i[0] == 0xffffffffu ? 0u : best_i[0]);
     }
 }

@@ -489,6 +489,7 @@ fn overflow(msg: &str, max_tokens: usize) -> BackendError {
     if let (Some(p), Some(m), Some(c)) = (num(ours, msg, 1), num(ours, msg, 2), num(ours, msg, 3)) {
         return BackendError::ContextOverflow {
             prompt_tokens: p,
+            partial: msg.contains("overflow: over "),
             max_tokens: m,
             context: c,
         };
@@ -512,6 +513,7 @@ fn overflow(msg: &str, max_tokens: usize) -> BackendError {
     };
     BackendError::ContextOverflow {
         prompt_tokens,
+        partial: false,
         max_tokens,
         context,
     }
@@ -591,6 +593,7 @@ mod tests {
                 prompt_tokens,
                 max_tokens,
                 context,
+                ..
             } => assert_eq!((prompt_tokens, max_tokens, context), (32000, 1000, 32768)),
             e => panic!("{e}"),
         }
@@ -601,6 +604,7 @@ mod tests {
                 prompt_tokens,
                 max_tokens,
                 context,
+                ..
             } => assert_eq!((prompt_tokens, max_tokens, context), (600, 400, 512)),
             e => panic!("{e}"),
         }

@@ -66,7 +66,8 @@ pub struct ChatRequest {
 }
 
 impl ChatRequest {
-    /// Rejects requests no backend can serve: no messages, or a zero budget.
+    /// Rejects requests no backend can serve: no messages, a zero budget, a
+    /// temperature that is negative or not a number.
     pub fn validate(&self) -> Result<(), BackendError> {
         if self.max_tokens == 0 {
             return Err(BackendError::BadRequest(
@@ -75,6 +76,12 @@ impl ChatRequest {
         }
         if self.messages.is_empty() {
             return Err(BackendError::BadRequest("no messages".into()));
+        }
+        if !(self.temperature.is_finite() && self.temperature >= 0.0) {
+            return Err(BackendError::BadRequest(format!(
+                "temperature must be a finite number >= 0, got {}",
+                self.temperature
+            )));
         }
         Ok(())
     }
@@ -193,7 +200,7 @@ pub enum BackendError {
         hint: String,
     },
     /// A weight file is truncated or not in the expected format.
-    #[error("{path}: corrupt or truncated weights: {cause} (re-fetch or re-export the file)")]
+    #[error("{path}: corrupt or truncated weights: {cause}")]
     CorruptWeights {
         /// The bad file.
         path: PathBuf,
@@ -215,10 +222,16 @@ pub enum BackendError {
     #[error("chat template: {0} (check the template shipped with the model)")]
     Template(String),
     /// The prompt plus its token budget exceed the model's context.
-    #[error("context overflow: {prompt_tokens} prompt tokens + {max_tokens} max tokens > context {context} (shorten the conversation or lower max_tokens)")]
+    #[error(
+        "context overflow: {}{prompt_tokens} prompt tokens + {max_tokens} max tokens > context {context} (shorten the conversation or lower max_tokens)",
+        if *.partial { "over " } else { "" }
+    )]
     ContextOverflow {
         /// Tokens of the rendered prompt.
         prompt_tokens: usize,
+        /// Only the prompt's beginning was tokenized: the whole holds more
+        /// than `prompt_tokens`.
+        partial: bool,
         /// Requested generation budget.
         max_tokens: usize,
         /// Model context length.
@@ -238,6 +251,9 @@ pub enum BackendError {
     /// The session already has a request in flight.
     #[error("session {0:?} already has a request in flight (wait for its reply)")]
     SessionBusy(SessionId),
+    /// The caller gave up on the request (its HTTP client went away).
+    #[error("the request was cancelled")]
+    Cancelled,
     /// A request asked for something malformed.
     #[error("bad request: {0}")]
     BadRequest(String),
@@ -249,6 +265,12 @@ pub enum BackendError {
         /// What went wrong (HTTP status and the server's message, or the connection error).
         cause: String,
     },
+    /// The forward pass produced NaN or infinite values.
+    #[error("the forward pass produced NaN or infinite values ({place}): the weights are likely corrupt (compare the file's sha256 with its source)")]
+    NonFinite { place: String },
+    /// A forward step failed; every request in it ends with this.
+    #[error("{model}: {cause}")]
+    StepFailed { model: String, cause: String },
     /// The compute device failed (a driver error, memory exhausted, a
     /// kernel that did not compile).
     #[error("{device}: {cause}")]
@@ -259,6 +281,12 @@ pub enum BackendError {
         path: PathBuf,
         source: std::io::Error,
     },
+}
+
+/// Turns a request into its prompt tokens (renders and tokenizes); shared
+/// with callers so that work happens on their threads.
+pub trait Prompt: Send + Sync {
+    fn tokens(&self, req: &ChatRequest) -> Result<Vec<u32>, BackendError>;
 }
 
 /// Requests that finished during one `step`, each with its reply or error.
@@ -272,6 +300,21 @@ pub trait Backend {
     fn close_session(&mut self, s: SessionId);
     /// Queues a request on a session; it runs on later `step` calls.
     fn submit(&mut self, s: SessionId, req: ChatRequest) -> Result<RequestId, BackendError>;
+    /// What turns requests into prompt tokens, for a backend that tokenizes
+    /// (the in-process engine); callers run it before [`Self::submit_prepared`].
+    fn prompter(&self) -> Option<std::sync::Arc<dyn Prompt>> {
+        None
+    }
+    /// Queues a request whose prompt tokens the prompter made.
+    fn submit_prepared(
+        &mut self,
+        s: SessionId,
+        req: ChatRequest,
+        prompt: Vec<u32>,
+    ) -> Result<RequestId, BackendError> {
+        let _ = prompt;
+        self.submit(s, req)
+    }
     /// Advances every live request by one token; returns the requests that finished.
     fn step(&mut self) -> Result<Finished, BackendError>;
     /// Whether any request is queued or running.

@@ -3,20 +3,28 @@
 //!
 //! Episode runners stay plain sequential code (send a request, wait for the
 //! reply); the batching happens here, where requests from all live episodes
-//! meet the scheduler between decode steps.
+//! meet the scheduler between decode steps. Rendering and tokenizing a
+//! request happen on the caller's thread (the backend's [`Prompt`]), so a
+//! huge prompt never holds the thread that runs the model.
 
 use std::collections::HashMap;
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, RecvTimeoutError, Sender, TryRecvError};
+use std::sync::Arc;
 use std::thread::JoinHandle;
+use std::time::Duration;
 
-use super::{Backend, BackendError, ChatReply, ChatRequest, ModelIdentity, RequestId, SessionId};
+use super::{
+    Backend, BackendError, ChatReply, ChatRequest, ModelIdentity, Prompt, RequestId, SessionId,
+};
 
 type ReplyTx = Sender<Result<ChatReply, BackendError>>;
 
 enum Cmd {
     Open(Sender<SessionId>),
+    Pending(Sender<usize>),
     Close(SessionId),
-    Chat(SessionId, ChatRequest, ReplyTx),
+    /// A request, with its prompt tokens when the caller made them.
+    Chat(SessionId, ChatRequest, Option<Vec<u32>>, ReplyTx),
 }
 
 /// The thread that owns a backend.
@@ -24,12 +32,14 @@ pub struct SharedBackend {
     tx: Option<Sender<Cmd>>,
     join: Option<JoinHandle<()>>,
     model: ModelIdentity,
+    prompter: Option<Arc<dyn Prompt>>,
 }
 
 /// A cloneable handle for submitting work to a [`SharedBackend`].
 #[derive(Clone)]
 pub struct Client {
     tx: Sender<Cmd>,
+    prompter: Option<Arc<dyn Prompt>>,
 }
 
 /// One conversation on a shared backend; closed when dropped.
@@ -46,6 +56,7 @@ impl SharedBackend {
     /// Starts the owning thread.
     pub fn spawn(backend: Box<dyn Backend + Send>) -> Result<SharedBackend, BackendError> {
         let model = backend.model_id()?;
+        let prompter = backend.prompter();
         let (tx, rx) = mpsc::channel();
         let join = std::thread::Builder::new()
             .name("statebench-engine".into())
@@ -58,6 +69,7 @@ impl SharedBackend {
             tx: Some(tx),
             join: Some(join),
             model,
+            prompter,
         })
     }
 
@@ -65,6 +77,7 @@ impl SharedBackend {
     pub fn client(&self) -> Client {
         Client {
             tx: self.tx.clone().expect("the sender lives until drop"),
+            prompter: self.prompter.clone(),
         }
     }
 
@@ -85,6 +98,13 @@ impl Drop for SharedBackend {
 }
 
 impl Client {
+    /// Requests submitted and not yet answered (queued or running).
+    pub fn pending(&self) -> Result<usize, BackendError> {
+        let (tx, rx) = mpsc::channel();
+        self.tx.send(Cmd::Pending(tx)).map_err(|_| gone())?;
+        rx.recv().map_err(|_| gone())
+    }
+
     /// Opens a conversation.
     pub fn open(&self) -> Result<Conversation, BackendError> {
         let (tx, rx) = mpsc::channel();
@@ -100,12 +120,36 @@ impl Client {
 impl Conversation {
     /// Sends one request on this conversation and waits for its reply.
     pub fn chat(&self, req: ChatRequest) -> Result<ChatReply, BackendError> {
+        self.chat_unless(req, &|| false)
+    }
+
+    /// As [`Self::chat`], but gives up (the request is dropped from the
+    /// batch) once `cancelled` says so; it is asked every 50 ms.
+    pub fn chat_unless(
+        &self,
+        req: ChatRequest,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<ChatReply, BackendError> {
+        let prompt = match &self.client.prompter {
+            Some(p) => Some(p.tokens(&req)?),
+            None => None,
+        };
         let (tx, rx) = mpsc::channel();
         self.client
             .tx
-            .send(Cmd::Chat(self.id, req, tx))
+            .send(Cmd::Chat(self.id, req, prompt, tx))
             .map_err(|_| gone())?;
-        rx.recv().map_err(|_| gone())?
+        loop {
+            match rx.recv_timeout(Duration::from_millis(50)) {
+                Ok(r) => return r,
+                Err(RecvTimeoutError::Disconnected) => return Err(gone()),
+                Err(RecvTimeoutError::Timeout) if cancelled() => {
+                    let _ = self.client.tx.send(Cmd::Close(self.id));
+                    return Err(BackendError::Cancelled);
+                }
+                Err(RecvTimeoutError::Timeout) => {}
+            }
+        }
     }
 }
 
@@ -115,8 +159,11 @@ impl Drop for Conversation {
     }
 }
 
+/// Requests waiting for their replies: the caller's channel and session.
+type Waiting = HashMap<RequestId, (SessionId, ReplyTx)>;
+
 fn serve(mut backend: Box<dyn Backend + Send>, rx: Receiver<Cmd>) {
-    let mut waiting: HashMap<RequestId, ReplyTx> = HashMap::new();
+    let mut waiting: Waiting = HashMap::new();
     let mut open = true;
     loop {
         // Block only when there is nothing to step.
@@ -144,14 +191,14 @@ fn serve(mut backend: Box<dyn Backend + Send>, rx: Receiver<Cmd>) {
             match backend.step() {
                 Ok(done) => {
                     for (id, r) in done {
-                        if let Some(tx) = waiting.remove(&id) {
+                        if let Some((_, tx)) = waiting.remove(&id) {
                             let _ = tx.send(r);
                         }
                     }
                 }
                 Err(e) => {
                     let msg = crate::one_line(&e);
-                    for (_, tx) in waiting.drain() {
+                    for (_, (_, tx)) in waiting.drain() {
                         let _ = tx.send(Err(BackendError::BadRequest(format!(
                             "engine step failed: {msg}"
                         ))));
@@ -162,19 +209,32 @@ fn serve(mut backend: Box<dyn Backend + Send>, rx: Receiver<Cmd>) {
     }
 }
 
-fn handle(backend: &mut dyn Backend, waiting: &mut HashMap<RequestId, ReplyTx>, cmd: Cmd) {
+fn handle(backend: &mut dyn Backend, waiting: &mut Waiting, cmd: Cmd) {
     match cmd {
         Cmd::Open(tx) => {
             let _ = tx.send(backend.open_session());
         }
-        Cmd::Close(s) => backend.close_session(s),
-        Cmd::Chat(s, req, tx) => match backend.submit(s, req) {
-            Ok(id) => {
-                waiting.insert(id, tx);
+        Cmd::Pending(tx) => {
+            let _ = tx.send(waiting.len());
+        }
+        Cmd::Close(s) => {
+            backend.close_session(s);
+            // Its requests are gone from the backend; nobody waits on them.
+            waiting.retain(|_, (session, _)| *session != s);
+        }
+        Cmd::Chat(s, req, prompt, tx) => {
+            let submitted = match prompt {
+                Some(p) => backend.submit_prepared(s, req, p),
+                None => backend.submit(s, req),
+            };
+            match submitted {
+                Ok(id) => {
+                    waiting.insert(id, (s, tx));
+                }
+                Err(e) => {
+                    let _ = tx.send(Err(e));
+                }
             }
-            Err(e) => {
-                let _ = tx.send(Err(e));
-            }
-        },
+        }
     }
 }

@@ -81,14 +81,31 @@ pub struct ModelArgs {
     /// first CUDA GPU when this build has CUDA and one answers, else cpu.
     #[arg(long)]
     pub device: Option<DeviceChoice>,
+    /// Read special-token strings inside message content (`<|im_start|>`, …)
+    /// as the control tokens they name. Off by default: content is text, so
+    /// no message can open a turn of another role.
+    #[arg(long)]
+    pub special_tokens_in_content: bool,
+    /// Prompt tokens a request prefills per forward step; results do not
+    /// depend on it.
+    #[arg(long, default_value_t = EngineOptions::DEFAULT_PREFILL_CHUNK as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub prefill_chunk: u64,
 }
 
 impl ModelArgs {
     pub fn spec_and_options(&self) -> Result<(String, EngineOptions)> {
         let spec = resolve_model(&self.model)?;
+        if !(self.kv_budget_gib.is_finite() && self.kv_budget_gib > 0.0) {
+            anyhow::bail!(
+                "--kv-budget-gib must be a positive number, got {}",
+                self.kv_budget_gib
+            );
+        }
         let opts = EngineOptions {
             threads: self.threads,
             kv_budget_bytes: gib(self.kv_budget_gib),
+            special_tokens_in_content: self.special_tokens_in_content,
+            prefill_chunk: usize::try_from(self.prefill_chunk).unwrap_or(usize::MAX),
             ..EngineOptions::default()
         };
         Ok((spec, opts))

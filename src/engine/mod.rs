@@ -8,8 +8,10 @@
 //! and the chat template and implements [`Backend`].
 
 pub mod device;
+pub mod known;
 pub mod kv_cache;
 pub mod model;
+pub mod prompt;
 pub mod sampling;
 pub mod scheduler;
 pub mod template;
@@ -21,12 +23,15 @@ use std::time::Instant;
 
 use sha2::{Digest, Sha256};
 
+use std::sync::Arc;
+
 use crate::backend::{
     split_thinking, Backend, BackendError, ChatReply, ChatRequest, Finished, Message,
-    ModelIdentity, RequestId, SessionId, Usage,
+    ModelIdentity, Prompt, RequestId, SessionId, Usage,
 };
 use device::{Cpu, Device, DeviceChoice};
 use model::{BatchItem, Model};
+use prompt::Prompter;
 use scheduler::{Done, Limits, Scheduler};
 use template::ChatTemplate;
 
@@ -44,6 +49,14 @@ pub struct EngineOptions {
     pub kv_budget_bytes: usize,
     /// Caps the model's context length (saves RoPE table memory), if set.
     pub max_context: Option<usize>,
+    /// Tokenize special-token strings inside message content as the control
+    /// tokens they name (off: they are text, so no message can forge a turn).
+    pub special_tokens_in_content: bool,
+    /// Prompt tokens one request feeds per forward step: a long prompt is
+    /// prefilled over several steps, so the batch's other requests keep
+    /// decoding and a cancelled request stops within one chunk. The
+    /// kernels make the split invisible in the results.
+    pub prefill_chunk: usize,
 }
 
 impl EngineOptions {
@@ -51,6 +64,8 @@ impl EngineOptions {
     pub const DEFAULT_THREADS: usize = 2;
     /// KV budget in GiB when none is given.
     pub const DEFAULT_KV_BUDGET_GIB: f64 = 8.0;
+    /// Prompt tokens per request per step when none are given.
+    pub const DEFAULT_PREFILL_CHUNK: usize = 512;
 }
 
 impl Default for EngineOptions {
@@ -59,6 +74,8 @@ impl Default for EngineOptions {
             threads: Self::DEFAULT_THREADS,
             kv_budget_bytes: gib(Self::DEFAULT_KV_BUDGET_GIB),
             max_context: None,
+            special_tokens_in_content: false,
+            prefill_chunk: Self::DEFAULT_PREFILL_CHUNK,
         }
     }
 }
@@ -80,8 +97,7 @@ struct Origin {
 /// The in-process engine on one device; implements [`Backend`].
 pub struct Engine<D: Device = Cpu> {
     model: Model<D>,
-    tokenizer: tokenizers::Tokenizer,
-    template: ChatTemplate,
+    prompter: Arc<Prompter>,
     template_source: String,
     pool: rayon::ThreadPool,
     origin: Origin,
@@ -159,11 +175,18 @@ impl<D: Device> Engine<D> {
             kv_bytes_per_token: cfg.kv_bytes_per_token(),
             context: cfg.context,
             stop_ids,
+            prefill_chunk: opts.prefill_chunk.max(1),
         });
+        let prompter = Prompter::new(
+            loaded.tokenizer,
+            template,
+            opts.special_tokens_in_content,
+            loaded.model.cfg.context,
+            loaded.model.cfg.vocab,
+        );
         Ok(Self {
             model: loaded.model,
-            tokenizer: loaded.tokenizer,
-            template,
+            prompter: Arc::new(prompter),
             template_source: loaded.chat_template,
             pool,
             origin: Origin {
@@ -194,11 +217,11 @@ impl<D: Device> Engine<D> {
 
     /// Renders messages with the model's chat template.
     pub fn render(&self, messages: &[Message], thinking: bool) -> Result<String, BackendError> {
-        self.template.render(messages, thinking)
+        self.prompter.template.render(messages, thinking)
     }
 
     pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
-        &self.tokenizer
+        &self.prompter.tokenizer
     }
 
     /// The chat template as shipped with the model.
@@ -207,20 +230,17 @@ impl<D: Device> Engine<D> {
     }
 
     pub fn template(&self) -> &ChatTemplate {
-        &self.template
+        &self.prompter.template
     }
 
     /// Tokenizes text; special tokens written in the text are recognised.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, BackendError> {
-        self.tokenizer
-            .encode(text, false)
-            .map(|e| e.get_ids().to_vec())
-            .map_err(|e| BackendError::Tokenizer(e.to_string()))
+        self.prompter.encode(text)
     }
 
     /// Detokenizes, dropping special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String, BackendError> {
-        self.tokenizer
+        self.tokenizer()
             .decode(ids, true)
             .map_err(|e| BackendError::Tokenizer(e.to_string()))
     }
@@ -275,20 +295,22 @@ impl<D: Device> Backend for Engine<D> {
 
     fn submit(&mut self, s: SessionId, req: ChatRequest) -> Result<RequestId, BackendError> {
         self.scheduler.check_session(s)?;
+        let prompt = self.prompter.tokens(&req)?;
+        self.scheduler.add_request(s, req, prompt)
+    }
+
+    fn prompter(&self) -> Option<Arc<dyn Prompt>> {
+        Some(self.prompter.clone())
+    }
+
+    fn submit_prepared(
+        &mut self,
+        s: SessionId,
+        req: ChatRequest,
+        prompt: Vec<u32>,
+    ) -> Result<RequestId, BackendError> {
         req.validate()?;
-        let text = self.template.render(&req.messages, req.thinking)?;
-        let prompt = self.encode(&text)?;
-        if prompt.is_empty() {
-            return Err(BackendError::BadRequest(
-                "the prompt renders to no tokens".into(),
-            ));
-        }
-        let vocab = self.model.cfg.vocab;
-        if let Some(&t) = prompt.iter().find(|&&t| t as usize >= vocab) {
-            return Err(BackendError::BadRequest(format!(
-                "token id {t} is outside the model's {vocab}-row embedding (tokenizer and weights do not match)"
-            )));
-        }
+        self.prompter.check(&prompt)?;
         self.scheduler.add_request(s, req, prompt)
     }
 
@@ -302,25 +324,22 @@ impl<D: Device> Backend for Engine<D> {
         };
         let outputs = match outputs {
             Ok(o) => o,
-            // The device failed: every request of the step ends with its
-            // error, and their sessions start over.
+            // The step failed (the device, or non-finite values): every
+            // request in it ends with the error, and their sessions start over.
             Err(e) => {
-                let msg = match &e {
-                    BackendError::Device { cause, .. } => cause.clone(),
-                    other => crate::one_line(other),
-                };
+                let cause = crate::one_line(&e);
                 let ids = self.scheduler.abort_running();
                 return Ok(ids
                     .into_iter()
                     .map(|id| {
-                        let device = self.model.device.info().name;
-                        let cause = msg.clone();
-                        (id, Err(BackendError::Device { device, cause }))
+                        let model = self.origin.name.clone();
+                        let cause = cause.clone();
+                        (id, Err(BackendError::StepFailed { model, cause }))
                     })
                     .collect());
             }
         };
-        let tokenizer = &self.tokenizer;
+        let tokenizer = &self.prompter.tokenizer;
         // Whether the ids decode to text containing one of the stop strings.
         let stopped = |ids: &[u32], stop: &[String]| {
             tokenizer.decode(ids, true).is_ok_and(|text| {

@@ -6,7 +6,7 @@
 //! KV cache. All rows of all items go through the matrix products together;
 //! attention runs per row over that row's own sequence.
 
-use super::device::{BatchRows, Device, Heads, Next};
+use super::device::{BatchRows, Device, Heads, Next, NON_FINITE};
 use super::kv_cache::{KvCache, KvStore};
 use crate::backend::BackendError;
 
@@ -208,16 +208,20 @@ impl<D: Device> Model<D> {
     }
 
     /// Runs the batch; for the items marked `greedy` only the chosen token
-    /// comes back from the device, for the others their logits.
+    /// comes back from the device, for the others their logits. Logits that
+    /// are NaN or infinite are an error (corrupt weights, most likely),
+    /// naming the first layer whose output went wrong where the device can
+    /// tell.
     pub fn step(
         &self,
         items: &mut [BatchItem<'_, D::Cache>],
         greedy: &[bool],
     ) -> Result<Vec<Next>, BackendError> {
-        let Some(logits) = self.last_logits(items) else {
+        let mut bad_layer = None;
+        let Some(logits) = self.last_logits_checked(items, Some(&mut bad_layer)) else {
             return Ok(Vec::new());
         };
-        let out = if greedy.iter().all(|g| *g) {
+        let out: Vec<Next> = if greedy.iter().all(|g| *g) {
             let picks = self.device.argmax(&logits);
             picks.into_iter().map(Next::Argmax).collect()
         } else {
@@ -225,12 +229,34 @@ impl<D: Device> Model<D> {
             rows.into_iter().map(Next::Logits).collect()
         };
         self.device.sync()?;
+        let finite = |n: &Next| match n {
+            Next::Argmax(t) => *t != NON_FINITE,
+            Next::Logits(l) => l.iter().all(|v| v.is_finite()),
+        };
+        if !out.iter().all(finite) {
+            return Err(BackendError::NonFinite {
+                place: match bad_layer {
+                    Some(l) => format!("first in the output of layer {l}"),
+                    None => "in the logits".into(),
+                },
+            });
+        }
         Ok(out)
     }
 
     /// The forward pass up to the output head: `items × vocab` logits of
     /// each item's last token, on the device. None for an empty batch.
     fn last_logits(&self, items: &mut [BatchItem<'_, D::Cache>]) -> Option<D::Act> {
+        self.last_logits_checked(items, None)
+    }
+
+    /// As [`Self::last_logits`]; with `bad_layer`, also the first layer
+    /// whose output holds a non-finite value (where the device can tell).
+    fn last_logits_checked(
+        &self,
+        items: &mut [BatchItem<'_, D::Cache>],
+        mut bad_layer: Option<&mut Option<usize>>,
+    ) -> Option<D::Act> {
         let (c, dev) = (&self.cfg, &self.device);
         let rows = BatchRows::new(items.iter().map(|it| (it.cache.len(), it.tokens.len())));
         if rows.is_empty() {
@@ -250,6 +276,11 @@ impl<D: Device> Model<D> {
         };
         for (li, layer) in self.layers.iter().enumerate() {
             layer.forward(dev, &mut x, li, &mut step);
+            if let Some(bad) = bad_layer.as_deref_mut() {
+                if bad.is_none() && dev.all_finite(&x) == Some(false) {
+                    *bad = Some(li);
+                }
+            }
         }
         for it in step.items.iter_mut() {
             it.cache.advance(it.tokens.len());

@@ -29,6 +29,8 @@ pub struct Limits {
     pub context: usize,
     /// Token ids that end a reply.
     pub stop_ids: Vec<u32>,
+    /// Prompt tokens a request feeds per step, at most.
+    pub prefill_chunk: usize,
 }
 
 /// A conversation's cached tokens and their KV entries.
@@ -56,8 +58,10 @@ struct Running<C> {
     req: ChatRequest,
     prompt: Vec<u32>,
     cached: usize,
-    /// Tokens to feed on the next forward step.
+    /// Tokens still to feed: the uncached prompt, then each generated token.
     feed: Vec<u32>,
+    /// How many of `feed` the current step takes.
+    fed: usize,
     tokens: Vec<u32>,
     cache: C,
     generated: Vec<u32>,
@@ -150,14 +154,18 @@ impl<C: KvStore> Scheduler<C> {
     ) -> Result<RequestId, BackendError> {
         self.check_session(s)?;
         let context = self.limits.context;
-        if prompt.len() + req.max_tokens > context {
-            return Err(BackendError::ContextOverflow {
+        // Checked: a max_tokens near usize::MAX must not wrap past the limits.
+        let total = prompt
+            .len()
+            .checked_add(req.max_tokens)
+            .filter(|&t| t <= context)
+            .ok_or(BackendError::ContextOverflow {
                 prompt_tokens: prompt.len(),
+                partial: false,
                 max_tokens: req.max_tokens,
                 context,
-            });
-        }
-        let need = self.bytes(prompt.len() + req.max_tokens);
+            })?;
+        let need = self.bytes(total);
         if need > self.limits.kv_budget_bytes {
             return Err(BackendError::ExceedsKvBudget {
                 needed_bytes: need,
@@ -270,6 +278,7 @@ impl<C: KvStore> Scheduler<C> {
                 id: p.id,
                 session: p.session,
                 feed: p.prompt[lcp..].to_vec(),
+                fed: 0,
                 prompt: p.prompt,
                 cached: lcp,
                 tokens,
@@ -284,8 +293,8 @@ impl<C: KvStore> Scheduler<C> {
     }
 
     /// Admits what fits and returns the next forward step's batch: every
-    /// running request with the tokens it feeds (its uncached prompt, or its
-    /// last generated token). None when nothing runs.
+    /// running request with the tokens it feeds (the next chunk of its
+    /// uncached prompt, or its last generated token). None when nothing runs.
     pub fn schedule(&mut self) -> Option<Batch<'_, C>> {
         self.admit();
         if self.running.is_empty() {
@@ -296,12 +305,16 @@ impl<C: KvStore> Scheduler<C> {
             .iter()
             .map(|r| sampling::is_greedy(r.req.temperature))
             .collect();
+        let chunk = self.limits.prefill_chunk;
         let items = self
             .running
             .iter_mut()
-            .map(|r| BatchItem {
-                tokens: &r.feed,
-                cache: &mut r.cache,
+            .map(|r| {
+                r.fed = r.feed.len().min(chunk);
+                BatchItem {
+                    tokens: &r.feed[..r.fed],
+                    cache: &mut r.cache,
+                }
             })
             .collect();
         Some(Batch { items, greedy })
@@ -324,13 +337,16 @@ impl<C: KvStore> Scheduler<C> {
             } else {
                 r.decode_secs += secs;
             }
-            r.tokens.extend_from_slice(&r.feed);
+            r.tokens.extend(r.feed.drain(..r.fed));
+            if !r.feed.is_empty() {
+                // Mid-prompt: this chunk's logits choose nothing.
+                continue;
+            }
             let t = match out {
                 Next::Argmax(t) => *t,
                 Next::Logits(l) => sampling::sample(l, r.req.temperature, &mut r.rng),
             };
             r.generated.push(t);
-            r.feed.clear();
             r.feed.push(t);
         }
         let mut done = Vec::new();

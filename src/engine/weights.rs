@@ -167,7 +167,10 @@ fn io_err(path: &Path, source: std::io::Error) -> BackendError {
 fn corrupt(path: &Path, cause: impl Into<String>) -> BackendError {
     BackendError::CorruptWeights {
         path: path.to_path_buf(),
-        cause: first_line(cause.into()),
+        cause: format!(
+            "{} (re-fetch or re-export the file)",
+            first_line(cause.into())
+        ),
     }
 }
 
@@ -516,6 +519,7 @@ fn gguf_config(content: &gguf_file::Content, path: &Path) -> Result<Config, Back
 }
 
 fn load_gguf<D: Device>(path: &Path, device: D) -> Result<Loaded<D>, BackendError> {
+    super::known::verify(path)?;
     let file = File::open(path).map_err(|e| io_err(path, e))?;
     let mut reader = std::io::BufReader::new(&file);
     let content = gguf_file::Content::read(&mut reader)

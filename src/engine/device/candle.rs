@@ -302,10 +302,10 @@ impl Device for Candle {
     }
 
     fn argmax(&self, x: &Tensor) -> Vec<u32> {
-        // On the host, for `sampling::argmax`'s tie and NaN rules.
+        // On the host, for `sampling::argmax`'s tie rule and the NaN check.
         self.to_host(x.clone())
             .iter()
-            .map(|r| crate::engine::sampling::argmax(r))
+            .map(|r| super::argmax_checked(r))
             .collect()
     }
 

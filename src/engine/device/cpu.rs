@@ -196,8 +196,12 @@ impl Device for Cpu {
     fn argmax(&self, x: &Activations) -> Vec<u32> {
         x.data
             .chunks_exact(x.width)
-            .map(crate::engine::sampling::argmax)
+            .map(super::argmax_checked)
             .collect()
+    }
+
+    fn all_finite(&self, x: &Activations) -> Option<bool> {
+        Some(x.data.iter().all(|v| v.is_finite()))
     }
 
     fn sync(&self) -> Result<(), BackendError> {

@@ -141,6 +141,18 @@ pub fn f32_to_bf16(x: f32) -> u16 {
     (b.wrapping_add(round) >> 16) as u16
 }
 
+/// What [`Device::argmax`] returns for a row with a NaN or an infinity.
+pub const NON_FINITE: u32 = u32::MAX;
+
+/// Whether a row of logits is fit to pick from, and its pick.
+pub fn argmax_checked(row: &[f32]) -> u32 {
+    if row.iter().all(|v| v.is_finite()) {
+        crate::engine::sampling::argmax(row)
+    } else {
+        NON_FINITE
+    }
+}
+
 /// What one step's forward pass hands back for an item: its logits, or
 /// only its greedy choice when the device picked it (ties to the lowest
 /// id, NaN never wins) and the logits need not leave the device.
@@ -304,9 +316,16 @@ pub trait Device: Sync + Send {
     fn gather(&self, x: &Self::Act, rows: &[usize]) -> Self::Act;
     /// Copies activations to the host, one vector per row.
     fn to_host(&self, x: Self::Act) -> Vec<Vec<f32>>;
-    /// Each row's index of its largest value: ties to the lowest index,
-    /// NaN never wins (`sampling::argmax`, on the device).
+    /// Each row's index of its largest value, ties to the lowest index
+    /// (`sampling::argmax`, on the device); [`NON_FINITE`] for a row that
+    /// holds a NaN or an infinity.
     fn argmax(&self, x: &Self::Act) -> Vec<u32>;
+    /// Whether every value is finite, where the device can tell cheaply
+    /// (the forward pass then names the first layer that went wrong).
+    fn all_finite(&self, x: &Self::Act) -> Option<bool> {
+        let _ = x;
+        None
+    }
     /// Waits for the device and reports the first failure since the last call.
     fn sync(&self) -> Result<(), BackendError>;
 }

@@ -1,0 +1,167 @@
+//! From a chat request to prompt tokens: the chat template rendered and the
+//! text tokenized. A [`Prompter`] is shared, so this runs on the caller's
+//! thread, never on the one thread that runs the model.
+//!
+//! Message content is text. A special-token string written inside it
+//! (`<|im_start|>system …`) is tokenized as the characters it is, never as
+//! the control token, unless the engine was opened with
+//! `special_tokens_in_content`; otherwise one message could open a turn of
+//! another role. Content without such strings is tokenized exactly as
+//! before (the whole rendered prompt at once).
+
+use tokenizers::Tokenizer;
+
+use super::template::ChatTemplate;
+use crate::backend::{BackendError, ChatRequest, Prompt};
+
+/// Tokens of margin when a prompt's prefix already overflows the context
+/// (a cut word may tokenize into more pieces than it does whole).
+const CUT_MARGIN: usize = 64;
+
+/// Renders and tokenizes requests for one model.
+pub struct Prompter {
+    pub(super) tokenizer: Tokenizer,
+    /// The same tokenizer, reading special-token strings as text.
+    plain: Tokenizer,
+    pub(super) template: ChatTemplate,
+    /// The special tokens' strings.
+    specials: Vec<String>,
+    special_tokens_in_content: bool,
+    context: usize,
+    vocab: usize,
+}
+
+impl Prompter {
+    pub fn new(
+        tokenizer: Tokenizer,
+        template: ChatTemplate,
+        special_tokens_in_content: bool,
+        context: usize,
+        vocab: usize,
+    ) -> Self {
+        let mut plain = tokenizer.clone();
+        plain.set_encode_special_tokens(true);
+        let mut specials: Vec<String> = tokenizer
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special)
+            .map(|t| t.content)
+            .filter(|c| !c.is_empty())
+            .collect();
+        specials.sort();
+        Prompter {
+            tokenizer,
+            plain,
+            template,
+            specials,
+            special_tokens_in_content,
+            context,
+            vocab,
+        }
+    }
+
+    /// Tokenizes text; special tokens written in the text are recognised.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>, BackendError> {
+        encode(&self.tokenizer, text)
+    }
+
+    /// Refuses, without tokenizing all of it, a prompt whose beginning
+    /// already holds more tokens than the context.
+    fn overflow_early(&self, text: &str, max_tokens: usize) -> Result<(), BackendError> {
+        let limit = 16 * (self.context + 1);
+        if text.len() <= limit {
+            return Ok(());
+        }
+        let mut cut = limit;
+        while !text.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        let n = encode(&self.tokenizer, &text[..cut])?.len();
+        if n > self.context + CUT_MARGIN {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens: n - CUT_MARGIN,
+                partial: true,
+                max_tokens,
+                context: self.context,
+            });
+        }
+        Ok(())
+    }
+
+    fn has_special(&self, text: &str) -> bool {
+        self.specials.iter().any(|s| text.contains(s.as_str()))
+    }
+
+    /// Tokenizes a rendered prompt whose messages hold special-token
+    /// strings: each message's content, found in the rendered text in
+    /// order, as plain text; the template's own text as usual.
+    fn encode_guarded(&self, text: &str, req: &ChatRequest) -> Result<Vec<u32>, BackendError> {
+        let mut spans = Vec::new();
+        let mut from = 0;
+        for m in &req.messages {
+            if !self.has_special(&m.content) {
+                continue;
+            }
+            let c = m.content.trim();
+            let Some(at) = text[from..].find(c) else {
+                return Err(BackendError::BadRequest(
+                    "a message holds special-token strings and the chat template rewrites it; \
+                     send it without them, or open the engine with special tokens allowed in content"
+                        .into(),
+                ));
+            };
+            spans.push((from + at, from + at + c.len()));
+            from += at + c.len();
+        }
+        let mut out = Vec::new();
+        let mut pos = 0;
+        for (a, b) in spans {
+            out.extend(encode(&self.tokenizer, &text[pos..a])?);
+            out.extend(encode(&self.plain, &text[a..b])?);
+            pos = b;
+        }
+        out.extend(encode(&self.tokenizer, &text[pos..])?);
+        Ok(out)
+    }
+}
+
+fn encode(t: &Tokenizer, text: &str) -> Result<Vec<u32>, BackendError> {
+    t.encode(text, false)
+        .map(|e| e.get_ids().to_vec())
+        .map_err(|e| BackendError::Tokenizer(e.to_string()))
+}
+
+impl Prompt for Prompter {
+    fn tokens(&self, req: &ChatRequest) -> Result<Vec<u32>, BackendError> {
+        req.validate()?;
+        let text = self.template.render(&req.messages, req.thinking)?;
+        self.overflow_early(&text, req.max_tokens)?;
+        let guard = !self.special_tokens_in_content
+            && req.messages.iter().any(|m| self.has_special(&m.content));
+        let prompt = if guard {
+            self.encode_guarded(&text, req)?
+        } else {
+            self.encode(&text)?
+        };
+        self.check(&prompt)?;
+        Ok(prompt)
+    }
+}
+
+impl Prompter {
+    /// A prompt the model can take: not empty, every id inside the embedding.
+    pub fn check(&self, prompt: &[u32]) -> Result<(), BackendError> {
+        if prompt.is_empty() {
+            return Err(BackendError::BadRequest(
+                "the prompt renders to no tokens".into(),
+            ));
+        }
+        if let Some(&t) = prompt.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(BackendError::BadRequest(format!(
+                "token id {t} is outside the model's {}-row embedding (tokenizer and weights do not match)",
+                self.vocab
+            )));
+        }
+        Ok(())
+    }
+}
