@@ -8,7 +8,7 @@ use serde::Serialize;
 
 use statebench::ladder::arms::Arm;
 use statebench::ladder::episode::domain::Domain;
-use statebench::ladder::episode::generator::{self, generate, ParaphraseCache};
+use statebench::ladder::episode::generator::{generate, ParaphraseCache};
 use statebench::ladder::episode::paraphrase::{self, RewriteOptions};
 use statebench::ladder::episode::{BriefVariant, EpisodeConfig, Protocol, StepId};
 use statebench::ladder::parts::scripted::Scripted;
@@ -293,13 +293,8 @@ fn cell(a: CellArgs) -> Result<()> {
             bail!("--corrupt must be in [0, 1], got {e}");
         }
     }
-    if a.arms.is_empty() {
-        bail!("--arms is empty");
-    }
     let cache = a.spec.cache()?;
     let base = a.spec.config(a.seed_start);
-    // Fail on a bad configuration before loading a model.
-    generator::validate(&base)?;
     let scripted = match a.agent {
         AgentArg::Perfect => Some(Scripted::Perfect),
         AgentArg::AlwaysBook => Some(Scripted::AlwaysBook),
@@ -313,14 +308,7 @@ fn cell(a: CellArgs) -> Result<()> {
     let matcher = a.matcher.unwrap_or(default);
     let compiler = a.compiler.unwrap_or(default);
     let needs_model = scripted.is_none() || matcher == Source::Model || compiler == Source::Model;
-    let shared = needs_model.then(|| a.backend.spawn()).transpose()?;
-    let model = shared.as_ref().map(|(_, id)| id.clone());
-    let agent = match (scripted, &model) {
-        (Some(s), _) => s.name(),
-        (None, Some(m)) => format!("model:{}", m.name),
-        (None, None) => unreachable!("a model agent loads a model"),
-    };
-    let mut cfg = CellConfig::paper(&base, a.episodes, agent.clone(), matcher);
+    let mut cfg = CellConfig::paper(&base, a.episodes, String::new(), matcher);
     cfg.compiler = compiler;
     cfg.arms = a.arms.clone();
     cfg.thinking = a.backend.think;
@@ -328,6 +316,16 @@ fn cell(a: CellArgs) -> Result<()> {
         bypass_matcher: !a.no_bypass,
         corrupt: a.corrupt,
     };
+    // Fail on a bad configuration before loading a model.
+    cfg.validate()?;
+    let shared = needs_model.then(|| a.backend.spawn()).transpose()?;
+    let model = shared.as_ref().map(|(_, id)| id.clone());
+    cfg.agent = match (scripted, &model) {
+        (Some(s), _) => s.name(),
+        (None, Some(m)) => format!("model:{}", m.name),
+        (None, None) => unreachable!("a model agent loads a model"),
+    };
+    let agent = cfg.agent.clone();
     let parts = CellParts {
         scripted,
         matcher,

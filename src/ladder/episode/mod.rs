@@ -268,6 +268,105 @@ impl Episode {
         self.steps.len()
     }
 
+    /// What an episode read from a file must satisfy before it is scored:
+    /// the generator's invariants, checked, with the first violation named.
+    pub fn validate(&self) -> Result<(), String> {
+        let n = self.steps.len();
+        if !(1..=18).contains(&n) || self.config.steps != n {
+            return Err(format!(
+                "{n} steps (config says {}; 1..=18)",
+                self.config.steps
+            ));
+        }
+        let known = |v: &StepId| v.index() < n;
+        let well_formed = |s: &str, prefix: &str| {
+            s.strip_prefix(prefix)
+                .is_some_and(|d| d.len() == 4 && d.bytes().all(|b| b.is_ascii_digit()))
+        };
+        for (i, s) in self.steps.iter().enumerate() {
+            if s.id.index() != i {
+                return Err(format!(
+                    "step {i} has id {} (ids run s1, s2, … in order)",
+                    s.id
+                ));
+            }
+            if !well_formed(&s.code, "RC-") {
+                return Err(format!(
+                    "{}: completion code '{}' is not RC-dddd",
+                    s.id, s.code
+                ));
+            }
+            if self.steps[..i].iter().any(|o| o.code == s.code) {
+                return Err(format!(
+                    "{}: completion code {} is used twice",
+                    s.id, s.code
+                ));
+            }
+            if let Some(u) = s.requires.iter().find(|u| !known(u) || **u == s.id) {
+                return Err(format!(
+                    "{} requires {u}, which is not another step of the plan",
+                    s.id
+                ));
+            }
+        }
+        let graph = crate::ladder::state::TaskState::new(
+            self.steps.iter().map(|s| s.requires.clone()).collect(),
+        );
+        if graph.has_cycle() {
+            return Err("the prerequisite graph has a cycle".into());
+        }
+        let r = &self.revision;
+        let rewired = r
+            .rewires
+            .iter()
+            .flat_map(|(w, p)| std::iter::once(w).chain(p));
+        let relaxed = r.relax.iter().flat_map(|(w, u)| [w, u]);
+        if let Some(v) = std::iter::once(&r.cancel)
+            .chain(rewired)
+            .chain(relaxed)
+            .find(|v| !known(v))
+        {
+            return Err(format!(
+                "the revision names {v}, which is not a step of the plan"
+            ));
+        }
+        if self.turns.len() != TURNS {
+            return Err(format!(
+                "{} turns (an episode has {TURNS})",
+                self.turns.len()
+            ));
+        }
+        if self.turns.get(r.turn).map(|t| t.kind) != Some(TurnKind::Revision) {
+            return Err(format!(
+                "the revision is at turn {}, which is not the revision turn",
+                r.turn
+            ));
+        }
+        for (i, t) in self.turns.iter().enumerate() {
+            if t.index != i {
+                return Err(format!("turn {i} has index {}", t.index));
+            }
+            if !well_formed(&t.work_order, "#W") {
+                return Err(format!(
+                    "turn {i}: work order '{}' is not #Wdddd",
+                    t.work_order
+                ));
+            }
+            if self.turns[..i].iter().any(|o| o.work_order == t.work_order) {
+                return Err(format!(
+                    "turn {i}: work order {} is used twice",
+                    t.work_order
+                ));
+            }
+            if let Some(v) = t.step.iter().chain(&t.named).find(|v| !known(v)) {
+                return Err(format!(
+                    "turn {i} names {v}, which is not a step of the plan"
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether the episode has no steps (never true for a generated one).
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty()

@@ -50,6 +50,11 @@ pub trait Agent {
     fn name(&self) -> String;
     /// Replies to the conversation (system prompt first).
     fn reply(&mut self, messages: &[Message], oracle: &Oracle) -> Reply;
+    /// Why the model behind the agent cannot run, once a call showed it
+    /// (the cell stops rather than score empty replies).
+    fn broken(&self) -> Option<&str> {
+        None
+    }
 }
 
 /// What a compile call produced, with its cost.

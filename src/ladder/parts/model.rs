@@ -87,6 +87,8 @@ pub struct ModelAgent {
     thinking: bool,
     budgets: Budgets,
     name: String,
+    /// The first error that says the model itself cannot run.
+    broken: Option<String>,
 }
 
 impl ModelAgent {
@@ -97,6 +99,7 @@ impl ModelAgent {
             thinking,
             budgets: Budgets::for_regime(thinking),
             name,
+            broken: None,
         })
     }
 }
@@ -120,12 +123,26 @@ impl Agent for ModelAgent {
                 usage,
                 error: None,
             },
-            Err(e) => Reply {
-                text: String::new(),
-                usage,
-                error: Some(crate::one_line(&e)),
-            },
+            Err(e) => {
+                // A failed forward step (device error, non-finite values)
+                // is the model's failure, not this turn's.
+                if matches!(
+                    e,
+                    BackendError::StepFailed { .. } | BackendError::Device { .. }
+                ) {
+                    self.broken.get_or_insert_with(|| crate::one_line(&e));
+                }
+                Reply {
+                    text: String::new(),
+                    usage,
+                    error: Some(crate::one_line(&e)),
+                }
+            }
         }
+    }
+
+    fn broken(&self) -> Option<&str> {
+        self.broken.as_deref()
     }
 }
 

@@ -78,6 +78,33 @@ impl CellConfig {
         CellConfig::paper(&base, episodes, format!("model:{model}"), Source::Model)
     }
 
+    /// Checks what no episode can show: the seed range, the arms, the size.
+    pub fn validate(&self) -> Result<(), CellError> {
+        crate::ladder::episode::generator::validate(&self.episode(self.seed_start))?;
+        if self.seed_start.checked_add(self.episodes).is_none() {
+            return Err(CellError::SeedRange {
+                start: self.seed_start,
+                episodes: self.episodes,
+            });
+        }
+        if self.arms.is_empty() {
+            return Err(CellError::NoArms);
+        }
+        for (i, a) in self.arms.iter().enumerate() {
+            if self.arms[..i].contains(a) {
+                return Err(CellError::DuplicateArm(*a));
+            }
+        }
+        let total = self.episodes.checked_mul(self.arms.len() as u64);
+        if total.is_none_or(|t| t > MAX_EPISODE_ARMS) {
+            return Err(CellError::TooLarge {
+                episodes: self.episodes,
+                arms: self.arms.len(),
+            });
+        }
+        Ok(())
+    }
+
     /// The episode configuration for one seed.
     pub fn episode(&self, seed: u64) -> EpisodeConfig {
         EpisodeConfig {
@@ -131,7 +158,25 @@ pub enum CellError {
     Model(#[from] BackendError),
     #[error("a model-backed part needs a model (--model or --endpoint)")]
     NoModel,
+    /// The model failed in a way no turn can recover from; the episode is
+    /// not logged, so a resume runs it again.
+    #[error("the model cannot run: {0}")]
+    ModelBroken(String),
+    #[error(
+        "seeds {start} + {episodes} episodes pass the largest seed {}",
+        u64::MAX
+    )]
+    SeedRange { start: u64, episodes: u64 },
+    #[error("no arms to run")]
+    NoArms,
+    #[error("arm {0} is listed twice (each arm runs once per episode; list it once)")]
+    DuplicateArm(Arm),
+    #[error("{episodes} episodes x {arms} arms is more than one cell holds (at most {MAX_EPISODE_ARMS} episode-arms; split it into cells)")]
+    TooLarge { episodes: u64, arms: usize },
 }
+
+/// Episode-arms in one cell at most (each is a log line and a job).
+pub const MAX_EPISODE_ARMS: u64 = 100_000_000;
 
 /// What the parts behind a cell are. A cell runs many episodes at once, so
 /// every episode-arm gets its own agent and matcher (a conversation each).
@@ -253,7 +298,7 @@ pub fn run_cell(
     progress: bool,
 ) -> Result<CellProgress, CellError> {
     // Check the configuration before touching the directory.
-    crate::ladder::episode::generator::validate(&cfg.episode(cfg.seed_start))?;
+    cfg.validate()?;
     let manifest = Manifest {
         format: RUN_FORMAT.to_string(),
         config: cfg.clone(),
@@ -372,6 +417,9 @@ impl Workers<'_> {
             compiled,
             &self.cfg.options,
         );
+        if let Some(why) = agent.broken() {
+            return Err(CellError::ModelBroken(why.to_string()));
+        }
         match self.dir.lock() {
             Ok(mut dir) => dir.append(&rec, &turns)?,
             // Another worker panicked; the thread scope re-raises it.

@@ -42,6 +42,9 @@ pub enum ReplayError {
     /// Episode written by another format version.
     #[error("{path}: episode version '{found}' is not '{EPISODE_VERSION}' (regenerate it with `statebench ladder episode --json`)")]
     Version { path: String, found: String },
+    /// An episode that breaks what the generator guarantees.
+    #[error("{path}: not a valid episode: {cause}")]
+    Invalid { path: String, cause: String },
     /// Turn coverage problems.
     #[error("{path}: {cause}")]
     Coverage { path: String, cause: String },
@@ -84,6 +87,9 @@ pub fn read_episode(path: &Path) -> Result<Episode, ReplayError> {
         return Err(ReplayError::Version { path: p, found });
     }
     let f: EpisodeFile = serde_json::from_str(&text).map_err(json)?;
+    f.episode
+        .validate()
+        .map_err(|cause| ReplayError::Invalid { path: p, cause })?;
     Ok(f.episode)
 }
 

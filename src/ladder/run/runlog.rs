@@ -1,7 +1,9 @@
 //! Run directories: `manifest.json`, `episodes.jsonl`, `turns.jsonl`.
 //!
 //! Both logs are append-only. Every line carries the `attempt` that wrote it
-//! (one per process that opened the directory). An episode counts as finished
+//! (one per process that opened the directory) and the hash of the
+//! manifest's configuration and model, so a line from another run is told
+//! apart and never counted. An episode counts as finished
 //! once its line is in `episodes.jsonl`; a resumed run skips finished
 //! episodes, and turn lines of an attempt whose episode never finished are
 //! ignored by readers. A torn last line (a crash mid-write) is dropped when
@@ -55,6 +57,9 @@ pub enum RunLogError {
     /// Not a run directory.
     #[error("{0} is not a statebench run directory (no manifest.json)")]
     NotARun(String),
+    /// Logs whose configuration is unknown.
+    #[error("{0} holds run logs but no manifest.json: refusing to add to logs of an unknown configuration (restore the manifest, or use another --out)")]
+    NoManifest(String),
 }
 
 /// What `manifest.json` holds.
@@ -129,6 +134,7 @@ fn first_difference(old: &Value, new: &Value, prefix: &str) -> Option<(String, S
 pub struct RunDir {
     dir: PathBuf,
     attempt: u32,
+    config_hash: String,
     finished: BTreeSet<(u64, Arm)>,
     episodes: File,
     turns: File,
@@ -137,6 +143,7 @@ pub struct RunDir {
 #[derive(Serialize)]
 struct Line<'a, T: Serialize> {
     attempt: u32,
+    config_hash: &'a str,
     #[serde(flatten)]
     record: &'a T,
 }
@@ -144,26 +151,108 @@ struct Line<'a, T: Serialize> {
 #[derive(Deserialize)]
 struct Tagged<T> {
     attempt: u32,
+    /// Absent in logs written before lines carried it.
+    #[serde(default)]
+    config_hash: Option<String>,
     #[serde(flatten)]
     record: T,
 }
 
-/// Drops a torn last line (no trailing newline) and returns the complete lines.
+impl<T> Tagged<T> {
+    /// Whether the line was written under the configuration with this hash.
+    fn belongs(&self, hash: &str) -> bool {
+        self.config_hash.as_deref().is_none_or(|h| h == hash)
+    }
+}
+
+impl Manifest {
+    /// A short hash of what the manifest pins (configuration and model):
+    /// every log line carries it, so a line from another run is told apart.
+    pub fn config_hash(&self) -> String {
+        use sha2::{Digest, Sha256};
+        let text = format!("{}\n{}", json(&self.config), json(&self.model));
+        Sha256::digest(text.as_bytes())
+            .iter()
+            .take(8)
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
+/// Drops a torn last line (no trailing newline), reading only the file's
+/// end.
 fn repair_tail(path: &Path) -> Result<(), RunLogError> {
     if !path.exists() {
         return Ok(());
     }
-    let bytes = fs::read(path).map_err(io(path))?;
-    if bytes.is_empty() || bytes.ends_with(b"\n") {
-        return Ok(());
+    let (len, last) = last_line(path)?;
+    if let Some((start, complete)) = last {
+        if !complete {
+            let f = OpenOptions::new()
+                .write(true)
+                .open(path)
+                .map_err(io(path))?;
+            f.set_len(start).map_err(io(path))?;
+        }
+    } else if len > 0 {
+        // One torn line and nothing before it.
+        let f = OpenOptions::new()
+            .write(true)
+            .open(path)
+            .map_err(io(path))?;
+        f.set_len(0).map_err(io(path))?;
     }
-    let keep = bytes.iter().rposition(|b| *b == b'\n').map_or(0, |i| i + 1);
-    let f = OpenOptions::new()
-        .write(true)
-        .open(path)
-        .map_err(io(path))?;
-    f.set_len(keep as u64).map_err(io(path))?;
     Ok(())
+}
+
+/// The file's length and where its last line starts, and whether that line
+/// ends in a newline (None: no line starts after a newline, i.e. the file
+/// is empty or one unterminated line). Reads backwards from the end in
+/// blocks, so a long log costs what its last line does.
+fn last_line(path: &Path) -> Result<(u64, Option<(u64, bool)>), RunLogError> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut f = File::open(path).map_err(io(path))?;
+    let len = f.metadata().map_err(io(path))?.len();
+    if len == 0 {
+        return Ok((0, None));
+    }
+    let mut last = [0u8; 1];
+    f.seek(SeekFrom::Start(len - 1)).map_err(io(path))?;
+    f.read_exact(&mut last).map_err(io(path))?;
+    let complete = last[0] == b'\n';
+    // Search for the newline before the last line.
+    let mut end = if complete { len - 1 } else { len };
+    let mut buf = vec![0u8; 64 << 10];
+    while end > 0 {
+        let start = end.saturating_sub(buf.len() as u64);
+        let chunk = &mut buf[..(end - start) as usize];
+        f.seek(SeekFrom::Start(start)).map_err(io(path))?;
+        f.read_exact(chunk).map_err(io(path))?;
+        if let Some(i) = chunk.iter().rposition(|b| *b == b'\n') {
+            return Ok((len, Some((start + i as u64 + 1, complete))));
+        }
+        end = start;
+    }
+    Ok((len, if complete { Some((0, true)) } else { None }))
+}
+
+/// The attempt of a log's last complete line (attempts only grow), or 0.
+fn last_attempt(path: &Path) -> Result<u32, RunLogError> {
+    use std::io::{Read, Seek, SeekFrom};
+    if !path.exists() {
+        return Ok(0);
+    }
+    let (len, last) = last_line(path)?;
+    let Some((start, true)) = last else {
+        return Ok(0);
+    };
+    let mut f = File::open(path).map_err(io(path))?;
+    f.seek(SeekFrom::Start(start)).map_err(io(path))?;
+    let mut line = String::new();
+    f.take(len - start)
+        .read_to_string(&mut line)
+        .map_err(io(path))?;
+    Ok(serde_json::from_str::<Tagged<serde::de::IgnoredAny>>(&line).map_or(0, |t| t.attempt))
 }
 
 /// Reads the complete, parseable lines of a JSONL file; a torn last line is ignored.
@@ -195,10 +284,16 @@ fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<Tagged<T>
 }
 
 impl RunDir {
-    /// Opens (or creates) a run directory for this manifest; refuses one made with another configuration.
+    /// Opens (or creates) a run directory for this manifest; refuses one
+    /// made with another configuration, and logs without a manifest.
     pub fn open(dir: &Path, manifest: &Manifest) -> Result<RunDir, RunLogError> {
         fs::create_dir_all(dir).map_err(io(dir))?;
         let mpath = dir.join("manifest.json");
+        let epath = dir.join("episodes.jsonl");
+        let tpath = dir.join("turns.jsonl");
+        if !mpath.exists() && (epath.exists() || tpath.exists()) {
+            return Err(RunLogError::NoManifest(dir.display().to_string()));
+        }
         if mpath.exists() {
             let old = read_manifest(&mpath)?;
             let diff = first_difference(&json(&old.config), &json(&manifest.config), "config")
@@ -217,22 +312,16 @@ impl RunDir {
             fs::write(&tmp, text + "\n").map_err(io(&tmp))?;
             fs::rename(&tmp, &mpath).map_err(io(&mpath))?;
         }
-        let epath = dir.join("episodes.jsonl");
-        let tpath = dir.join("turns.jsonl");
         repair_tail(&epath)?;
         repair_tail(&tpath)?;
+        let config_hash = manifest.config_hash();
         let done: Vec<Tagged<EpisodeRecord>> = read_lines(&epath)?;
-        let turns_attempt = read_lines::<serde::de::IgnoredAny>(&tpath)?
-            .iter()
-            .map(|t| t.attempt)
-            .max()
-            .unwrap_or(0);
         let attempt = done
             .iter()
             .map(|t| t.attempt)
             .max()
             .unwrap_or(0)
-            .max(turns_attempt)
+            .max(last_attempt(&tpath)?)
             + 1;
         let open = |p: &Path| {
             OpenOptions::new()
@@ -244,7 +333,12 @@ impl RunDir {
         Ok(RunDir {
             dir: dir.to_path_buf(),
             attempt,
-            finished: done.iter().map(|t| (t.record.seed, t.record.arm)).collect(),
+            finished: done
+                .iter()
+                .filter(|t| t.belongs(&config_hash))
+                .map(|t| (t.record.seed, t.record.arm))
+                .collect(),
+            config_hash,
             episodes: open(&epath)?,
             turns: open(&tpath)?,
         })
@@ -274,6 +368,7 @@ impl RunDir {
             buf.push_str(
                 &serde_json::to_string(&Line {
                     attempt: self.attempt,
+                    config_hash: &self.config_hash,
                     record: t,
                 })
                 .expect("turn serializes"),
@@ -284,6 +379,7 @@ impl RunDir {
         self.turns.flush().map_err(io(&tpath))?;
         let line = serde_json::to_string(&Line {
             attempt: self.attempt,
+            config_hash: &self.config_hash,
             record: rec,
         })
         .expect("episode serializes");
@@ -304,6 +400,8 @@ pub struct RunRead {
     pub manifest: Manifest,
     /// Finished episodes, first line per (seed, arm).
     pub episodes: Vec<EpisodeRecord>,
+    /// Episode lines written under another configuration, not counted.
+    pub foreign: usize,
 }
 
 fn json<T: Serialize>(v: &T) -> Value {
@@ -327,8 +425,13 @@ pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
         return Err(RunLogError::NotARun(dir.display().to_string()));
     }
     let manifest = read_manifest(&mpath)?;
+    let hash = manifest.config_hash();
     let mut seen = BTreeSet::new();
-    let episodes = read_lines::<EpisodeRecord>(&dir.join("episodes.jsonl"))?
+    let (mine, foreign): (Vec<_>, Vec<_>) =
+        read_lines::<EpisodeRecord>(&dir.join("episodes.jsonl"))?
+            .into_iter()
+            .partition(|t| t.belongs(&hash));
+    let episodes = mine
         .into_iter()
         .map(|t| t.record)
         .filter(|r| seen.insert((r.seed, r.arm)))
@@ -337,6 +440,7 @@ pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
         dir: dir.to_path_buf(),
         manifest,
         episodes,
+        foreign: foreign.len(),
     })
 }
 
@@ -348,13 +452,16 @@ pub fn read_turns(dir: &Path) -> Result<Vec<TurnRecord>, RunLogError> {
         seed: u64,
         arm: Arm,
     }
+    let hash = read_manifest(&dir.join("manifest.json"))?.config_hash();
     let finished: BTreeSet<(u64, Arm, u32)> = read_lines::<Key>(&dir.join("episodes.jsonl"))?
         .into_iter()
+        .filter(|t| t.belongs(&hash))
         .map(|t| (t.record.seed, t.record.arm, t.attempt))
         .collect();
     let turns: Vec<Tagged<TurnRecord>> = read_lines(&dir.join("turns.jsonl"))?;
     Ok(turns
         .into_iter()
+        .filter(|t| t.belongs(&hash))
         .filter(|t| finished.contains(&(t.record.seed, t.record.arm, t.attempt)))
         .map(|t| t.record)
         .collect())
