@@ -7,7 +7,7 @@ mod engine_common;
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
@@ -33,23 +33,6 @@ fn refused(args: &[&str], needle: &str) {
     assert!(err.contains(needle), "{args:?}: {err}");
     assert!(!err.contains("panicked"), "{args:?}: {err}");
     assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
-}
-
-/// A copy of a tiny fixture with a longer context.
-fn tiny_copy(dir: &Path, name: &str, context: u64) -> PathBuf {
-    let src = root().join("tests/fixtures/engine").join(name);
-    let dst = dir.join(format!("{name}-{context}"));
-    std::fs::create_dir_all(&dst).unwrap();
-    for e in std::fs::read_dir(&src).unwrap() {
-        let e = e.unwrap();
-        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
-    }
-    let cfg = dst.join("config.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
-    v["max_position_embeddings"] = context.into();
-    std::fs::write(&cfg, v.to_string()).unwrap();
-    dst
 }
 
 /// Rewrites one f32 tensor of a safetensors file in place.

@@ -8,34 +8,15 @@
 mod engine_common;
 
 use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use statebench::ladder::run::cell::CellModel;
 use statebench::ladder::run::runlog::{read_run, read_turns};
-use statebench::ladder::run::runner::EpisodeRecord;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_statebench"))
-}
-
-/// The tiny fixture with a longer context: early turns generate, later ones
-/// overflow (random weights never stop early), so both paths run.
-fn tiny_model(dir: &Path) -> PathBuf {
-    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/engine/tiny-qwen2");
-    let dst = dir.join("tiny-qwen2-long");
-    fs::create_dir_all(&dst).unwrap();
-    for e in fs::read_dir(&src).unwrap() {
-        let e = e.unwrap();
-        fs::copy(e.path(), dst.join(e.file_name())).unwrap();
-    }
-    let cfg = dst.join("config.json");
-    let mut v: serde_json::Value =
-        serde_json::from_str(&fs::read_to_string(&cfg).unwrap()).unwrap();
-    v["max_position_embeddings"] = 4096.into();
-    fs::write(&cfg, v.to_string()).unwrap();
-    dst
 }
 
 fn cell_args<'a>(model: &'a str, out: &'a str, live: &'a str) -> Vec<&'a str> {
@@ -64,20 +45,6 @@ fn cell_args<'a>(model: &'a str, out: &'a str, live: &'a str) -> Vec<&'a str> {
     ]
 }
 
-/// Episode records without the fields that measure time.
-fn stable(dir: &Path) -> Vec<String> {
-    let mut v: Vec<EpisodeRecord> = read_run(dir).unwrap().episodes;
-    v.sort_by_key(|r| (r.seed, r.arm));
-    v.into_iter()
-        .map(|mut r| {
-            r.wall_s = 0.0;
-            r.usage.prefill_secs = 0.0;
-            r.usage.decode_secs = 0.0;
-            serde_json::to_string(&r).unwrap()
-        })
-        .collect()
-}
-
 /// Replies and bookings per (seed, arm, turn).
 fn transcripts(dir: &Path) -> Vec<String> {
     let mut t: Vec<String> = read_turns(dir)
@@ -103,7 +70,7 @@ fn transcripts(dir: &Path) -> Vec<String> {
 #[test]
 fn live_cell_is_batch_invariant_and_survives_a_kill() {
     let tmp = tempfile::tempdir().unwrap();
-    let model = tiny_model(tmp.path());
+    let model = engine_common::tiny_model_long(tmp.path());
     let model = model.to_str().unwrap();
     // One episode-arm at a time.
     let seq = tmp.path().join("sequential");
@@ -160,8 +127,8 @@ fn live_cell_is_batch_invariant_and_survives_a_kill() {
     );
 
     assert_eq!(
-        stable(&seq),
-        stable(&cut),
+        engine_common::stable_records(&seq),
+        engine_common::stable_records(&cut),
         "batched + killed + resumed equals sequential"
     );
     assert_eq!(transcripts(&seq), transcripts(&cut));

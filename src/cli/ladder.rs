@@ -13,7 +13,10 @@ use statebench::ladder::episode::paraphrase::{self, RewriteOptions};
 use statebench::ladder::episode::{BriefVariant, EpisodeConfig, Protocol, StepId};
 use statebench::ladder::parts::scripted::Scripted;
 use statebench::ladder::parts::Agent;
-use statebench::ladder::run::cell::{run_cell, CellConfig, CellModel, CellParts, Parts, Source};
+use statebench::ladder::run::cell::{
+    progress_bar, run_cell, run_cells, CellConfig, CellJob, CellModel, CellParts, Parts, Source,
+};
+use statebench::ladder::run::grid::{read_runs, AgentKind, Axes, Grid, GridManifest, Shard, FLAGS};
 use statebench::ladder::run::replay::{read_episode, read_replies, score_replies, EpisodeFile};
 use statebench::ladder::run::runlog::read_run;
 use statebench::ladder::run::runner::RunOptions;
@@ -28,6 +31,8 @@ pub enum LadderCommand {
     Episode(EpisodeArgs),
     /// Run (or resume) a cell of episodes on a list of arms into a run directory.
     Cell(CellArgs),
+    /// Run (or resume) a grid of cells in one process, or one shard of it.
+    Grid(Box<GridArgs>),
     /// Report one or more run directories.
     Report(ReportArgs),
     /// Score replies produced elsewhere against an episode.
@@ -40,6 +45,7 @@ pub fn run(c: LadderCommand) -> Result<()> {
     match c {
         LadderCommand::Episode(a) => episode(a),
         LadderCommand::Cell(a) => cell(a),
+        LadderCommand::Grid(a) => grid(*a),
         LadderCommand::Report(a) => report_cmd(a),
         LadderCommand::Score(a) => score(a),
         LadderCommand::Paraphrase(a) => paraphrase_cmd(a),
@@ -87,7 +93,11 @@ impl EpisodeSpec {
     }
 
     fn cache(&self) -> Result<Option<ParaphraseCache>> {
-        Ok(match &self.paraphrase_cache {
+        Self::cache_from(&self.paraphrase_cache)
+    }
+
+    fn cache_from(path: &Option<PathBuf>) -> Result<Option<ParaphraseCache>> {
+        Ok(match path {
             Some(p) => Some(ParaphraseCache::load(p)?),
             None => None,
         })
@@ -176,8 +186,103 @@ pub struct RunArgs {
 }
 
 #[derive(Args)]
+pub struct GridArgs {
+    /// Grid file (TOML; keys as the flags below, lists for axes, `[[cross]]`
+    /// tables for unions of crosses). Flags replace the file's top-level keys.
+    file: Option<PathBuf>,
+    /// Template pools.
+    #[arg(long, value_delimiter = ',')]
+    domain: Option<Vec<Domain>>,
+    /// Graph sizes S.
+    #[arg(long, value_delimiter = ',')]
+    steps: Option<Vec<usize>>,
+    /// Extra-edge densities ρ.
+    #[arg(long, value_delimiter = ',')]
+    density: Option<Vec<f64>>,
+    /// Brief variants.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    brief: Option<Vec<BriefVariant>>,
+    /// Booking protocols.
+    #[arg(long, value_enum, value_delimiter = ',')]
+    protocol: Option<Vec<Protocol>>,
+    /// Paraphrase tiers.
+    #[arg(long, value_delimiter = ',')]
+    paraphrase_tier: Option<Vec<u8>>,
+    /// Tier-2 rewrite cache.
+    #[arg(long)]
+    paraphrase_cache: Option<PathBuf>,
+    /// Ambiguous-probe rates.
+    #[arg(long, value_delimiter = ',')]
+    ambiguous_rate: Option<Vec<f64>>,
+    /// Thinking regimes, e.g. false,true (--think alone means true).
+    #[arg(long, value_delimiter = ',')]
+    thinking: Option<Vec<bool>>,
+    /// Arms of every cell, in ladder order.
+    #[arg(long, value_delimiter = ',')]
+    arms: Option<Vec<Arm>>,
+    /// Agent: perfect, always-book or model (default perfect).
+    #[arg(long, value_enum)]
+    agent: Option<AgentKind>,
+    /// Matcher (default: model with --agent model, else oracle).
+    #[arg(long, value_enum)]
+    matcher: Option<Source>,
+    /// Compiler (default: model with --agent model, else oracle).
+    #[arg(long, value_enum)]
+    compiler: Option<Source>,
+    /// Episodes per cell (default 128).
+    #[arg(long)]
+    episodes: Option<u64>,
+    /// First seed of every cell (default 100).
+    #[arg(long)]
+    seed_start: Option<u64>,
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// Grid directory: grid.json and one run directory per cell.
+    #[arg(long, required_unless_present = "dry_run")]
+    out: Option<PathBuf>,
+    /// Run part i of n (0-based), e.g. 0/4. Default: from
+    /// SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT, or JOB_COMPLETION_INDEX
+    /// with STATEBENCH_SHARD_COUNT; else the whole grid.
+    #[arg(long)]
+    shard: Option<String>,
+    /// List the cells and their episodes, run nothing.
+    #[arg(long)]
+    dry_run: bool,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
+}
+
+impl GridArgs {
+    /// The axes the flags set.
+    fn axes(&self) -> Axes {
+        Axes {
+            domain: self.domain.clone(),
+            steps: self.steps.clone(),
+            density: self.density.clone(),
+            brief: self.brief.clone(),
+            protocol: self.protocol.clone(),
+            paraphrase_tier: self.paraphrase_tier.clone(),
+            ambiguous_rate: self.ambiguous_rate.clone(),
+            thinking: self
+                .thinking
+                .clone()
+                .or_else(|| self.backend.think.then(|| vec![true])),
+            model: self.backend.model.model.clone().map(|m| vec![m]),
+            arms: self.arms.clone(),
+            agent: self.agent,
+            matcher: self.matcher,
+            compiler: self.compiler,
+            episodes: self.episodes,
+            seed_start: self.seed_start,
+            cross: Vec::new(),
+        }
+    }
+}
+
+#[derive(Args)]
 pub struct ReportArgs {
-    /// Run directories.
+    /// Run directories and grid directories (shards of one grid are merged).
     #[arg(required = true)]
     dirs: Vec<PathBuf>,
     /// Output format.
@@ -377,12 +482,142 @@ fn paraphrase_cmd(a: ParaphraseArgs) -> Result<()> {
 }
 
 fn report_cmd(a: ReportArgs) -> Result<()> {
-    let runs = a
-        .dirs
-        .iter()
-        .map(|d| read_run(d))
-        .collect::<Result<Vec<_>, _>>()?;
+    let runs = read_runs(&a.dirs)?;
     emit(&report::render(&report::build(&runs), a.format))
+}
+
+fn grid(a: GridArgs) -> Result<()> {
+    let (axes, source) = match &a.file {
+        Some(f) => (Axes::read(f)?, f.display().to_string()),
+        None => (Axes::default(), FLAGS.to_string()),
+    };
+    let grid = Grid::new(axes.overlay(a.axes()), &source)?;
+    let shard = match &a.shard {
+        Some(s) => Some(s.parse::<Shard>()?),
+        None => Shard::from_env()?,
+    };
+    let seeds: Vec<Option<Vec<u64>>> = match shard {
+        Some(s) => s.seeds(&grid).into_iter().map(Some).collect(),
+        None => vec![None; grid.cells.len()],
+    };
+    let count = |i: usize| match &seeds[i] {
+        Some(s) => s.len() as u64,
+        None => grid.cells[i].config.episodes,
+    };
+    if a.dry_run {
+        let mut out = String::new();
+        let mut total = 0;
+        for (i, c) in grid.cells.iter().enumerate() {
+            let n = count(i) * c.config.arms.len() as u64;
+            total += n;
+            out += &format!(
+                "{:<40} {:>5} episodes x {} arms = {:>6} episode-arms\n",
+                c.name,
+                count(i),
+                c.config.arms.len(),
+                n
+            );
+        }
+        out += &format!(
+            "{} cells, {total} episode-arms{}\n",
+            grid.cells.len(),
+            match shard {
+                Some(s) => format!(
+                    " in shard {}/{} (grid {})",
+                    s.index,
+                    s.count,
+                    grid.episode_arms()
+                ),
+                None => String::new(),
+            }
+        );
+        return emit(&out);
+    }
+    let out = a
+        .out
+        .clone()
+        .expect("clap requires --out without --dry-run");
+    if a.backend.endpoint.is_some() && grid.cells.iter().any(|c| c.model.is_some()) {
+        bail!("{source}: model = [...] names in-process models; with --endpoint leave it out");
+    }
+    let cache = EpisodeSpec::cache_from(&a.paraphrase_cache)?;
+    GridManifest::new(&grid, shard).create_or_check(&out)?;
+    let started = std::time::Instant::now();
+    let bar = progress_bar(!a.quiet);
+    // One engine per model, one after another; every cell of a model
+    // shares its batch.
+    let mut models: Vec<Option<String>> = Vec::new();
+    for c in &grid.cells {
+        if !models.contains(&c.model) {
+            models.push(c.model.clone());
+        }
+    }
+    let mut ran = 0;
+    for model in models {
+        let members: Vec<usize> = (0..grid.cells.len())
+            .filter(|&i| grid.cells[i].model == model && count(i) > 0)
+            .collect();
+        let needs_model = members.iter().any(|&i| {
+            let g = &grid.cells[i].config;
+            g.agent == "model" || g.matcher == Source::Model || g.compiler == Source::Model
+        });
+        let mut backend = a.backend.clone();
+        if model.is_some() {
+            backend.model.model = model.clone();
+        }
+        let shared = needs_model.then(|| backend.spawn()).transpose()?;
+        let parts: Vec<CellParts> = members
+            .iter()
+            .map(|&i| {
+                let g = &grid.cells[i].config;
+                let scripted = match g.agent.as_str() {
+                    "model" => None,
+                    name => name.strip_prefix("scripted:").and_then(|n| n.parse().ok()),
+                };
+                CellParts {
+                    scripted,
+                    matcher: g.matcher,
+                    compiler: g.compiler,
+                    client: shared.as_ref().map(|(s, _)| s.client()),
+                    thinking: g.thinking,
+                    model: match (&shared, scripted) {
+                        (Some((_, id)), _) => CellModel::Model(id.clone()),
+                        (None, Some(s)) => CellModel::Scripted { agent: s.name() },
+                        (None, None) => unreachable!("a model agent loads a model"),
+                    },
+                }
+            })
+            .collect();
+        let jobs: Vec<CellJob> = members
+            .iter()
+            .zip(&parts)
+            .map(|(&i, p)| {
+                let c = &grid.cells[i];
+                let mut cfg = c.config.clone();
+                if let (None, CellModel::Model(id)) = (p.scripted, &p.model) {
+                    cfg.agent = format!("model:{}", id.name);
+                }
+                CellJob {
+                    name: c.name.clone(),
+                    cfg,
+                    parts: p,
+                    out: out.join(&c.name),
+                    seeds: seeds[i].clone(),
+                }
+            })
+            .collect();
+        let done = run_cells(&jobs, cache.as_ref(), a.backend.concurrency, &bar)
+            .with_context(|| format!("grid {}", out.display()))?;
+        ran += done.iter().map(|p| p.ran).sum::<usize>();
+    }
+    bar.finish_and_clear();
+    eprintln!(
+        "{}: ran {ran} episode-arms in {:.1} s",
+        out.display(),
+        started.elapsed().as_secs_f64()
+    );
+    let runs = read_runs(std::slice::from_ref(&out))?;
+    emit(&report::render(&report::build(&runs), Format::Md))
 }
 
 /// What `ladder score` prints.

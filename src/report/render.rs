@@ -303,7 +303,7 @@ pub fn render(r: &Report, format: Format) -> String {
 
 /// One row per cell and arm.
 fn csv(r: &Report) -> String {
-    let mut s = String::from("dir,domain,steps,density,brief,agent,arm,episodes,strict,rate,wilson_lo,wilson_hi,da_strict,da_rate");
+    let mut s = String::from("dir,domain,steps,density,brief,protocol,paraphrase_tier,ambiguous_rate,thinking,seed_start,agent,arm,episodes,strict,rate,wilson_lo,wilson_hi,da_strict,da_rate,da_wilson_lo,da_wilson_hi");
     for ch in Channel::ALL {
         s += &format!(",{}", ch.name());
     }
@@ -313,12 +313,17 @@ fn csv(r: &Report) -> String {
         for a in &c.arms {
             let _ = write!(
                 s,
-                "{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{},{:.4}",
+                "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{},{:.4},{:.4},{:.4}",
                 c.dir,
                 field(&g.domain),
                 g.steps,
                 field(&g.density),
                 field(&g.brief),
+                field(&g.protocol),
+                g.paraphrase_tier,
+                field(&g.ambiguous_rate),
+                g.thinking,
+                g.seed_start,
                 field(&g.agent),
                 a.arm,
                 a.episodes,
@@ -327,7 +332,9 @@ fn csv(r: &Report) -> String {
                 a.wilson95[0],
                 a.wilson95[1],
                 a.decline_aware.strict,
-                a.decline_aware.rate
+                a.decline_aware.rate,
+                a.decline_aware.wilson95[0],
+                a.decline_aware.wilson95[1]
             );
             for ch in Channel::ALL {
                 let _ = write!(s, ",{}", a.channels[ch.name()]);
@@ -348,9 +355,209 @@ fn csv(r: &Report) -> String {
     s
 }
 
-/// Every table of every cell, as aligned text or Markdown.
+/// The configuration fields a grid varies, as (column, value) per cell.
+fn cell_fields(c: &CellReport) -> Vec<(&'static str, String)> {
+    let g = &c.config;
+    let model = g
+        .agent
+        .strip_prefix("model:")
+        .unwrap_or(&g.agent)
+        .to_string();
+    vec![
+        ("model", model),
+        (
+            "regime",
+            if g.thinking { "think" } else { "no-think" }.into(),
+        ),
+        ("domain", field(&g.domain)),
+        ("S", g.steps.to_string()),
+        ("rho", field(&g.density)),
+        ("brief", field(&g.brief)),
+        ("protocol", field(&g.protocol)),
+        ("tier", g.paraphrase_tier.to_string()),
+        ("ambiguous", field(&g.ambiguous_rate)),
+        ("episodes", g.episodes.to_string()),
+    ]
+}
+
+/// The fields that vary across the report's cells, and the fixed ones.
+fn varying(r: &Report) -> (Vec<usize>, Vec<(&'static str, String)>) {
+    let all: Vec<_> = r.cells.iter().map(cell_fields).collect();
+    let mut vary = Vec::new();
+    let mut fixed = Vec::new();
+    for k in 0..all[0].len() {
+        if all.iter().any(|f| f[k].1 != all[0][k].1) {
+            vary.push(k);
+        } else {
+            fixed.push(all[0][k].clone());
+        }
+    }
+    (vary, fixed)
+}
+
+/// The columns that name a report's cells (the fields that vary), and
+/// each cell's values in them.
+struct RowNames {
+    head: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl RowNames {
+    fn of(r: &Report) -> RowNames {
+        let (vary, _) = varying(r);
+        let fields: Vec<_> = r.cells.iter().map(cell_fields).collect();
+        RowNames {
+            head: vary.iter().map(|&k| fields[0][k].0.to_string()).collect(),
+            rows: fields
+                .iter()
+                .map(|f| vary.iter().map(|&k| f[k].1.clone()).collect())
+                .collect(),
+        }
+    }
+}
+
+/// Every arm of the report, in the order cells list them.
+fn report_arms(r: &Report) -> Vec<String> {
+    let mut arms: Vec<String> = Vec::new();
+    for c in &r.cells {
+        for a in &c.arms {
+            if !arms.contains(&a.arm) {
+                arms.push(a.arm.clone());
+            }
+        }
+    }
+    arms
+}
+
+/// The paper's Table 2 layout: one row per cell (the fields that vary),
+/// one column per rung: strict rate, Wilson 95% interval, and the
+/// decline-aware rate beside it.
+fn grid_table(r: &Report) -> Table {
+    let names = RowNames::of(r);
+    let arms = report_arms(r);
+    let mut head = names.head;
+    head.extend(arms.iter().cloned());
+    let rows = r
+        .cells
+        .iter()
+        .zip(names.rows)
+        .map(|(c, mut row)| {
+            row.extend(
+                arms.iter()
+                    .map(|arm| match c.arms.iter().find(|a| a.arm == *arm) {
+                        Some(a) => format!(
+                            "{:.2} [{:.2}, {:.2}] / {:.2}",
+                            a.rate, a.wilson95[0], a.wilson95[1], a.decline_aware.rate
+                        ),
+                        None => "-".into(),
+                    }),
+            );
+            row
+        })
+        .collect();
+    Table { head, rows }
+}
+
+/// Adjacent-rung contrasts of every cell, Holm-adjusted over the report.
+fn grid_contrast_table(r: &Report) -> Table {
+    let names = RowNames::of(r);
+    let mut pairs: Vec<String> = Vec::new();
+    for c in &r.cells {
+        for x in &c.contrasts {
+            let p = format!("{} -> {}", x.a, x.b);
+            if !pairs.contains(&p) {
+                pairs.push(p);
+            }
+        }
+    }
+    let mut head = names.head;
+    head.extend(pairs.iter().cloned());
+    let rows = r
+        .cells
+        .iter()
+        .zip(names.rows)
+        .map(|(c, mut row)| {
+            row.extend(pairs.iter().map(|p| {
+                match c
+                    .contrasts
+                    .iter()
+                    .find(|x| format!("{} -> {}", x.a, x.b) == *p)
+                {
+                    Some(x) => format!("{} / {}", fmt_p(x.p_holm), fmt_p(x.decline_aware.p_holm)),
+                    None => "-".into(),
+                }
+            }));
+            row
+        })
+        .collect();
+    Table { head, rows }
+}
+
+/// Error channels (primary scoring), one row per cell and arm.
+fn grid_channel_table(r: &Report) -> Table {
+    let names = RowNames::of(r);
+    let mut head = names.head;
+    head.push("arm".into());
+    head.extend(Channel::ALL.iter().map(|ch| ch.name().to_string()));
+    let mut rows = Vec::new();
+    for (c, prefix) in r.cells.iter().zip(&names.rows) {
+        for a in &c.arms {
+            let mut row = prefix.clone();
+            row.push(a.arm.clone());
+            row.extend(
+                Channel::ALL
+                    .iter()
+                    .map(|ch| a.channels[ch.name()].to_string()),
+            );
+            rows.push(row);
+        }
+    }
+    Table { head, rows }
+}
+
+/// The grid's tables, for a report of more than one cell.
+fn grid_tables(r: &Report, md: bool) -> String {
+    let (_, fixed) = varying(r);
+    let fixed: Vec<String> = fixed.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let sections = [
+        (
+            "Strict episode success: rate [Wilson 95%] / decline-aware rate",
+            grid_table(r),
+        ),
+        (
+            "Adjacent rungs: exact McNemar p on shared seeds, Holm over the table (primary / decline-aware)",
+            grid_contrast_table(r),
+        ),
+        ("Error channels (primary scoring)", grid_channel_table(r)),
+    ];
+    let mut s = String::new();
+    if md {
+        let _ = writeln!(
+            s,
+            "## Grid ({} cells; {})\n",
+            r.cells.len(),
+            fixed.join(" ")
+        );
+    } else {
+        let _ = writeln!(s, "== Grid ({} cells; {})", r.cells.len(), fixed.join(" "));
+    }
+    for (name, t) in sections {
+        if md {
+            let _ = writeln!(s, "**{name}**\n\n{}", t.md());
+        } else {
+            let _ = writeln!(s, "{name}\n{}", t.text());
+        }
+    }
+    s
+}
+
+/// Every table of every cell, as aligned text or Markdown; a report of
+/// several cells opens with the grid's tables.
 fn tables(r: &Report, md: bool) -> String {
     let mut s = String::new();
+    if r.cells.len() > 1 {
+        s += &grid_tables(r, md);
+    }
     for c in &r.cells {
         let title = cell_title(c);
         let sections = [

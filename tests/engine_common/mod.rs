@@ -218,3 +218,43 @@ pub fn check_batch_invariance<D: Device>(
         assert_eq!(batched.content, alone.content);
     }
 }
+
+/// A copy of a tiny fixture with a longer context.
+pub fn tiny_copy(dir: &Path, name: &str, context: u64) -> PathBuf {
+    let src = root().join("tests/fixtures/engine").join(name);
+    let dst = dir.join(format!("{name}-{context}"));
+    std::fs::create_dir_all(&dst).unwrap();
+    for e in std::fs::read_dir(&src).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dst.join(e.file_name())).unwrap();
+    }
+    let cfg = dst.join("config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&cfg).unwrap()).unwrap();
+    v["max_position_embeddings"] = context.into();
+    std::fs::write(&cfg, v.to_string()).unwrap();
+    dst
+}
+
+/// The tiny random-weight Qwen2 fixture with a context long enough for
+/// whole ladder episodes: early turns generate, later ones overflow
+/// (random weights never stop early), so both paths run.
+pub fn tiny_model_long(dir: &Path) -> PathBuf {
+    tiny_copy(dir, "tiny-qwen2", 4096)
+}
+
+/// A run directory's episode records without the fields that measure time.
+pub fn stable_records(dir: &Path) -> Vec<String> {
+    let mut v = statebench::ladder::run::runlog::read_run(dir)
+        .unwrap()
+        .episodes;
+    v.sort_by_key(|r| (r.seed, r.arm));
+    v.into_iter()
+        .map(|mut r| {
+            r.wall_s = 0.0;
+            r.usage.prefill_secs = 0.0;
+            r.usage.decode_secs = 0.0;
+            serde_json::to_string(&r).unwrap()
+        })
+        .collect()
+}

@@ -2,7 +2,7 @@
 //! on a list of arms, logged to a run directory and resumable.
 
 use std::collections::HashMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
@@ -273,9 +273,27 @@ impl Parts for CellParts {
     }
 }
 
-/// One episode's compile, done once by whichever worker needs it first
-/// (`None` when that worker failed and recorded why).
+/// One compile, done once by whichever worker needs it first (`None` when
+/// that worker failed and recorded why).
 type CompileSlot = Arc<OnceLock<Option<Compiled>>>;
+
+/// What a compile is a function of. A model compile reads the brief, the
+/// step list and the revision message, so cells whose episodes agree on
+/// those share it (as the paper shares one compile per domain, S, ρ and
+/// seed); the oracle reads the generator's graph, so it is per episode.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum CompileKey {
+    Model {
+        thinking: bool,
+        brief: String,
+        steps: String,
+        revision: String,
+    },
+    Episode {
+        cell: usize,
+        seed: u64,
+    },
+}
 
 /// Summary of a cell run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -297,42 +315,112 @@ pub fn run_cell(
     concurrency: usize,
     progress: bool,
 ) -> Result<CellProgress, CellError> {
-    // Check the configuration before touching the directory.
-    cfg.validate()?;
-    let manifest = Manifest {
-        format: RUN_FORMAT.to_string(),
-        config: cfg.clone(),
-        model: parts.model(),
-        crate_version: env!("CARGO_PKG_VERSION").to_string(),
-        git_commit: git_commit(),
-    };
-    let dir = RunDir::open(out, &manifest)?;
-    let total = cfg.episodes as usize * cfg.arms.len();
-    let jobs: Vec<(u64, Arm)> = cfg
-        .seeds()
-        .flat_map(|s| cfg.arms.iter().map(move |a| (s, *a)))
-        .filter(|(s, a)| !dir.is_finished(*s, *a))
-        .collect();
-    let skipped = total - jobs.len();
-    let cell = Workers {
-        cfg,
+    let job = CellJob {
+        name: out.display().to_string(),
+        cfg: cfg.clone(),
         parts,
+        out: out.to_path_buf(),
+        seeds: None,
+    };
+    let bar = progress_bar(progress);
+    let p = run_cells(&[job], cache, concurrency, &bar)?;
+    bar.finish_and_clear();
+    Ok(p[0])
+}
+
+/// One cell of a run over several: its configuration, parts, directory,
+/// and the seeds this process runs (all of them, or a shard's).
+pub struct CellJob<'a> {
+    /// What progress lines call the cell.
+    pub name: String,
+    pub cfg: CellConfig,
+    pub parts: &'a dyn Parts,
+    pub out: PathBuf,
+    /// A subset of `cfg.seeds()`, or None for all.
+    pub seeds: Option<Vec<u64>>,
+}
+
+/// Runs (or resumes) several cells through one pool of `concurrency`
+/// workers, so the batch stays full across cell boundaries. The cells'
+/// model parts must share one model: compiles with equal inputs are
+/// shared between cells. Longer episodes start first, so the last batch
+/// is not one long straggler.
+pub fn run_cells(
+    cells: &[CellJob<'_>],
+    cache: Option<&ParaphraseCache>,
+    concurrency: usize,
+    bar: &ProgressBar,
+) -> Result<Vec<CellProgress>, CellError> {
+    // Check every configuration before touching any directory.
+    for c in cells {
+        c.cfg.validate()?;
+    }
+    let mut dirs = Vec::new();
+    let mut jobs: Vec<(usize, u64, Arm)> = Vec::new();
+    let mut progress = Vec::new();
+    for (i, c) in cells.iter().enumerate() {
+        let manifest = Manifest {
+            format: RUN_FORMAT.to_string(),
+            config: c.cfg.clone(),
+            model: c.parts.model(),
+            crate_version: env!("CARGO_PKG_VERSION").to_string(),
+            git_commit: git_commit(),
+        };
+        let dir = RunDir::open(&c.out, &manifest)?;
+        let seeds: Vec<u64> = match &c.seeds {
+            Some(s) => s.clone(),
+            None => c.cfg.seeds().collect(),
+        };
+        let all: Vec<(usize, u64, Arm)> = seeds
+            .iter()
+            .flat_map(|&s| c.cfg.arms.iter().map(move |&a| (i, s, a)))
+            .collect();
+        let todo: Vec<_> = all
+            .iter()
+            .copied()
+            .filter(|&(_, s, a)| !dir.is_finished(s, a))
+            .collect();
+        progress.push(CellProgress {
+            ran: 0,
+            skipped: all.len() - todo.len(),
+        });
+        jobs.extend(todo);
+        dirs.push(Mutex::new(dir));
+    }
+    // Longest episodes first (turns grow with S), then seed and arm order.
+    jobs.sort_by_key(|&(i, s, a)| {
+        let c = &cells[i].cfg;
+        let arm = c.arms.iter().position(|x| *x == a);
+        (std::cmp::Reverse(c.steps), s, i, arm)
+    });
+    let total: usize = progress.iter().map(|p| p.skipped).sum::<usize>() + jobs.len();
+    bar.set_length(total as u64);
+    bar.set_position(progress.iter().map(|p| p.skipped as u64).sum());
+    let left: Vec<AtomicUsize> = cells
+        .iter()
+        .enumerate()
+        .map(|(i, _)| AtomicUsize::new(jobs.iter().filter(|j| j.0 == i).count()))
+        .collect();
+    let pool = Workers {
+        cells,
         cache,
         compiled: Mutex::new(HashMap::new()),
-        dir: Mutex::new(dir),
+        dirs,
+        left,
         failed: Mutex::new(None),
         tokens: AtomicUsize::new(0),
+        done: AtomicUsize::new(0),
         started: Instant::now(),
-        bar: progress_bar(progress, total, skipped),
+        bar,
     };
     let next = AtomicUsize::new(0);
     let work = || {
-        while !cell.failed() {
-            let Some(&(seed, arm)) = jobs.get(next.fetch_add(1, Ordering::SeqCst)) else {
+        while !pool.failed() {
+            let Some(&(cell, seed, arm)) = jobs.get(next.fetch_add(1, Ordering::SeqCst)) else {
                 return;
             };
-            if let Err(e) = cell.run(seed, arm) {
-                cell.fail(e);
+            if let Err(e) = pool.run(cell, seed, arm) {
+                pool.fail(e);
             }
         }
     };
@@ -341,43 +429,45 @@ pub fn run_cell(
             s.spawn(work);
         }
     });
-    cell.bar.finish_and_clear();
-    if let Some(e) = cell.failed.into_inner().ok().flatten() {
+    if let Some(e) = pool.failed.into_inner().ok().flatten() {
         return Err(e);
     }
-    let ran = next.load(Ordering::SeqCst).min(jobs.len());
-    Ok(CellProgress { ran, skipped })
+    for (i, p) in progress.iter_mut().enumerate() {
+        let n = jobs.iter().filter(|j| j.0 == i).count();
+        p.ran = n - pool.left[i].load(Ordering::SeqCst);
+    }
+    Ok(progress)
 }
 
-fn progress_bar(show: bool, total: usize, done: usize) -> ProgressBar {
+/// A progress bar over episode-arms (hidden when `show` is false).
+pub fn progress_bar(show: bool) -> ProgressBar {
     if !show {
         return ProgressBar::hidden();
     }
-    let b = ProgressBar::new(total as u64);
+    let b = ProgressBar::new(0);
     b.set_style(
-        ProgressStyle::with_template(
-            "{bar:40} {pos}/{len} episode-arms  {per_sec}  eta {eta}  {msg}",
-        )
-        .expect("static template"),
+        ProgressStyle::with_template("{bar:40} {pos}/{len} episode-arms  {msg}  eta {eta}")
+            .expect("static template"),
     );
-    b.set_position(done as u64);
     b
 }
 
-/// What the worker threads of one cell share.
+/// What the worker threads of a run share.
 struct Workers<'a> {
-    cfg: &'a CellConfig,
-    parts: &'a dyn Parts,
+    cells: &'a [CellJob<'a>],
     cache: Option<&'a ParaphraseCache>,
-    /// One compile per episode, shared by its module arms.
-    compiled: Mutex<HashMap<u64, CompileSlot>>,
-    dir: Mutex<RunDir>,
+    compiled: Mutex<HashMap<CompileKey, CompileSlot>>,
+    dirs: Vec<Mutex<RunDir>>,
+    /// Episode-arms each cell has left to run.
+    left: Vec<AtomicUsize>,
     /// The first error; the other workers stop taking jobs.
     failed: Mutex<Option<CellError>>,
     /// Completion tokens so far, for the progress bar.
     tokens: AtomicUsize,
+    /// Episode-arms run so far.
+    done: AtomicUsize,
     started: Instant,
-    bar: ProgressBar,
+    bar: &'a ProgressBar,
 }
 
 impl Workers<'_> {
@@ -391,53 +481,81 @@ impl Workers<'_> {
         }
     }
 
-    /// Runs one episode-arm and appends it to the run directory.
-    fn run(&self, seed: u64, arm: Arm) -> Result<(), CellError> {
-        let ep = generate(&self.cfg.episode(seed), self.cache)?;
-        let slot = self
-            .compiled
-            .lock()
-            .map(|mut m| m.entry(seed).or_default().clone())
-            .expect("compile cache lock");
+    /// Runs one episode-arm and appends it to its cell's run directory.
+    fn run(&self, cell: usize, seed: u64, arm: Arm) -> Result<(), CellError> {
+        let job = &self.cells[cell];
+        let ep = generate(&job.cfg.episode(seed), self.cache)?;
+        let slot = self.slot(cell, &ep);
         let compiled = match arm.uses_module() {
             // The first worker to need the compile runs it; the others wait.
-            true => match slot.get_or_init(|| self.compile(&ep)) {
+            true => match slot.get_or_init(|| self.compile(job, &ep)) {
                 Some(c) => Some(c),
                 None => return Ok(()),
             },
             false => None,
         };
-        let mut agent = self.parts.agent()?;
-        let mut matcher = self.parts.matcher()?;
+        let mut agent = job.parts.agent()?;
+        let mut matcher = job.parts.matcher()?;
         let (rec, turns) = run_episode(
             &ep,
             arm,
             &mut *agent,
             &mut *matcher,
             compiled,
-            &self.cfg.options,
+            &job.cfg.options,
         );
         if let Some(why) = agent.broken() {
             return Err(CellError::ModelBroken(why.to_string()));
         }
-        match self.dir.lock() {
+        match self.dirs[cell].lock() {
             Ok(mut dir) => dir.append(&rec, &turns)?,
             // Another worker panicked; the thread scope re-raises it.
             Err(_) => return Ok(()),
         }
-        let n = rec.usage.completion_tokens;
-        let n = self.tokens.fetch_add(n, Ordering::SeqCst) + n;
-        if n > 0 {
-            let rate = n as f64 / self.started.elapsed().as_secs_f64();
-            self.bar.set_message(format!("{rate:.1} tok/s"));
-        }
-        self.bar.inc(1);
+        self.tick(cell, rec.usage.completion_tokens);
         Ok(())
     }
 
+    /// Counts a finished episode-arm on the bar, and a finished cell.
+    fn tick(&self, cell: usize, tokens: usize) {
+        let n = self.tokens.fetch_add(tokens, Ordering::SeqCst) + tokens;
+        let done = self.done.fetch_add(1, Ordering::SeqCst) + 1;
+        let hours = self.started.elapsed().as_secs_f64() / 3600.0;
+        let mut msg = format!("{:.0} episode-arms/h", done as f64 / hours);
+        if n > 0 {
+            msg += &format!("  {:.1} tok/s", n as f64 / (hours * 3600.0));
+        }
+        self.bar.set_message(msg);
+        self.bar.inc(1);
+        let last = self.left[cell].fetch_sub(1, Ordering::SeqCst) == 1;
+        if last && self.cells.len() > 1 {
+            self.bar
+                .println(format!("finished {}", self.cells[cell].name));
+        }
+    }
+
+    /// The compile slot an episode of a cell uses.
+    fn slot(&self, cell: usize, ep: &Episode) -> CompileSlot {
+        let cfg = &self.cells[cell].cfg;
+        let key = match cfg.compiler {
+            Source::Model => CompileKey::Model {
+                thinking: cfg.thinking,
+                brief: ep.brief.clone(),
+                steps: ep.step_list(),
+                revision: ep.revision.message.clone(),
+            },
+            Source::Oracle => CompileKey::Episode {
+                cell,
+                seed: ep.config.seed,
+            },
+        };
+        let mut map = self.compiled.lock().expect("compile cache lock");
+        map.entry(key).or_default().clone()
+    }
+
     /// Compiles an episode's plan and revision; records why if it cannot.
-    fn compile(&self, ep: &Episode) -> Option<Compiled> {
-        match self.parts.compiler() {
+    fn compile(&self, job: &CellJob<'_>, ep: &Episode) -> Option<Compiled> {
+        match job.parts.compiler() {
             Ok(mut compiler) => Some(Compiled::compile(&mut *compiler, ep)),
             Err(e) => {
                 self.fail(e);

@@ -2,6 +2,7 @@
 //! directory, reading run logs back, and replaying recorded replies.
 
 pub mod cell;
+pub mod grid;
 pub mod replay;
 pub mod runlog;
 pub mod runner;

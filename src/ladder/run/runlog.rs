@@ -436,12 +436,26 @@ pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
         .map(|t| t.record)
         .filter(|r| seen.insert((r.seed, r.arm)))
         .collect();
-    Ok(RunRead {
+    let mut run = RunRead {
         dir: dir.to_path_buf(),
         manifest,
         episodes,
         foreign: foreign.len(),
-    })
+    };
+    run.sort();
+    Ok(run)
+}
+
+impl RunRead {
+    /// Puts the episodes in seed order, arms in the cell's order, keeping
+    /// the first of duplicates: a report does not depend on the order in
+    /// which episodes finished, or on which shard ran them.
+    pub fn sort(&mut self) {
+        let arms = &self.manifest.config.arms;
+        let pos = |a: Arm| arms.iter().position(|x| *x == a);
+        self.episodes.sort_by_key(|e| (e.seed, pos(e.arm)));
+        self.episodes.dedup_by_key(|e| (e.seed, e.arm));
+    }
 }
 
 /// Reads the turn lines of finished episodes (those of unfinished attempts are skipped).
