@@ -287,7 +287,31 @@ pub struct ReportArgs {
     dirs: Vec<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value = "text")]
-    format: Format,
+    format: ReportFormat,
+    /// Where to write: a directory for svg (required), a file for the
+    /// others (default: standard output).
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Seeds per cell the HTML episode browser holds.
+    #[arg(long, default_value_t = 16)]
+    browse_seeds: usize,
+}
+
+/// What `ladder report` writes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ReportFormat {
+    /// Aligned terminal tables.
+    Text,
+    /// Markdown tables.
+    Md,
+    /// Comma-separated values, one row per cell and arm.
+    Csv,
+    /// The JSON document described in the README.
+    Json,
+    /// The figures, one SVG file each, into the --out directory.
+    Svg,
+    /// One self-contained HTML page: tables, figures, episode browser.
+    Html,
 }
 
 #[derive(Args)]
@@ -321,25 +345,6 @@ pub struct ParaphraseArgs {
     backend: BackendArgs,
 }
 
-fn describe(label: &Label) -> String {
-    let ids = |v: &[StepId]| {
-        v.iter()
-            .map(|s| s.to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    match label {
-        Label::Execute { step } => format!("execute {step}"),
-        Label::Redo { step } => format!("execute {step} again (authorized)"),
-        Label::Confirm { step } => format!("confirm {step} done, book nothing"),
-        Label::Blocked { step, missing } => {
-            format!("{step} blocked on {}, book nothing", ids(missing))
-        }
-        Label::Decline { step } => format!("decline cancelled {step}"),
-        Label::Nothing => "book nothing".into(),
-    }
-}
-
 fn episode(a: EpisodeArgs) -> Result<()> {
     let cache = a.spec.cache()?;
     let ep = generate(&a.spec.config(a.seed), cache.as_ref())?;
@@ -363,7 +368,7 @@ fn episode(a: EpisodeArgs) -> Result<()> {
             t.kind.name(),
             step,
             t.message,
-            describe(l)
+            l.describe()
         );
     }
     emit(&out)
@@ -483,7 +488,33 @@ fn paraphrase_cmd(a: ParaphraseArgs) -> Result<()> {
 
 fn report_cmd(a: ReportArgs) -> Result<()> {
     let runs = read_runs(&a.dirs)?;
-    emit(&report::render(&report::build(&runs), a.format))
+    let r = report::build(&runs);
+    let text = match a.format {
+        ReportFormat::Text => report::render(&r, Format::Text),
+        ReportFormat::Md => report::render(&r, Format::Md),
+        ReportFormat::Csv => report::render(&r, Format::Csv),
+        ReportFormat::Json => report::render(&r, Format::Json),
+        ReportFormat::Html => report::html::page(&r, &runs, a.browse_seeds)?,
+        ReportFormat::Svg => {
+            let Some(dir) = &a.out else {
+                bail!("--format svg writes one file per figure: give a directory with --out");
+            };
+            std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+            for f in report::html::all_figures(&r, &runs)? {
+                let path = dir.join(format!("{}.svg", f.name));
+                std::fs::write(&path, &f.svg)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                eprintln!("{}: {}", path.display(), f.title);
+            }
+            return Ok(());
+        }
+    };
+    match &a.out {
+        Some(path) => {
+            std::fs::write(path, text).with_context(|| format!("writing {}", path.display()))
+        }
+        None => emit(&text),
+    }
 }
 
 fn grid(a: GridArgs) -> Result<()> {

@@ -90,6 +90,27 @@ impl Table {
         s
     }
 
+    fn html(&self) -> String {
+        let esc = |c: &str| {
+            c.replace('&', "&amp;")
+                .replace('<', "&lt;")
+                .replace('>', "&gt;")
+        };
+        let mut s = String::from("<table>\n<thead><tr>");
+        for h in &self.head {
+            let _ = write!(s, "<th>{}</th>", esc(h));
+        }
+        s += "</tr></thead>\n<tbody>\n";
+        for r in &self.rows {
+            s += "<tr>";
+            for c in r {
+                let _ = write!(s, "<td>{}</td>", esc(c));
+            }
+            s += "</tr>\n";
+        }
+        s + "</tbody>\n</table>\n"
+    }
+
     fn md(&self) -> String {
         let mut s = format!("| {} |\n", self.head.join(" | "));
         s += &format!("|{}\n", " --- |".repeat(self.head.len()));
@@ -296,8 +317,8 @@ pub fn render(r: &Report, format: Format) -> String {
     match format {
         Format::Json => serde_json::to_string_pretty(r).expect("report serializes") + "\n",
         Format::Csv => csv(r),
-        Format::Text => tables(r, false),
-        Format::Md => tables(r, true),
+        Format::Text => tables(r, Style::Text),
+        Format::Md => tables(r, Style::Md),
     }
 }
 
@@ -356,7 +377,7 @@ fn csv(r: &Report) -> String {
 }
 
 /// The configuration fields a grid varies, as (column, value) per cell.
-fn cell_fields(c: &CellReport) -> Vec<(&'static str, String)> {
+pub(crate) fn cell_fields(c: &CellReport) -> Vec<(&'static str, String)> {
     let g = &c.config;
     let model = g
         .agent
@@ -381,7 +402,7 @@ fn cell_fields(c: &CellReport) -> Vec<(&'static str, String)> {
 }
 
 /// The fields that vary across the report's cells, and the fixed ones.
-fn varying(r: &Report) -> (Vec<usize>, Vec<(&'static str, String)>) {
+pub(crate) fn varying(r: &Report) -> (Vec<usize>, Vec<(&'static str, String)>) {
     let all: Vec<_> = r.cells.iter().map(cell_fields).collect();
     let mut vary = Vec::new();
     let mut fixed = Vec::new();
@@ -417,7 +438,7 @@ impl RowNames {
 }
 
 /// Every arm of the report, in the order cells list them.
-fn report_arms(r: &Report) -> Vec<String> {
+pub(crate) fn report_arms(r: &Report) -> Vec<String> {
     let mut arms: Vec<String> = Vec::new();
     for c in &r.cells {
         for a in &c.arms {
@@ -515,8 +536,38 @@ fn grid_channel_table(r: &Report) -> Table {
     Table { head, rows }
 }
 
+/// How tables and headings are written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Style {
+    Text,
+    Md,
+    Html,
+}
+
+impl Style {
+    fn heading(self, level: usize, text: &str) -> String {
+        match self {
+            Style::Text => format!("{} {text}\n", "=".repeat(level)),
+            Style::Md => format!("{} {text}\n\n", "#".repeat(level + 1)),
+            Style::Html => format!(
+                "<h{l}>{}</h{l}>\n",
+                text.replace('&', "&amp;").replace('<', "&lt;"),
+                l = level + 1
+            ),
+        }
+    }
+
+    fn section(self, name: &str, t: &Table) -> String {
+        match self {
+            Style::Text => format!("{name}\n{}\n", t.text()),
+            Style::Md => format!("**{name}**\n\n{}\n", t.md()),
+            Style::Html => format!("<p class=\"caption\">{name}</p>\n{}", t.html()),
+        }
+    }
+}
+
 /// The grid's tables, for a report of more than one cell.
-fn grid_tables(r: &Report, md: bool) -> String {
+fn grid_tables(r: &Report, style: Style) -> String {
     let (_, fixed) = varying(r);
     let fixed: Vec<String> = fixed.iter().map(|(k, v)| format!("{k}={v}")).collect();
     let sections = [
@@ -530,33 +581,20 @@ fn grid_tables(r: &Report, md: bool) -> String {
         ),
         ("Error channels (primary scoring)", grid_channel_table(r)),
     ];
-    let mut s = String::new();
-    if md {
-        let _ = writeln!(
-            s,
-            "## Grid ({} cells; {})\n",
-            r.cells.len(),
-            fixed.join(" ")
-        );
-    } else {
-        let _ = writeln!(s, "== Grid ({} cells; {})", r.cells.len(), fixed.join(" "));
-    }
+    let title = format!("Grid ({} cells; {})", r.cells.len(), fixed.join(" "));
+    let mut s = style.heading(1, &title);
     for (name, t) in sections {
-        if md {
-            let _ = writeln!(s, "**{name}**\n\n{}", t.md());
-        } else {
-            let _ = writeln!(s, "{name}\n{}", t.text());
-        }
+        s += &style.section(name, &t);
     }
     s
 }
 
-/// Every table of every cell, as aligned text or Markdown; a report of
-/// several cells opens with the grid's tables.
-fn tables(r: &Report, md: bool) -> String {
+/// Every table of every cell; a report of several cells opens with the
+/// grid's tables.
+fn tables(r: &Report, style: Style) -> String {
     let mut s = String::new();
     if r.cells.len() > 1 {
-        s += &grid_tables(r, md);
+        s += &grid_tables(r, style);
     }
     for c in &r.cells {
         let title = cell_title(c);
@@ -574,21 +612,17 @@ fn tables(r: &Report, md: bool) -> String {
                 compile_table(c),
             ),
         ];
-        if md {
-            let _ = writeln!(s, "### {title}\n");
-        } else {
-            let _ = writeln!(s, "== {title}");
-        }
+        s += &style.heading(2, &title);
         for (name, t) in sections {
-            if t.rows.is_empty() {
-                continue;
-            }
-            if md {
-                let _ = writeln!(s, "**{name}**\n\n{}", t.md());
-            } else {
-                let _ = writeln!(s, "{name}\n{}", t.text());
+            if !t.rows.is_empty() {
+                s += &style.section(name, &t);
             }
         }
     }
     s
+}
+
+/// Every table as HTML, for the HTML report.
+pub(crate) fn html_tables(r: &Report) -> String {
+    tables(r, Style::Html)
 }

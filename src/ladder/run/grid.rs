@@ -509,7 +509,8 @@ impl std::str::FromStr for Shard {
 
 impl Shard {
     /// The shard a scheduler's job array names: Slurm's
-    /// `SLURM_ARRAY_TASK_ID`/`SLURM_ARRAY_TASK_COUNT`, or a Kubernetes
+    /// `SLURM_ARRAY_TASK_ID` (less `SLURM_ARRAY_TASK_MIN`) of
+    /// `SLURM_ARRAY_TASK_COUNT`, or a Kubernetes
     /// Indexed Job's `JOB_COMPLETION_INDEX` with `STATEBENCH_SHARD_COUNT`
     /// (Kubernetes does not export the completion count).
     pub fn from_env() -> Result<Option<Shard>, GridError> {
@@ -520,7 +521,14 @@ impl Shard {
             var("JOB_COMPLETION_INDEX"),
             var("STATEBENCH_SHARD_COUNT"),
         ) {
-            (Some(i), Some(n), _, _) => Some((i, n)),
+            // Array ids may start above 0 (`--array=1-8`).
+            (Some(i), Some(n), _, _) => Some(match var("SLURM_ARRAY_TASK_MIN") {
+                Some(min) => match (i.parse::<u64>(), min.parse::<u64>()) {
+                    (Ok(a), Ok(b)) if a >= b => ((a - b).to_string(), n),
+                    _ => (i, n),
+                },
+                None => (i, n),
+            }),
             (_, _, Some(i), Some(n)) => Some((i, n)),
             _ => None,
         };
@@ -728,6 +736,7 @@ pub fn read_runs(dirs: &[PathBuf]) -> Result<Vec<RunRead>, GridError> {
                         });
                     }
                     into.foreign += run.foreign;
+                    into.paths.append(&mut run.paths);
                     into.episodes.append(&mut run.episodes);
                 }
             }

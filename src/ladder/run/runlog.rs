@@ -395,8 +395,11 @@ impl RunDir {
 /// A finished run read back for reporting.
 #[derive(Debug, Clone)]
 pub struct RunRead {
-    /// The directory.
+    /// The directory, or the cell's name in a grid.
     pub dir: PathBuf,
+    /// The directories whose logs it holds (several for a grid cell run
+    /// in shards).
+    pub paths: Vec<PathBuf>,
     pub manifest: Manifest,
     /// Finished episodes, first line per (seed, arm).
     pub episodes: Vec<EpisodeRecord>,
@@ -438,6 +441,7 @@ pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
         .collect();
     let mut run = RunRead {
         dir: dir.to_path_buf(),
+        paths: vec![dir.to_path_buf()],
         manifest,
         episodes,
         foreign: foreign.len(),

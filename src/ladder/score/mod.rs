@@ -45,6 +45,26 @@ pub enum Label {
 }
 
 impl Label {
+    /// What the perfect agent does, in words.
+    pub fn describe(&self) -> String {
+        let ids = |v: &[StepId]| {
+            v.iter()
+                .map(|s| s.to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        match self {
+            Label::Execute { step } => format!("execute {step}"),
+            Label::Redo { step } => format!("execute {step} again (authorized)"),
+            Label::Confirm { step } => format!("confirm {step} done, book nothing"),
+            Label::Blocked { step, missing } => {
+                format!("{step} blocked on {}, book nothing", ids(missing))
+            }
+            Label::Decline { step } => format!("decline cancelled {step}"),
+            Label::Nothing => "book nothing".into(),
+        }
+    }
+
     /// Whether the correct response executes the step.
     pub fn executes(&self) -> Option<StepId> {
         match self {
