@@ -12,7 +12,9 @@ use crate::engine::device::Device;
 use crate::engine::model::BatchItem;
 use crate::engine::Engine;
 use crate::ladder::arms::Arm;
-use crate::ladder::run::cell::{run_cell, CellConfig, CellError, CellParts};
+use crate::ladder::run::cell::{
+    progress_bar, run_cell, run_cells, CellConfig, CellError, CellJob, CellParts,
+};
 use crate::ladder::run::runlog::{read_run, read_turns, RunRead};
 
 /// What `bench` measures on the engine.
@@ -213,6 +215,16 @@ fn conversation<D: Device>(
     Ok((costs, mean))
 }
 
+/// Replies and bookings per (seed, arm, turn) of a run directory.
+fn transcripts(d: &Path) -> Result<Vec<String>, CellError> {
+    let mut v: Vec<String> = read_turns(d)?
+        .into_iter()
+        .map(|t| serde_json::json!([t.seed, t.arm, t.turn, t.replies, t.bookings]).to_string())
+        .collect();
+    v.sort();
+    Ok(v)
+}
+
 /// One arm's rates in the cell benchmark.
 #[derive(Debug, Clone)]
 pub struct ArmRates {
@@ -261,14 +273,6 @@ pub fn cell(
         .iter()
         .map(|(d, _)| read_run(d))
         .collect::<Result<_, _>>()?;
-    let transcripts = |d: &Path| -> Result<Vec<String>, CellError> {
-        let mut v: Vec<String> = read_turns(d)?
-            .into_iter()
-            .map(|t| serde_json::json!([t.seed, t.arm, t.turn, t.replies, t.bookings]).to_string())
-            .collect();
-        v.sort();
-        Ok(v)
-    };
     let identical = transcripts(&walls[0].0)? == transcripts(&walls[1].0)?;
     let (batched_secs, sequential_secs) = (walls[0].1, walls[1].1);
     let (mut prompt, mut cached) = (0usize, 0usize);
@@ -308,5 +312,86 @@ pub fn cell(
         sequential_secs,
         identical,
         arms,
+    })
+}
+
+/// A grid in one process against its cells one after another.
+#[derive(Debug, Clone)]
+pub struct GridBench {
+    pub cells: Vec<CellConfig>,
+    pub model: String,
+    /// Episode-arms in flight at most, in both runs.
+    pub live: usize,
+    pub grid_secs: f64,
+    pub sequence_secs: f64,
+    /// Episode-arms in the grid.
+    pub episode_arms: usize,
+    /// Whether both runs wrote the same replies and bookings.
+    pub identical: bool,
+}
+
+impl GridBench {
+    pub fn grid_per_hour(&self) -> f64 {
+        self.episode_arms as f64 / self.grid_secs * 3600.0
+    }
+    pub fn sequence_per_hour(&self) -> f64 {
+        self.episode_arms as f64 / self.sequence_secs * 3600.0
+    }
+}
+
+/// Runs `cells` as one grid (one pool of `live` workers over every cell),
+/// then as a sequence of cells (each with its own pool of `live`), in run
+/// directories under `scratch` (removed afterwards).
+pub fn grid(
+    client: Client,
+    model: ModelIdentity,
+    cells: Vec<CellConfig>,
+    live: usize,
+    scratch: &Path,
+) -> Result<GridBench, CellError> {
+    let parts: Vec<CellParts> = cells
+        .iter()
+        .map(|c| CellParts::model(client.clone(), model.clone(), c.thinking))
+        .collect();
+    let dir = |run: &str, i: usize| scratch.join(run).join(format!("cell{i}"));
+    let _ = std::fs::remove_dir_all(scratch);
+    let t = Instant::now();
+    let jobs: Vec<CellJob> = cells
+        .iter()
+        .zip(&parts)
+        .enumerate()
+        .map(|(i, (c, p))| CellJob {
+            name: format!("cell{i}"),
+            cfg: c.clone(),
+            parts: p,
+            out: dir("grid", i),
+            seeds: None,
+        })
+        .collect();
+    let bar = progress_bar(true);
+    run_cells(&jobs, None, live, &bar)?;
+    bar.finish_and_clear();
+    let grid_secs = t.elapsed().as_secs_f64();
+    let t = Instant::now();
+    for (i, (c, p)) in cells.iter().zip(&parts).enumerate() {
+        run_cell(c, p, None, &dir("sequence", i), live, true)?;
+    }
+    let sequence_secs = t.elapsed().as_secs_f64();
+    let mut identical = true;
+    for i in 0..cells.len() {
+        identical &= transcripts(&dir("grid", i))? == transcripts(&dir("sequence", i))?;
+    }
+    let _ = std::fs::remove_dir_all(scratch);
+    Ok(GridBench {
+        episode_arms: cells
+            .iter()
+            .map(|c| c.episodes as usize * c.arms.len())
+            .sum(),
+        cells,
+        model: model.name,
+        live,
+        grid_secs,
+        sequence_secs,
+        identical,
     })
 }

@@ -4,10 +4,12 @@
 use anyhow::Result;
 use clap::Args;
 
-use statebench::backend::Backend;
+use statebench::backend::shared::SharedBackend;
+use statebench::backend::{Backend, ModelIdentity};
 use statebench::bench::{self, EngineBenchOptions};
 use statebench::engine::device::{Device, DeviceChoice};
 use statebench::engine::Engine;
+use statebench::ladder::episode::BriefVariant;
 use statebench::ladder::run::cell::CellConfig;
 
 use super::{emit, BackendArgs, ModelArgs};
@@ -40,7 +42,15 @@ pub struct BenchArgs {
     /// from cache.
     #[arg(long)]
     pub cell: bool,
-    /// Episodes per arm of the --cell benchmark.
+    /// Instead of the engine figures: run a 4-cell grid (S = 5 and 10, the
+    /// original and amended briefs, ρ = 0.15, four rungs) as one process
+    /// and as its cells one after another, and report episodes per hour.
+    #[arg(long, conflicts_with = "cell")]
+    pub grid: bool,
+    /// Episode-arms in flight at most in the --grid benchmark (both runs).
+    #[arg(long, default_value_t = 32)]
+    pub live: usize,
+    /// Episodes per arm of the --cell and --grid benchmarks.
     #[arg(long, default_value_t = 2)]
     pub cell_episodes: u64,
     /// Steps S of the --cell benchmark.
@@ -51,6 +61,9 @@ pub struct BenchArgs {
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.cell {
         return cell(a);
+    }
+    if a.grid {
+        return grid(a);
     }
     super::check::with_engine!(a.model, |e| engine(&a, &mut e))
 }
@@ -110,16 +123,56 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
     Ok(())
 }
 
-fn cell(a: BenchArgs) -> Result<()> {
-    let backend = BackendArgs {
+/// The in-process engine for the live benchmarks.
+fn spawn(a: &BenchArgs) -> Result<(SharedBackend, ModelIdentity)> {
+    BackendArgs {
         model: a.model.clone(),
         endpoint: None,
         remote_model: None,
         api_key_env: String::new(),
         think: false,
         concurrency: usize::MAX,
-    };
-    let (shared, model) = backend.spawn()?;
+    }
+    .spawn()
+}
+
+fn grid(a: BenchArgs) -> Result<()> {
+    let (shared, model) = spawn(&a)?;
+    let mut cells = Vec::new();
+    for steps in [5, 10] {
+        for brief in [BriefVariant::Original, BriefVariant::Amended] {
+            let mut c = CellConfig::quickstart(&model.name, steps, a.cell_episodes);
+            c.brief = brief;
+            cells.push(c);
+        }
+    }
+    let scratch =
+        std::env::temp_dir().join(format!("statebench-bench-grid-{}", std::process::id()));
+    let b = bench::grid(shared.client(), model, cells, a.live, &scratch)?;
+    let mut out = format!(
+        "grid: procurement S=5,10 x brief original,amended, rho=0.15, {} episodes x 4 arms a cell, model {}, {} threads, at most {} episode-arms live\n",
+        a.cell_episodes, b.model, a.model.threads, b.live
+    );
+    out += &format!(
+        "one process:        {:>7.1} s  {:>7.1} episode-arms/hour\n",
+        b.grid_secs,
+        b.grid_per_hour()
+    );
+    out += &format!(
+        "cells in sequence:  {:>7.1} s  {:>7.1} episode-arms/hour\n",
+        b.sequence_secs,
+        b.sequence_per_hour()
+    );
+    out += &format!(
+        "ratio {:.2}; transcripts identical between the two: {}\n",
+        b.grid_per_hour() / b.sequence_per_hour(),
+        if b.identical { "yes" } else { "NO" }
+    );
+    emit(&out)
+}
+
+fn cell(a: BenchArgs) -> Result<()> {
+    let (shared, model) = spawn(&a)?;
     let cfg = CellConfig::quickstart(&model.name, a.cell_steps, a.cell_episodes);
     let scratch =
         std::env::temp_dir().join(format!("statebench-bench-cell-{}", std::process::id()));
