@@ -330,3 +330,51 @@ fn bad_grids_are_refused_in_one_line_and_write_nothing() {
     let err = String::from_utf8_lossy(&r.stderr);
     assert!(err.contains("another configuration or model"), "{err}");
 }
+
+#[test]
+fn the_documented_table2_grid_lists_its_cells_and_shards_cover_it() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/grid/table2.toml");
+    let f = file.to_str().unwrap();
+    let whole = run(&["ladder", "grid", f, "--dry-run"]);
+    // Five (S, ρ) pairs x two regimes, 128 episodes x 4 rungs each.
+    assert!(whole.ends_with("10 cells, 5120 episode-arms\n"), "{whole}");
+    assert!(whole.contains("think_S15_rho0.3 "), "{whole}");
+    let mut sum = 0;
+    let mut work = Vec::new();
+    for i in 0..8 {
+        let o = bin()
+            .args(["ladder", "grid", f, "--dry-run"])
+            .env("SLURM_ARRAY_TASK_ID", i.to_string())
+            .env("SLURM_ARRAY_TASK_COUNT", "8")
+            .output()
+            .unwrap();
+        let text = ok(o);
+        let last = text.lines().last().unwrap();
+        assert!(
+            last.contains(&format!("in shard {i}/8 (grid 5120)")),
+            "{last}"
+        );
+        sum += last.split(' ').nth(2).unwrap().parse::<u64>().unwrap();
+        // Expected work: episode-arms x S, from the cell lines.
+        let w: u64 = text
+            .lines()
+            .filter(|l| l.contains(" episodes x "))
+            .map(|l| {
+                let name = l.split_whitespace().next().unwrap();
+                let s: u64 = name
+                    .split('_')
+                    .find_map(|p| p.strip_prefix('S'))
+                    .unwrap()
+                    .parse()
+                    .unwrap();
+                let eps: u64 = l.split_whitespace().nth(1).unwrap().parse().unwrap();
+                eps * 4 * s
+            })
+            .sum();
+        work.push(w);
+    }
+    assert_eq!(sum, 5120);
+    // Balanced by expected work: no shard over its share by more than 5%.
+    let mean = work.iter().sum::<u64>() as f64 / 8.0;
+    assert!(work.iter().all(|&w| (w as f64) <= mean * 1.05), "{work:?}");
+}
