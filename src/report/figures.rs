@@ -258,14 +258,15 @@ pub fn channels(r: &Report) -> Figure {
         let s = &c.arms[a];
         f64::from(s.channels[ch.name()]) / s.episodes.max(1) as f64
     };
-    let max = r
+    let tallest = r
         .cells
         .iter()
         .flat_map(|c| {
             (0..c.arms.len()).map(move |a| Channel::ALL.iter().map(|&ch| per_ep(c, a, ch)).sum())
         })
-        .fold(0.0f64, f64::max)
-        .max(1.0);
+        .fold(0.0f64, f64::max);
+    let step = tick_step(tallest / 4.0);
+    let max = step * 4.0;
     let bars: usize = r.cells.iter().map(|c| c.arms.len()).sum();
     let (l, rt, t, b) = (56.0, 150.0, 36.0, 130.0);
     let (bw, gap) = (18.0, 24.0);
@@ -276,11 +277,11 @@ pub fn channels(r: &Report) -> Figure {
     let title = "Error channels per arm (violations per episode, primary scoring)";
     svg.text((l, 20.0), title, "start", 13.0, 0.0);
     for k in 0..=4 {
-        let v = max * k as f64 / 4.0;
+        let v = step * k as f64;
         svg.line((l, y_of(v)), (l + pw, y_of(v)), "#eeeeee", 1.0);
         svg.text(
             (l - 6.0, y_of(v) + 4.0),
-            &format!("{v:.1}"),
+            &format!("{}", (v * 1000.0).round() / 1000.0),
             "end",
             11.0,
             0.0,
@@ -338,6 +339,21 @@ pub fn channels(r: &Report) -> Figure {
         name: "channels".into(),
         title: title.into(),
         svg: svg.finish(title),
+    }
+}
+
+/// The smallest round step (1, 2, 2.5 or 5 times a power of ten, at
+/// least 0.25) not below `raw`, so the axis reads in round numbers.
+fn tick_step(raw: f64) -> f64 {
+    let mut p = 0.1f64;
+    loop {
+        for m in [1.0, 2.0, 2.5, 5.0] {
+            let s = m * p;
+            if s >= raw && s >= 0.25 {
+                return s;
+            }
+        }
+        p *= 10.0;
     }
 }
 
