@@ -1,0 +1,165 @@
+#!/usr/bin/env bash
+# statebench's engine against llama.cpp on the same GGUF and threads, in
+# interleaved rounds (statebench, llama.cpp, then llama.cpp, statebench, …)
+# so both see the same neighbours on a shared machine; prints each figure's
+# range per side and the ratio of the medians.
+#
+#   scripts/compare-llamacpp.sh            # engine figures, 2 rounds
+#   ROUNDS=4 scripts/compare-llamacpp.sh
+#   scripts/compare-llamacpp.sh --cell     # also a live cell: in-process
+#                                          # against llama-server -np 8
+#
+# llama.cpp is built on first use under target/llama.cpp from the vendored
+# copy in the llama-cpp-python sdist on PyPI (cmake from PyPI when missing;
+# native CPU flags; no curl, no OpenSSL). LLAMA_BIN=DIR uses binaries you
+# already have instead.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+ROUNDS=${ROUNDS:-2}
+THREADS=${THREADS:-2}
+MODEL=${MODEL:-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
+WORK=target/llama.cpp
+CELL=0
+[ "${1:-}" = "--cell" ] && CELL=1
+
+note() { printf '%s\n' "$*" >&2; }
+
+[ -f "$MODEL" ] || bash models/fetch.sh
+
+build_llama() {
+    local cmake
+    cmake=$(command -v cmake || true)
+    if [ -z "$cmake" ]; then
+        note "cmake: installing the PyPI wheel under $WORK/tools"
+        python3 -m pip install --quiet --disable-pip-version-check --target "$WORK/tools" cmake
+        cmake="$WORK/tools/cmake/data/bin/cmake"
+    fi
+    if [ ! -d "$WORK/src" ]; then
+        note "llama.cpp: fetching the llama-cpp-python sdist from PyPI"
+        mkdir -p "$WORK"
+        python3 - "$WORK" <<'EOF'
+import json, sys, tarfile, urllib.parse, urllib.request, io, shutil, os
+work = sys.argv[1]
+index = "https://pypi.org/pypi/llama-cpp-python/json"
+meta = json.load(urllib.request.urlopen(index))
+sdist = next(u for u in meta["urls"] if u["packagetype"] == "sdist")
+url = urllib.parse.urljoin(index, sdist["url"])
+data = urllib.request.urlopen(url).read()
+import hashlib
+assert hashlib.sha256(data).hexdigest() == sdist["digests"]["sha256"], "sdist sha256 mismatch"
+with tarfile.open(fileobj=io.BytesIO(data)) as t:
+    t.extractall(os.path.join(work, "sdist"))
+top = os.listdir(os.path.join(work, "sdist"))[0]
+shutil.move(os.path.join(work, "sdist", top, "vendor", "llama.cpp"), os.path.join(work, "src"))
+shutil.rmtree(os.path.join(work, "sdist"))
+print(f"llama.cpp from llama-cpp-python {meta['info']['version']}", file=sys.stderr)
+EOF
+    fi
+    # The CPU's own instruction sets, named one by one rather than
+    # -march=native: ggml's AMX path crashed (SIGSEGV in
+    # ggml_backend_amx_mul_mat) on a VM that reports AMX, so it stays off.
+    local flags=() f
+    for f in avx avx2 fma f16c bmi2 avx512f avx512_vnni avx512_bf16 avx512vbmi avx_vnni; do
+        if grep -qw "$f" /proc/cpuinfo; then
+            case $f in
+                avx512f) flags+=(-DGGML_AVX512=ON) ;;
+                avx512_vnni) flags+=(-DGGML_AVX512_VNNI=ON) ;;
+                avx512_bf16) flags+=(-DGGML_AVX512_BF16=ON) ;;
+                avx512vbmi) flags+=(-DGGML_AVX512_VBMI=ON) ;;
+                *) flags+=("-DGGML_$(echo "$f" | tr a-z A-Z)=ON") ;;
+            esac
+        fi
+    done
+    "$cmake" -S "$WORK/src" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+        "${flags[@]}" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
+        -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
+    "$cmake" --build "$WORK/build" -j "$(nproc)" \
+        --target llama-bench llama-batched-bench llama-server >/dev/null
+}
+
+LLAMA_BIN=${LLAMA_BIN:-$WORK/build/bin}
+if [ ! -x "$LLAMA_BIN/llama-bench" ] || [ ! -x "$LLAMA_BIN/llama-batched-bench" ]; then
+    build_llama
+fi
+[ -x target/release/statebench ] || cargo build --release
+SB=target/release/statebench
+OUT=$(mktemp -d)
+trap 'rm -rf "$OUT"' EXIT
+
+run_statebench() {
+    "$SB" bench --device cpu --model "$MODEL" --threads "$THREADS" \
+        --prefill-tokens 512 --batches 1,4,16,32 --decode-steps 32 --decode-context 64 \
+        --turns 1 >"$OUT/sb.$1.txt"
+}
+
+run_llama() {
+    "$LLAMA_BIN/llama-bench" -m "$MODEL" -t "$THREADS" -p 512 -n 0 -o csv \
+        >"$OUT/lb.$1.csv" 2>/dev/null
+    "$LLAMA_BIN/llama-batched-bench" -m "$MODEL" -t "$THREADS" -c 8192 -b 2048 -ub 512 \
+        -npp 64 -ntg 32 -npl 1,4,16,32 >"$OUT/lbb.$1.txt" 2>/dev/null
+}
+
+for r in $(seq 1 "$ROUNDS"); do
+    note "round $r of $ROUNDS"
+    if [ $((r % 2)) -eq 1 ]; then
+        run_statebench "$r"
+        run_llama "$r"
+    else
+        run_llama "$r"
+        run_statebench "$r"
+    fi
+done
+
+python3 - "$OUT" "$ROUNDS" <<'EOF'
+import csv, glob, re, statistics, sys
+out, rounds = sys.argv[1], int(sys.argv[2])
+sb = {k: [] for k in ["prefill 512", "decode b1", "decode b4", "decode b16", "decode b32"]}
+ll = {k: [] for k in sb}
+for r in range(1, rounds + 1):
+    text = open(f"{out}/sb.{r}.txt").read()
+    sb["prefill 512"].append(float(re.search(r"prefill: \d+ tokens in [\d.]+s = ([\d.]+) tok/s", text).group(1)))
+    for n, v in re.findall(r"decode: batch\s+(\d+): ([\d.]+) tok/s aggregate", text):
+        sb[f"decode b{n}"].append(float(v))
+    rows = list(csv.DictReader(open(f"{out}/lb.{r}.csv")))
+    ll["prefill 512"].append(float(rows[0]["avg_ts"]))
+    for line in open(f"{out}/lbb.{r}.txt"):
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 8 and cells[0] == "64" and cells[1] == "32":
+            ll[f"decode b{cells[2]}"].append(float(cells[7]))
+print(f"{'figure':<14} {'statebench tok/s':>20} {'llama.cpp tok/s':>20} {'ratio':>7}")
+for k in sb:
+    a, b = sb[k], ll[k]
+    if not a or not b:
+        continue
+    rng = lambda v: f"{min(v):.1f}-{max(v):.1f}" if len(v) > 1 else f"{v[0]:.1f}"
+    print(f"{k:<14} {rng(a):>20} {rng(b):>20} {statistics.median(a) / statistics.median(b):>6.2f}x")
+EOF
+
+if [ "$CELL" -eq 1 ]; then
+    # The same live cell (procurement S = 5, 2 episodes x 4 rungs, 8 live),
+    # in-process and through llama-server with 8 slots driven by --endpoint.
+    CELL_ARGS=(ladder cell --agent model --steps 5 --episodes 2 --live 8 --quiet)
+    t0=$(date +%s.%N)
+    "$SB" "${CELL_ARGS[@]}" --device cpu --model "$MODEL" --threads "$THREADS" \
+        --out "$OUT/in-process" >/dev/null
+    t1=$(date +%s.%N)
+    "$LLAMA_BIN/llama-server" -m "$MODEL" -t "$THREADS" -np 8 -c 65536 --port 8089 \
+        >"$OUT/server.log" 2>&1 &
+    server=$!
+    for _ in $(seq 1 120); do
+        curl -sf http://127.0.0.1:8089/health >/dev/null 2>&1 && break
+        sleep 1
+    done
+    t2=$(date +%s.%N)
+    "$SB" "${CELL_ARGS[@]}" --endpoint http://127.0.0.1:8089 --out "$OUT/served" >/dev/null
+    t3=$(date +%s.%N)
+    kill "$server"
+    python3 - "$t0" "$t1" "$t2" "$t3" <<'EOF'
+import sys
+t0, t1, t2, t3 = map(float, sys.argv[1:])
+a, b = t1 - t0, t3 - t2
+print(f"live cell S=5, 2 episodes x 4 rungs, 8 live: in-process {a:.1f} s, "
+      f"llama-server -np 8 via --endpoint {b:.1f} s: {b / a:.2f}x episodes/hour")
+EOF
+fi
