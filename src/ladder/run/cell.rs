@@ -358,6 +358,7 @@ pub fn run_cells(
     let mut dirs = Vec::new();
     let mut jobs: Vec<(usize, u64, Arm)> = Vec::new();
     let mut progress = Vec::new();
+    let mut todo_per_cell = Vec::new();
     for (i, c) in cells.iter().enumerate() {
         let manifest = Manifest {
             format: RUN_FORMAT.to_string(),
@@ -384,6 +385,7 @@ pub fn run_cells(
             ran: 0,
             skipped: all.len() - todo.len(),
         });
+        todo_per_cell.push(todo.len());
         jobs.extend(todo);
         dirs.push(Mutex::new(dir));
     }
@@ -396,11 +398,7 @@ pub fn run_cells(
     let total: usize = progress.iter().map(|p| p.skipped).sum::<usize>() + jobs.len();
     bar.set_length(total as u64);
     bar.set_position(progress.iter().map(|p| p.skipped as u64).sum());
-    let left: Vec<AtomicUsize> = cells
-        .iter()
-        .enumerate()
-        .map(|(i, _)| AtomicUsize::new(jobs.iter().filter(|j| j.0 == i).count()))
-        .collect();
+    let left: Vec<AtomicUsize> = todo_per_cell.iter().map(|&n| AtomicUsize::new(n)).collect();
     let pool = Workers {
         cells,
         cache,
@@ -433,8 +431,7 @@ pub fn run_cells(
         return Err(e);
     }
     for (i, p) in progress.iter_mut().enumerate() {
-        let n = jobs.iter().filter(|j| j.0 == i).count();
-        p.ran = n - pool.left[i].load(Ordering::SeqCst);
+        p.ran = todo_per_cell[i] - pool.left[i].load(Ordering::SeqCst);
     }
     Ok(progress)
 }

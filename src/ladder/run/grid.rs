@@ -102,7 +102,7 @@ pub struct Axes {
 #[derive(Debug, thiserror::Error)]
 pub enum GridError {
     #[error("{path}: {source}")]
-    Read {
+    Io {
         path: String,
         source: std::io::Error,
     },
@@ -136,7 +136,7 @@ impl Axes {
     /// Reads a grid file.
     pub fn read(path: &Path) -> Result<Axes, GridError> {
         let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| GridError::Read {
+        let text = std::fs::read_to_string(path).map_err(|source| GridError::Io {
             path: p.clone(),
             source,
         })?;
@@ -615,7 +615,7 @@ impl GridManifest {
             return Ok(None);
         }
         let p = path.display().to_string();
-        let text = std::fs::read_to_string(&path).map_err(|source| GridError::Read {
+        let text = std::fs::read_to_string(&path).map_err(|source| GridError::Io {
             path: p.clone(),
             source,
         })?;
@@ -654,13 +654,13 @@ impl GridManifest {
             }
             return Ok(());
         }
-        std::fs::create_dir_all(dir).map_err(|source| GridError::Read {
+        std::fs::create_dir_all(dir).map_err(|source| GridError::Io {
             path: d.clone(),
             source,
         })?;
         let text = serde_json::to_string_pretty(self).expect("grid manifest serializes") + "\n";
         std::fs::write(dir.join("grid.json"), text)
-            .map_err(|source| GridError::Read { path: d, source })
+            .map_err(|source| GridError::Io { path: d, source })
     }
 
     /// The run directories of the cells.
@@ -687,7 +687,8 @@ fn shard_text(s: Option<Shard>) -> String {
 pub fn read_runs(dirs: &[PathBuf]) -> Result<Vec<RunRead>, GridError> {
     let mut runs: Vec<RunRead> = Vec::new();
     let mut grid: Option<(String, String)> = None;
-    let mut merged: Vec<(String, String)> = Vec::new();
+    // Cell name → its run in `runs`.
+    let mut merged: std::collections::BTreeMap<String, usize> = Default::default();
     for d in dirs {
         let Some(m) = GridManifest::read(d)? else {
             runs.push(read_run(d).map_err(|e| dir_error(d, e))?);
@@ -713,33 +714,26 @@ pub fn read_runs(dirs: &[PathBuf]) -> Result<Vec<RunRead>, GridError> {
             }
             let mut run = read_run(&path).map_err(|e| dir_error(&path, e))?;
             run.dir = PathBuf::from(&name);
-            match merged.iter().position(|(n, _)| *n == name) {
-                None => {
-                    merged.push((name, path.display().to_string()));
-                    runs.push(run);
-                }
-                Some(k) => {
-                    let at = runs
-                        .iter()
-                        .position(|r| r.dir == Path::new(&name))
-                        .expect("merged");
-                    let into = &mut runs[at];
-                    if into.manifest.config_hash() != run.manifest.config_hash() {
-                        return Err(GridError::Dir {
-                            dir: path.display().to_string(),
-                            why: format!(
-                                "ran this cell with another configuration or model than {} (model {} vs {}, arithmetic or weights may differ): shards must run one engine",
-                                merged[k].1,
-                                run.manifest.model.name(),
-                                into.manifest.model.name()
-                            ),
-                        });
-                    }
-                    into.foreign += run.foreign;
-                    into.paths.append(&mut run.paths);
-                    into.episodes.append(&mut run.episodes);
-                }
+            let Some(&at) = merged.get(&name) else {
+                merged.insert(name, runs.len());
+                runs.push(run);
+                continue;
+            };
+            let into = &mut runs[at];
+            if into.manifest.config_hash() != run.manifest.config_hash() {
+                return Err(GridError::Dir {
+                    dir: path.display().to_string(),
+                    why: format!(
+                        "ran this cell with another configuration or model than {} (model {} vs {}, arithmetic or weights may differ): shards must run one engine",
+                        into.paths[0].display(),
+                        run.manifest.model.name(),
+                        into.manifest.model.name()
+                    ),
+                });
             }
+            into.foreign += run.foreign;
+            into.paths.append(&mut run.paths);
+            into.episodes.append(&mut run.episodes);
         }
     }
     for r in &mut runs {
