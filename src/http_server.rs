@@ -38,7 +38,8 @@ use serde::Serialize;
 use crate::backend::shared::Client;
 use crate::backend::{BackendError, ChatRequest, ModelIdentity};
 use crate::wire::{
-    ChatCompletion, ChatCompletionRequest, ErrorBody, ErrorDetail, ModelCard, ModelList, WireError,
+    ChatCompletion, ChatCompletionRequest, EmbeddingRequest, EmbeddingResponse, ErrorBody,
+    ErrorDetail, ModelCard, ModelList, WireError,
 };
 
 /// Largest request body read (bytes).
@@ -379,7 +380,16 @@ fn route(rq: &HttpRequest, s: &Shared, stream: &TcpStream) -> Result<String, Htt
                 created,
             )))
         }
-        (_, "/v1/models" | "/v1/chat/completions" | "/health") => Err(HttpError(
+        ("POST", "/v1/embeddings") => {
+            let req: EmbeddingRequest = serde_json::from_slice(&rq.body)
+                .map_err(|e| HttpError::bad(crate::one_line(&WireError::json(e))))?;
+            let texts = req
+                .into_texts()
+                .map_err(|e| HttpError::bad(crate::one_line(&e)))?;
+            let e = s.client.embed(texts).map_err(|e| backend_error(&e))?;
+            Ok(json(&EmbeddingResponse::from_embeddings(&e, &s.model.name)))
+        }
+        (_, "/v1/models" | "/v1/chat/completions" | "/v1/embeddings" | "/health") => Err(HttpError(
             405,
             "invalid_request_error",
             format!("method {} not allowed on {path}", rq.method),
@@ -388,7 +398,7 @@ fn route(rq: &HttpRequest, s: &Shared, stream: &TcpStream) -> Result<String, Htt
             404,
             "not_found_error",
             format!(
-                "no route {path} (this server has POST /v1/chat/completions and GET /v1/models)"
+                "no route {path} (this server has POST /v1/chat/completions, POST /v1/embeddings and GET /v1/models)"
             ),
         )),
     }

@@ -7,7 +7,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{ChatReply, ChatRequest, Finish, Message, Role, Usage};
+use crate::backend::{ChatReply, ChatRequest, Embeddings, Finish, Message, Role, Usage};
 
 /// Why a body was refused, in one line for a 400, or why a reply could not
 /// be read.
@@ -35,6 +35,12 @@ pub enum WireError {
     Temperature,
     #[error("no choices")]
     NoChoices,
+    #[error("input is empty")]
+    NoInput,
+    #[error("encoding_format '{0}' is not supported (float)")]
+    EncodingFormat(String),
+    #[error("the reply does not hold one embedding for each of the {0} inputs")]
+    EmbeddingCount(usize),
 }
 
 impl WireError {
@@ -360,6 +366,121 @@ impl ChatCompletion {
             },
             usage,
             tokens: Vec::new(),
+        })
+    }
+}
+
+/// `POST /v1/embeddings` body.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EmbeddingRequest {
+    #[serde(default)]
+    pub model: String,
+    pub input: EmbeddingInput,
+    /// Only `float` is supported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding_format: Option<String>,
+}
+
+/// The texts to embed: one string or a list.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum EmbeddingInput {
+    One(String),
+    Many(Vec<String>),
+}
+
+impl Default for EmbeddingInput {
+    fn default() -> Self {
+        EmbeddingInput::Many(Vec::new())
+    }
+}
+
+impl EmbeddingRequest {
+    /// The texts, refusing an empty input or a format other than floats.
+    pub fn into_texts(self) -> Result<Vec<String>, WireError> {
+        if let Some(f) = self.encoding_format.filter(|f| f != "float") {
+            return Err(WireError::EncodingFormat(f));
+        }
+        let texts = match self.input {
+            EmbeddingInput::One(s) => vec![s],
+            EmbeddingInput::Many(v) => v,
+        };
+        if texts.is_empty() {
+            return Err(WireError::NoInput);
+        }
+        Ok(texts)
+    }
+}
+
+/// `POST /v1/embeddings` reply.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EmbeddingResponse {
+    #[serde(default)]
+    pub object: String,
+    pub data: Vec<EmbeddingData>,
+    #[serde(default)]
+    pub model: String,
+    #[serde(default)]
+    pub usage: EmbeddingUsage,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EmbeddingData {
+    #[serde(default)]
+    pub object: String,
+    pub embedding: Vec<f32>,
+    #[serde(default)]
+    pub index: usize,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct EmbeddingUsage {
+    #[serde(default)]
+    pub prompt_tokens: u64,
+    #[serde(default)]
+    pub total_tokens: u64,
+}
+
+impl EmbeddingResponse {
+    /// The reply to write for engine embeddings.
+    pub fn from_embeddings(e: &Embeddings, model: &str) -> Self {
+        EmbeddingResponse {
+            object: "list".into(),
+            data: e
+                .vectors
+                .iter()
+                .enumerate()
+                .map(|(index, v)| EmbeddingData {
+                    object: "embedding".into(),
+                    embedding: v.clone(),
+                    index,
+                })
+                .collect(),
+            model: model.to_string(),
+            usage: EmbeddingUsage {
+                prompt_tokens: e.prompt_tokens as u64,
+                total_tokens: e.prompt_tokens as u64,
+            },
+        }
+    }
+
+    /// The embeddings this reply carries for `n` texts, in input order and
+    /// normalised here (servers differ on whether they normalise).
+    pub fn into_embeddings(self, n: usize) -> Result<Embeddings, WireError> {
+        let mut vectors = vec![Vec::new(); n];
+        for d in self.data {
+            let slot = vectors
+                .get_mut(d.index)
+                .ok_or(WireError::EmbeddingCount(n))?;
+            *slot = d.embedding;
+            crate::backend::l2_normalize(slot);
+        }
+        if vectors.iter().any(Vec::is_empty) {
+            return Err(WireError::EmbeddingCount(n));
+        }
+        Ok(Embeddings {
+            vectors,
+            prompt_tokens: self.usage.prompt_tokens as usize,
         })
     }
 }

@@ -34,9 +34,13 @@ use std::time::{Duration, Instant};
 use regex::Regex;
 
 use super::{
-    Backend, BackendError, ChatReply, ChatRequest, Finished, ModelIdentity, RequestId, SessionId,
+    Backend, BackendError, ChatReply, ChatRequest, Embeddings, Finished, ModelIdentity, RequestId,
+    SessionId,
 };
-use crate::wire::{AnyError, ChatCompletion, ChatCompletionRequest, ModelList, WireError};
+use crate::wire::{
+    AnyError, ChatCompletion, ChatCompletionRequest, EmbeddingInput, EmbeddingRequest,
+    EmbeddingResponse, ModelList, WireError,
+};
 
 /// Where and how to reach the server.
 #[derive(Debug, Clone)]
@@ -352,6 +356,10 @@ impl Backend for OpenAiBackend {
         Ok(out)
     }
 
+    fn embed(&mut self, texts: &[String]) -> Result<Embeddings, BackendError> {
+        self.shared.embed(texts)
+    }
+
     fn has_pending(&self) -> bool {
         !self.queue.is_empty() || self.in_flight > 0
     }
@@ -386,6 +394,40 @@ impl Shared {
     fn call(&self, req: &ChatRequest) -> Result<ChatReply, BackendError> {
         let body = serde_json::to_vec(&ChatCompletionRequest::from_chat(&self.model, req))
             .map_err(|e| BackendError::BadRequest(format!("request does not serialize: {e}")))?;
+        let (text, secs) = self.post(&self.url, &body, req.max_tokens)?;
+        parse_reply(&text, secs).map_err(|e| {
+            remote(
+                &self.url,
+                format!("malformed reply: {}", crate::one_line(&e)),
+            )
+        })
+    }
+
+    /// `POST /v1/embeddings` for the texts, in one call.
+    fn embed(&self, texts: &[String]) -> Result<Embeddings, BackendError> {
+        let url = self.url.replace("/chat/completions", "/embeddings");
+        let req = EmbeddingRequest {
+            model: self.model.clone(),
+            input: EmbeddingInput::Many(texts.to_vec()),
+            encoding_format: Some("float".into()),
+        };
+        let body = serde_json::to_vec(&req)
+            .map_err(|e| BackendError::BadRequest(format!("request does not serialize: {e}")))?;
+        let (text, _) = self.post(&url, &body, 0)?;
+        serde_json::from_str::<EmbeddingResponse>(&text)
+            .map_err(WireError::json)
+            .and_then(|r| r.into_embeddings(texts.len()))
+            .map_err(|e| remote(&url, format!("malformed reply: {}", crate::one_line(&e))))
+    }
+
+    /// POSTs a JSON body with the retry rules; returns the 2xx body and the
+    /// wall time of the attempt that got it.
+    fn post(
+        &self,
+        url: &str,
+        body: &[u8],
+        max_tokens: usize,
+    ) -> Result<(String, f64), BackendError> {
         let mut last = String::new();
         for attempt in 0..self.attempts {
             if attempt > 0 {
@@ -394,18 +436,18 @@ impl Shared {
             let started = Instant::now();
             let mut rq = self
                 .agent
-                .post(&self.url)
+                .post(url)
                 .header("Content-Type", "application/json");
             if let Some(k) = &self.key {
                 rq = rq.header("Authorization", format!("Bearer {k}"));
             }
-            let mut resp = match rq.send(&body[..]) {
+            let mut resp = match rq.send(body) {
                 Ok(r) => r,
                 Err(e) if transient(&e) => {
                     last = e.to_string();
                     continue;
                 }
-                Err(e) => return Err(remote(&self.url, e)),
+                Err(e) => return Err(remote(url, e)),
             };
             let status = resp.status().as_u16();
             let text = match resp
@@ -419,15 +461,10 @@ impl Shared {
                     last = e.to_string();
                     continue;
                 }
-                Err(e) => return Err(remote(&self.url, e)),
+                Err(e) => return Err(remote(url, e)),
             };
             if (200..300).contains(&status) {
-                return parse_reply(&text, started.elapsed().as_secs_f64()).map_err(|e| {
-                    remote(
-                        &self.url,
-                        format!("malformed reply: {}", crate::one_line(&e)),
-                    )
-                });
+                return Ok((text, started.elapsed().as_secs_f64()));
             }
             let msg = error_message(&text);
             if status == 429 || status >= 500 {
@@ -435,12 +472,12 @@ impl Shared {
                 continue;
             }
             if status == 400 && mentions_context(&msg) {
-                return Err(overflow(&msg, req.max_tokens));
+                return Err(overflow(&msg, max_tokens));
             }
-            return Err(remote(&self.url, format!("HTTP {status}: {msg}")));
+            return Err(remote(url, format!("HTTP {status}: {msg}")));
         }
         Err(remote(
-            &self.url,
+            url,
             format!("{last} (gave up after {} attempts)", self.attempts),
         ))
     }

@@ -283,10 +283,35 @@ pub enum BackendError {
     },
 }
 
+/// Unit-length embeddings, one per input text, and the tokens they read.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Embeddings {
+    /// One L2-normalised vector per text, in input order.
+    pub vectors: Vec<Vec<f32>>,
+    /// Tokens read over all texts.
+    pub prompt_tokens: usize,
+}
+
+/// Scales `v` to unit length (sum of squares in f64, in order, so every
+/// backend normalises the same vector to the same bits). A vector already
+/// of unit length to f32 precision keeps its bits, so normalising twice (a
+/// server's vectors, read back by the client) changes nothing; a zero
+/// vector stays zero.
+pub fn l2_normalize(v: &mut [f32]) {
+    let norm = v.iter().map(|x| f64::from(*x).powi(2)).sum::<f64>().sqrt();
+    if norm > 0.0 && (norm - 1.0).abs() > 1e-6 {
+        for x in v.iter_mut() {
+            *x = (f64::from(*x) / norm) as f32;
+        }
+    }
+}
+
 /// Turns a request into its prompt tokens (renders and tokenizes); shared
 /// with callers so that work happens on their threads.
 pub trait Prompt: Send + Sync {
     fn tokens(&self, req: &ChatRequest) -> Result<Vec<u32>, BackendError>;
+    /// The tokens an embedding of `text` reads.
+    fn embedding_tokens(&self, text: &str) -> Result<Vec<u32>, BackendError>;
 }
 
 /// Requests that finished during one `step`, each with its reply or error.
@@ -314,6 +339,24 @@ pub trait Backend {
     ) -> Result<RequestId, BackendError> {
         let _ = prompt;
         self.submit(s, req)
+    }
+    /// Embeds texts: the final hidden state of each text's last token,
+    /// L2-normalised. Batch-invariant: a text's vector does not depend on
+    /// the other texts of the call.
+    fn embed(&mut self, texts: &[String]) -> Result<Embeddings, BackendError> {
+        let _ = texts;
+        Err(BackendError::BadRequest(
+            "this backend has no embedding entry point".into(),
+        ))
+    }
+    /// Embeds texts whose tokens the prompter made.
+    fn embed_prepared(
+        &mut self,
+        texts: &[String],
+        tokens: Vec<Vec<u32>>,
+    ) -> Result<Embeddings, BackendError> {
+        let _ = tokens;
+        self.embed(texts)
     }
     /// Advances every live request by one token; returns the requests that finished.
     fn step(&mut self) -> Result<Finished, BackendError>;

@@ -14,7 +14,8 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::{
-    Backend, BackendError, ChatReply, ChatRequest, ModelIdentity, Prompt, RequestId, SessionId,
+    Backend, BackendError, ChatReply, ChatRequest, Embeddings, ModelIdentity, Prompt, RequestId,
+    SessionId,
 };
 
 type ReplyTx = Sender<Result<ChatReply, BackendError>>;
@@ -25,6 +26,13 @@ enum Cmd {
     Close(SessionId),
     /// A request, with its prompt tokens when the caller made them.
     Chat(SessionId, ChatRequest, Option<Vec<u32>>, ReplyTx),
+    /// Texts to embed, with their tokens when the caller made them; run
+    /// between two steps.
+    Embed(
+        Vec<String>,
+        Option<Vec<Vec<u32>>>,
+        Sender<Result<Embeddings, BackendError>>,
+    ),
 }
 
 /// The thread that owns a backend.
@@ -103,6 +111,24 @@ impl Client {
         let (tx, rx) = mpsc::channel();
         self.tx.send(Cmd::Pending(tx)).map_err(|_| gone())?;
         rx.recv().map_err(|_| gone())
+    }
+
+    /// Embeds texts (see [`Backend::embed`]); tokenized on this thread.
+    pub fn embed(&self, texts: Vec<String>) -> Result<Embeddings, BackendError> {
+        let tokens = match &self.prompter {
+            Some(p) => Some(
+                texts
+                    .iter()
+                    .map(|t| p.embedding_tokens(t))
+                    .collect::<Result<Vec<_>, _>>()?,
+            ),
+            None => None,
+        };
+        let (tx, rx) = mpsc::channel();
+        self.tx
+            .send(Cmd::Embed(texts, tokens, tx))
+            .map_err(|_| gone())?;
+        rx.recv().map_err(|_| gone())?
     }
 
     /// Opens a conversation.
@@ -221,6 +247,13 @@ fn handle(backend: &mut dyn Backend, waiting: &mut Waiting, cmd: Cmd) {
             backend.close_session(s);
             // Its requests are gone from the backend; nobody waits on them.
             waiting.retain(|_, (session, _)| *session != s);
+        }
+        Cmd::Embed(texts, tokens, tx) => {
+            let r = match tokens {
+                Some(t) => backend.embed_prepared(&texts, t),
+                None => backend.embed(&texts),
+            };
+            let _ = tx.send(r);
         }
         Cmd::Chat(s, req, prompt, tx) => {
             let submitted = match prompt {

@@ -26,8 +26,8 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
 use crate::backend::{
-    split_thinking, Backend, BackendError, ChatReply, ChatRequest, Finished, Message,
-    ModelIdentity, Prompt, RequestId, SessionId, Usage,
+    l2_normalize, split_thinking, Backend, BackendError, ChatReply, ChatRequest, Embeddings,
+    Finished, Message, ModelIdentity, Prompt, RequestId, SessionId, Usage,
 };
 use device::{Cpu, Device, DeviceChoice};
 use model::{BatchItem, Model};
@@ -102,7 +102,12 @@ pub struct Engine<D: Device = Cpu> {
     pool: rayon::ThreadPool,
     origin: Origin,
     scheduler: Scheduler<D::Cache>,
+    /// Tokens one text feeds per forward step when embedding.
+    prefill_chunk: usize,
 }
+
+/// Tokens of the texts one embedding forward step takes together at most.
+const EMBED_BATCH_TOKENS: usize = 8192;
 
 /// Loads a model onto the chosen device, as the one chat interface the
 /// studies call.
@@ -197,6 +202,7 @@ impl<D: Device> Engine<D> {
                 sha: OnceLock::new(),
             },
             scheduler,
+            prefill_chunk: opts.prefill_chunk.max(1),
         })
     }
 
@@ -249,6 +255,38 @@ impl<D: Device> Engine<D> {
     /// session's cached entries.
     pub fn kv_bytes_in_use(&self) -> usize {
         self.scheduler.kv_bytes_in_use()
+    }
+
+    /// Embeds one group of tokenized texts together.
+    fn embed_group(&self, texts: &[&[u32]]) -> Result<Vec<Vec<f32>>, BackendError> {
+        let mut caches: Vec<D::Cache> = texts.iter().map(|_| D::Cache::default()).collect();
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); texts.len()];
+        let mut at = 0;
+        while texts.iter().any(|t| at < t.len()) {
+            let mut which = Vec::new();
+            let mut items = Vec::new();
+            for (i, (t, cache)) in texts.iter().zip(caches.iter_mut()).enumerate() {
+                if at < t.len() {
+                    let end = (at + self.prefill_chunk).min(t.len());
+                    which.push((i, end == t.len()));
+                    items.push(BatchItem {
+                        tokens: &t[at..end],
+                        cache,
+                    });
+                }
+            }
+            let hidden = self.pool.install(|| self.model.hidden(&mut items))?;
+            for ((i, last), h) in which.into_iter().zip(hidden) {
+                if last {
+                    out[i] = h;
+                }
+            }
+            at += self.prefill_chunk;
+        }
+        for v in &mut out {
+            l2_normalize(v);
+        }
+        Ok(out)
     }
 
     fn reply(&self, d: Done) -> Result<ChatReply, BackendError> {
@@ -312,6 +350,44 @@ impl<D: Device> Backend for Engine<D> {
         req.validate()?;
         self.prompter.check(&prompt)?;
         self.scheduler.add_request(s, req, prompt)
+    }
+
+    fn embed(&mut self, texts: &[String]) -> Result<Embeddings, BackendError> {
+        let tokens = texts
+            .iter()
+            .map(|t| self.prompter.embedding_tokens(t))
+            .collect::<Result<Vec<_>, _>>()?;
+        self.embed_prepared(texts, tokens)
+    }
+
+    /// Texts go through in groups of at most [`EMBED_BATCH_TOKENS`] tokens,
+    /// each group prefilled chunk by chunk in fresh caches of its own; the
+    /// kernels make neither the grouping nor the chunking visible.
+    fn embed_prepared(
+        &mut self,
+        _texts: &[String],
+        tokens: Vec<Vec<u32>>,
+    ) -> Result<Embeddings, BackendError> {
+        for t in &tokens {
+            self.prompter.check(t)?;
+        }
+        let mut vectors = Vec::with_capacity(tokens.len());
+        let mut group: Vec<&[u32]> = Vec::new();
+        let mut group_tokens = 0;
+        for t in &tokens {
+            if !group.is_empty() && group_tokens + t.len() > EMBED_BATCH_TOKENS {
+                vectors.extend(self.embed_group(&group)?);
+                group.clear();
+                group_tokens = 0;
+            }
+            group.push(t);
+            group_tokens += t.len();
+        }
+        vectors.extend(self.embed_group(&group)?);
+        Ok(Embeddings {
+            vectors,
+            prompt_tokens: tokens.iter().map(Vec::len).sum(),
+        })
     }
 
     fn step(&mut self) -> Result<Finished, BackendError> {

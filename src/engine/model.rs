@@ -255,6 +255,44 @@ impl<D: Device> Model<D> {
     fn last_logits_checked(
         &self,
         items: &mut [BatchItem<'_, D::Cache>],
+        bad_layer: Option<&mut Option<usize>>,
+    ) -> Option<D::Act> {
+        let last = self.last_hidden(items, bad_layer)?; // items × hidden
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        Some(self.device.matmul(head, &last)) // items × vocab
+    }
+
+    /// Runs the batch; returns each item's last hidden state after the final
+    /// norm (`items × hidden` on the host): the last-token pooling of
+    /// embedding models. Non-finite values are an error, as in [`Self::step`].
+    pub fn hidden(
+        &self,
+        items: &mut [BatchItem<'_, D::Cache>],
+    ) -> Result<Vec<Vec<f32>>, BackendError> {
+        let mut bad_layer = None;
+        let Some(h) = self.last_hidden(items, Some(&mut bad_layer)) else {
+            return Ok(Vec::new());
+        };
+        let out = self.device.to_host(h);
+        self.device.sync()?;
+        if let Some(l) = bad_layer {
+            return Err(BackendError::NonFinite {
+                place: format!("first in the output of layer {l}"),
+            });
+        }
+        if out.iter().flatten().any(|v| !v.is_finite()) {
+            return Err(BackendError::NonFinite {
+                place: "in the final norm".into(),
+            });
+        }
+        Ok(out)
+    }
+
+    /// The decoder stack and the final norm over the batch: `items × hidden`
+    /// of each item's last token, on the device. None for an empty batch.
+    fn last_hidden(
+        &self,
+        items: &mut [BatchItem<'_, D::Cache>],
         mut bad_layer: Option<&mut Option<usize>>,
     ) -> Option<D::Act> {
         let (c, dev) = (&self.cfg, &self.device);
@@ -286,9 +324,7 @@ impl<D: Device> Model<D> {
             it.cache.advance(it.tokens.len());
         }
         let last = dev.gather(&x, &rows.last_of_each()); // items × hidden
-        let last = dev.rms_norm(&last, &self.norm, c.rms_eps);
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        Some(dev.matmul(head, &last)) // items × vocab
+        Some(dev.rms_norm(&last, &self.norm, c.rms_eps))
     }
 
     /// Caps the context (and the RoPE table) at `max` positions.

@@ -132,6 +132,10 @@ fn encode(t: &Tokenizer, text: &str) -> Result<Vec<u32>, BackendError> {
 }
 
 impl Prompt for Prompter {
+    fn embedding_tokens(&self, text: &str) -> Result<Vec<u32>, BackendError> {
+        Prompter::embedding_tokens(self, text)
+    }
+
     fn tokens(&self, req: &ChatRequest) -> Result<Vec<u32>, BackendError> {
         req.validate()?;
         let text = self.template.render(&req.messages, req.thinking)?;
@@ -149,6 +153,25 @@ impl Prompt for Prompter {
 }
 
 impl Prompter {
+    /// The tokens an embedding reads: the text as plain text (special-token
+    /// strings in it stay text), then `<|endoftext|>` where the vocabulary
+    /// has it, whose hidden state Qwen3-Embedding pools.
+    pub fn embedding_tokens(&self, text: &str) -> Result<Vec<u32>, BackendError> {
+        self.overflow_early(text, 0)?;
+        let mut ids = encode(&self.plain, text)?;
+        ids.extend(self.tokenizer.token_to_id("<|endoftext|>"));
+        if ids.len() > self.context {
+            return Err(BackendError::ContextOverflow {
+                prompt_tokens: ids.len(),
+                partial: false,
+                max_tokens: 0,
+                context: self.context,
+            });
+        }
+        self.check(&ids)?;
+        Ok(ids)
+    }
+
     /// A prompt the model can take: not empty, every id inside the embedding.
     pub fn check(&self, prompt: &[u32]) -> Result<(), BackendError> {
         if prompt.is_empty() {
