@@ -8,6 +8,7 @@ use statebench::ladder::episode::generator::generate;
 use statebench::ladder::episode::EpisodeConfig;
 use statebench::ladder::parts::scripted::OracleMatcher;
 use statebench::ladder::parts::scripted::Scripted;
+use statebench::ladder::parts::MemoryParts;
 use statebench::ladder::run::runner::{run_episode, Compiled, RunOptions};
 
 fn bench(c: &mut Criterion) {
@@ -42,6 +43,7 @@ fn bench(c: &mut Criterion) {
                         arm,
                         &mut Scripted::Perfect,
                         &mut OracleMatcher,
+                        &mut MemoryParts::scripted(),
                         Some(&compiled),
                         &RunOptions::default(),
                     );

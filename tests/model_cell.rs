@@ -134,6 +134,65 @@ fn live_cell_is_batch_invariant_and_survives_a_kill() {
     assert_eq!(transcripts(&seq), transcripts(&cut));
 }
 
+/// The memory arms on the model: the agent model embeds (its own final
+/// hidden state) and writes the Mem0-style facts; batched or not, the same
+/// transcripts and memories.
+#[test]
+fn memory_arms_run_on_the_model_and_are_batch_invariant() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = engine_common::tiny_model_long(tmp.path());
+    let model = model.to_str().unwrap();
+    let run = |out: &Path, live: &str| {
+        let mut args = cell_args(model, out.to_str().unwrap(), live);
+        let at = args.iter().position(|a| *a == "--arms").unwrap() + 1;
+        args[at] = "topk-replace,mem0-augment,ledger-replace";
+        let at = args.iter().position(|a| *a == "--episodes").unwrap() + 1;
+        args[at] = "2";
+        let o = bin().args(args).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    };
+    let (seq, par) = (tmp.path().join("seq"), tmp.path().join("par"));
+    run(&seq, "1");
+    run(&par, "6");
+    let r = read_run(&seq).unwrap();
+    let cfg = serde_json::to_value(&r.manifest.config).unwrap();
+    assert_eq!(cfg["embedder"]["kind"], "agent", "{cfg}");
+    assert_eq!(cfg["memory_writer"], "model", "{cfg}");
+    for e in &r.episodes {
+        let m = e.memory;
+        match e.arm.name() {
+            "topk-replace" => {
+                let m = m.expect("memory use");
+                // One query and one stored exchange per turn.
+                assert_eq!(m.embed_calls, 2 * e.turns, "{m:?}");
+                assert_eq!(m.items, e.turns);
+                assert_eq!(m.writer_calls, 0);
+            }
+            "mem0-augment" => {
+                let m = m.expect("memory use");
+                assert!(m.writer_calls >= e.turns, "{m:?}");
+                assert!(m.writer_prompt_tokens > 0 && m.embed_tokens > 0);
+            }
+            _ => assert!(m.is_none()),
+        }
+    }
+    let turns = read_turns(&seq).unwrap();
+    let recall = turns
+        .iter()
+        .filter(|t| t.arm.name() == "topk-replace" && t.turn > 0)
+        .all(|t| {
+            t.system_extra
+                .as_deref()
+                .is_some_and(|s| s.contains("(1) USER: "))
+        });
+    assert!(recall, "every later top-k turn recalls a stored exchange");
+    assert_eq!(
+        engine_common::stable_records(&seq),
+        engine_common::stable_records(&par)
+    );
+    assert_eq!(transcripts(&seq), transcripts(&par));
+}
+
 #[test]
 fn live_cell_on_the_default_model() {
     let Some(gguf) = engine_common::default_model() else {

@@ -31,6 +31,8 @@ fn cfg(agent: Scripted) -> CellConfig {
         compiler: Source::Oracle,
         thinking: false,
         options: RunOptions::default(),
+        embedder: None,
+        memory_writer: None,
     }
 }
 

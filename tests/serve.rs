@@ -193,7 +193,7 @@ const CELL: [&str; 15] = [
     "--episodes",
     "2",
     "--arms",
-    "raw,directive,enforce",
+    "raw,directive,enforce,mem0-augment",
     "--quiet",
 ];
 
@@ -219,7 +219,7 @@ fn cell_through_serve_matches_in_process() {
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
 
     let (a, b) = (lines(&local, "turns.jsonl"), lines(&remote, "turns.jsonl"));
-    assert_eq!(a.len(), 2 * 3 * 44, "in-process turns");
+    assert_eq!(a.len(), 2 * 4 * 44, "in-process turns");
     assert_eq!(
         a.keys().collect::<Vec<_>>(),
         b.keys().collect::<Vec<_>>(),
@@ -252,6 +252,14 @@ fn cell_through_serve_matches_in_process() {
         serde_json::from_str(&std::fs::read_to_string(remote.join("manifest.json")).unwrap())
             .unwrap();
     assert_eq!(m["model"]["architecture"], "remote", "{m}");
+    // The memory arm embedded through the endpoint's /v1/embeddings.
+    assert_eq!(m["config"]["embedder"]["kind"], "agent", "{m}");
+    let e = lines(&remote, "episodes.jsonl");
+    let mem = e
+        .values()
+        .find(|v| v["arm"] == "mem0-augment")
+        .expect("a mem0-augment episode");
+    assert!(mem["memory"]["embed_calls"].as_u64() > Some(0), "{mem}");
 }
 
 #[test]

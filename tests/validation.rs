@@ -10,6 +10,7 @@ use statebench::ladder::episode::generator::generate;
 use statebench::ladder::episode::{Episode, EpisodeConfig, Protocol};
 use statebench::ladder::parts::scripted::OracleMatcher;
 use statebench::ladder::parts::scripted::Scripted;
+use statebench::ladder::parts::MemoryParts;
 use statebench::ladder::run::runner::{run_episode, Compiled, EpisodeRecord, RunOptions};
 
 fn compiled(ep: &Episode) -> Compiled {
@@ -23,6 +24,7 @@ fn run(ep: &Episode, arm: Arm, agent: Scripted, opts: RunOptions) -> EpisodeReco
         arm,
         &mut agent,
         &mut OracleMatcher,
+        &mut MemoryParts::scripted(),
         Some(&compiled(ep)),
         &opts,
     )
@@ -100,23 +102,22 @@ fn corruption_rate_zero_is_harmless() {
 #[test]
 fn always_book_is_perfect_behind_the_gate_and_fails_raw() {
     let n = 200;
-    let (mut gate, mut raw) = (0, 0);
+    let (mut gate, mut system, mut raw) = (0, 0, 0);
     for seed in 100..100 + n {
         let ep = generate(
             &EpisodeConfig::paper(Domain::Procurement, 10, 0.15, seed),
             None,
         )
         .unwrap();
-        gate += u32::from(
-            run(
-                &ep,
-                Arm::Enforce,
-                Scripted::AlwaysBook,
-                RunOptions::default(),
-            )
-            .primary
-            .strict,
-        );
+        let strict = |arm| {
+            run(&ep, arm, Scripted::AlwaysBook, RunOptions::default())
+                .primary
+                .strict
+        };
+        gate += u32::from(strict(Arm::Enforce));
+        // The system-role control: directives in the system prompt, rejection
+        // notices still in the user turn, the same gate.
+        system += u32::from(strict(Arm::EnforceSystem));
         raw += u32::from(
             run(&ep, Arm::Raw, Scripted::AlwaysBook, RunOptions::default())
                 .primary
@@ -124,6 +125,7 @@ fn always_book_is_perfect_behind_the_gate_and_fails_raw() {
         );
     }
     assert_eq!(gate, n as u32, "always-book behind state-bound enforcement");
+    assert_eq!(system, n as u32, "always-book behind enforce-system");
     assert!(
         f64::from(raw) / n as f64 <= 0.05,
         "always-book raw: {raw}/{n}"
@@ -147,6 +149,7 @@ fn gate_admits_unrequested_bookings_on_ambiguous_probes_but_request_bound_refuse
         Arm::EnforceRequest,
         &mut Scripted::AlwaysBook,
         &mut OracleMatcher,
+        &mut MemoryParts::scripted(),
         Some(&compiled(&ep)),
         &RunOptions::default(),
     );
@@ -185,4 +188,53 @@ fn refused_bookings_are_logged_and_silent_ones_counted() {
     assert_eq!(same.refused, next.refused);
     assert_eq!(same.silent_refusals, 0);
     assert_eq!(same.agent_calls, 44 + same.refused);
+}
+
+/// The suite on the retrieval-memory arms and the replaced self-ledger,
+/// through the whole cell path (lexical embedder, oracle memory writer,
+/// run logs): 200 of 200 at S = 10 and at S = 15 dense, under both scorings.
+#[test]
+fn perfect_agent_scores_200_of_200_on_the_memory_and_ledger_arms() {
+    use statebench::ladder::parts::Agent;
+    use statebench::ladder::run::cell::{run_cell, CellConfig, CellParts, Source};
+    use statebench::ladder::run::runlog::read_run;
+    let arms = [
+        Arm::LedgerReplace,
+        Arm::TopkReplace,
+        Arm::TopkAugment,
+        Arm::Mem0Replace,
+        Arm::Mem0Augment,
+    ];
+    for (s, rho) in [(10, 0.15), (15, 0.3)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let base = EpisodeConfig::paper(Domain::Procurement, s, rho, 100);
+        let mut cfg = CellConfig::paper(&base, 200, Scripted::Perfect.name(), Source::Oracle);
+        cfg.arms = arms.to_vec();
+        cfg.settle_memory(false);
+        let parts = CellParts::scripted(Scripted::Perfect);
+        run_cell(&cfg, &parts, None, tmp.path(), 2, false).unwrap();
+        let run = read_run(tmp.path()).unwrap();
+        for arm in arms {
+            let eps: Vec<_> = run.episodes.iter().filter(|e| e.arm == arm).collect();
+            assert_eq!(eps.len(), 200, "S={s} {arm}");
+            let strict = eps.iter().filter(|e| e.primary.strict).count();
+            let da = eps.iter().filter(|e| e.decline_aware.strict).count();
+            assert_eq!((strict, da), (200, 200), "S={s} rho={rho} {arm}");
+            for e in &eps {
+                match arm {
+                    Arm::LedgerReplace => assert!(e.memory.is_none()),
+                    Arm::TopkReplace | Arm::TopkAugment => {
+                        let m = e.memory.unwrap();
+                        assert_eq!((m.embed_calls, m.items), (2 * e.turns, e.turns));
+                    }
+                    _ => {
+                        // One fact per step the episode finished or cancelled.
+                        let m = e.memory.unwrap();
+                        assert!(m.items as usize >= s / 2, "{m:?}");
+                        assert_eq!((m.writer_calls, m.ops_rejected), (0, 0));
+                    }
+                }
+            }
+        }
+    }
 }

@@ -6,6 +6,8 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
+use statebench::backend::shared::SharedBackend;
+use statebench::ladder::arms::memory::MemoryKind;
 use statebench::ladder::arms::Arm;
 use statebench::ladder::episode::domain::Domain;
 use statebench::ladder::episode::generator::{generate, ParaphraseCache};
@@ -14,7 +16,8 @@ use statebench::ladder::episode::{BriefVariant, EpisodeConfig, Protocol, StepId}
 use statebench::ladder::parts::scripted::Scripted;
 use statebench::ladder::parts::Agent;
 use statebench::ladder::run::cell::{
-    progress_bar, run_cell, run_cells, CellConfig, CellJob, CellModel, CellParts, Parts, Source,
+    progress_bar, run_cell, run_cells, CellConfig, CellJob, CellModel, CellParts, EmbedderId,
+    Parts, Source,
 };
 use statebench::ladder::run::grid::{read_runs, AgentKind, Axes, Grid, GridManifest, Shard, FLAGS};
 use statebench::ladder::run::replay::{read_episode, read_replies, score_replies, EpisodeFile};
@@ -142,6 +145,16 @@ pub struct CellArgs {
     /// Compiler: oracle (generator's graph) or model. Default: model with --agent model, else oracle.
     #[arg(long, value_enum)]
     compiler: Option<Source>,
+    /// Embedder of the retrieval-memory arms: `agent` (the agent model's
+    /// final hidden state), `lexical` (hashed bag of words), or a Qwen
+    /// checkpoint (e.g. a Qwen3-Embedding-0.6B directory), loaded in-process.
+    /// Default: agent when a model runs, else lexical.
+    #[arg(long)]
+    embedder: Option<String>,
+    /// Writer of the mem0 arms' facts: oracle (the realized state) or model.
+    /// Default: as the matcher.
+    #[arg(long, value_enum)]
+    memory_writer: Option<Source>,
     /// Comma-separated arms, in ladder order (adjacent arms are contrasted).
     #[arg(
         long,
@@ -417,7 +430,6 @@ fn cell(a: CellArgs) -> Result<()> {
     };
     let matcher = a.matcher.unwrap_or(default);
     let compiler = a.compiler.unwrap_or(default);
-    let needs_model = scripted.is_none() || matcher == Source::Model || compiler == Source::Model;
     let mut cfg = CellConfig::paper(&base, a.episodes, String::new(), matcher);
     cfg.compiler = compiler;
     cfg.arms = a.arms.clone();
@@ -426,9 +438,42 @@ fn cell(a: CellArgs) -> Result<()> {
         bypass_matcher: !a.no_bypass,
         corrupt: a.corrupt,
     };
+    cfg.memory_writer = a.memory_writer;
+    let embedder_path = match a.embedder.as_deref() {
+        None => None,
+        Some("agent") => {
+            cfg.embedder = Some(EmbedderId::Agent);
+            None
+        }
+        Some("lexical") => {
+            cfg.embedder = Some(EmbedderId::Lexical);
+            None
+        }
+        Some(path) => Some(path.to_string()),
+    };
+    let memory_model = cfg.uses_memory()
+        && (cfg.embedder == Some(EmbedderId::Agent)
+            || (cfg.memory_writer == Some(Source::Model)
+                && cfg
+                    .arms
+                    .iter()
+                    .any(|a| a.spec().memory() == Some(MemoryKind::Facts))));
+    let needs_model =
+        scripted.is_none() || matcher == Source::Model || compiler == Source::Model || memory_model;
+    cfg.settle_memory(needs_model);
     // Fail on a bad configuration before loading a model.
     cfg.validate()?;
     let shared = needs_model.then(|| a.backend.spawn()).transpose()?;
+    let embedder = match embedder_path.filter(|_| cfg.uses_memory()) {
+        Some(path) => {
+            let mut m = a.backend.model.clone();
+            m.model = Some(path);
+            let e = SharedBackend::spawn(m.load()?)?;
+            cfg.embedder = Some(EmbedderId::Model(e.model_id().clone()));
+            Some(e)
+        }
+        None => None,
+    };
     let model = shared.as_ref().map(|(_, id)| id.clone());
     cfg.agent = match (scripted, &model) {
         (Some(s), _) => s.name(),
@@ -441,6 +486,7 @@ fn cell(a: CellArgs) -> Result<()> {
         matcher,
         compiler,
         client: shared.as_ref().map(|(s, _)| s.client()),
+        embedder: embedder.as_ref().map(|e| e.client()),
         thinking: a.backend.think,
         model: match model {
             Some(m) => CellModel::Model(m),
@@ -610,6 +656,7 @@ fn grid(a: GridArgs) -> Result<()> {
                     matcher: g.matcher,
                     compiler: g.compiler,
                     client: shared.as_ref().map(|(s, _)| s.client()),
+                    embedder: None,
                     thinking: g.thinking,
                     model: match (&shared, scripted) {
                         (Some((_, id)), _) => CellModel::Model(id.clone()),
@@ -625,6 +672,7 @@ fn grid(a: GridArgs) -> Result<()> {
             .map(|(&i, p)| {
                 let c = &grid.cells[i];
                 let mut cfg = c.config.clone();
+                cfg.settle_memory(p.client.is_some());
                 if let (None, CellModel::Model(id)) = (p.scripted, &p.model) {
                     cfg.agent = format!("model:{}", id.name);
                 }

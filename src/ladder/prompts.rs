@@ -34,6 +34,45 @@ pub const LEDGER_HEADER: &str = "[YOUR LEDGER -- as you recorded it]";
 /// Ours: the ledger rendering when the agent has recorded nothing yet.
 pub const LEDGER_EMPTY: &str = "(no entries yet)";
 
+/// Ours: header of the retrieval-memory arms' recall block (the paper names
+/// the block, Appendix F, but does not print it).
+pub const RECALL_HEADER: &str = "[MEMORY -- recalled for this request]";
+
+/// Ours: the recall block when the memory holds nothing yet.
+pub const RECALL_EMPTY: &str = "(nothing recalled)";
+
+/// Ours: how many memories the recall block holds at most (the paper's top-5).
+pub const RECALL_K: usize = 5;
+
+/// Ours: the query an embedding of the current request is made from; the
+/// instruction form of Qwen3-Embedding's queries (memories are embedded as
+/// they are).
+pub fn recall_query(message: &str) -> String {
+    format!("Instruct: Given a project operator's latest message, retrieve the memories that bear on it\nQuery:{message}")
+}
+
+/// Ours: one past exchange as the top-k memory stores it.
+pub fn exchange_memory(user: &str, reply: &str) -> String {
+    format!("USER: {user}\nASSISTANT: {reply}")
+}
+
+/// Ours: the Mem0-style writer's prompt (one call per exchange; the
+/// operations are Mem0's ADD / UPDATE / DELETE / NONE over short facts).
+pub fn memory_writer_prompt(facts: &[(u32, String)], user: &str, reply: &str) -> String {
+    let memory = if facts.is_empty() {
+        "(empty)".to_string()
+    } else {
+        facts
+            .iter()
+            .map(|(id, t)| format!("{id}: {t}"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    format!(
+        "You maintain the long-term memory of an assistant that runs a project for an operator. The memory is a list of short facts, each with an id.\n\nCURRENT MEMORY:\n{memory}\n\nNEW EXCHANGE:\nUSER: {user}\nASSISTANT: {reply}\n\nUpdate the memory with what this exchange establishes. For each fact: ADD a new fact, UPDATE an existing fact it changes (keep its id), DELETE a fact it makes false, or NONE. Keep facts short and self-contained; copy step ids, completion codes, work-order numbers and statuses exactly as written.\nJSON only: {{\"memory\": [{{\"event\": \"ADD\", \"text\": \"...\"}}, {{\"event\": \"UPDATE\", \"id\": 3, \"text\": \"...\"}}, {{\"event\": \"DELETE\", \"id\": 2}}]}} (an empty list when nothing changes)"
+    )
+}
+
 /// Directive: cancelled step (B.1).
 pub fn directive_cancelled(step: &str) -> String {
     format!("[TASK-STATE] step {step} was CANCELLED. Decline; do not perform it.")

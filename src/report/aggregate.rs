@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::backend::Usage;
 use crate::ladder::arms::gate::DirectiveKind;
+use crate::ladder::arms::memory::MemoryUse;
 use crate::ladder::arms::Arm;
 use crate::ladder::run::cell::CellConfig;
 use crate::ladder::run::runlog::{sorted_keys, RunRead};
@@ -85,6 +86,28 @@ pub struct ArmSummary {
     /// Compile accuracy against the generator, for module arms (paper Table 5).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub compile: Option<CompileSummary>,
+    /// Writer and embedding calls, for the retrieval-memory arms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemorySummary>,
+}
+
+/// Per-episode means of a memory arm's writer and embedding calls, and the
+/// cell's failures.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct MemorySummary {
+    pub writer_calls: f64,
+    pub writer_prompt_tokens: f64,
+    pub writer_completion_tokens: f64,
+    pub embed_calls: f64,
+    pub embed_tokens: f64,
+    /// Memories held at the end of an episode.
+    pub items: f64,
+    /// Writer replies that did not parse, over the cell.
+    pub writer_failures: u64,
+    /// Operations naming an id the memory did not hold, over the cell.
+    pub ops_rejected: u64,
+    /// Embedding calls that failed, over the cell.
+    pub embed_failures: u64,
 }
 
 /// Compile accuracy over a cell's episodes (paper Table 5).
@@ -177,6 +200,8 @@ struct ArmTotals {
     compile: CompileTotals,
     /// Compiled episodes the validator flags.
     flagged: u64,
+    /// Memory use summed, over the episodes that kept a memory.
+    memory: Option<MemoryUse>,
 }
 
 impl std::ops::AddAssign<&EpisodeRecord> for ArmTotals {
@@ -198,6 +223,9 @@ impl std::ops::AddAssign<&EpisodeRecord> for ArmTotals {
         self.refused += u64::from(e.refused);
         self.silent += u64::from(e.silent_refusals);
         self.wall_s += e.wall_s;
+        if let Some(m) = e.memory {
+            *self.memory.get_or_insert_with(MemoryUse::default) += m;
+        }
         self.turns_correct += u64::from(e.primary.turns_correct);
         self.turns += u64::from(e.turns);
     }
@@ -270,6 +298,17 @@ fn summarize(arm: Arm, eps: &[&EpisodeRecord]) -> ArmSummary {
             ]
         }),
         compile: (compile.episodes > 0).then_some(compile),
+        memory: t.memory.map(|m| MemorySummary {
+            writer_calls: per(f64::from(m.writer_calls)),
+            writer_prompt_tokens: per(m.writer_prompt_tokens as f64),
+            writer_completion_tokens: per(m.writer_completion_tokens as f64),
+            embed_calls: per(f64::from(m.embed_calls)),
+            embed_tokens: per(m.embed_tokens as f64),
+            items: per(f64::from(m.items)),
+            writer_failures: u64::from(m.writer_failures),
+            ops_rejected: u64::from(m.ops_rejected),
+            embed_failures: u64::from(m.embed_failures),
+        }),
     }
 }
 

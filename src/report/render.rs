@@ -312,6 +312,60 @@ fn compile_table(c: &CellReport) -> Table {
     }
 }
 
+fn memory_table(c: &CellReport) -> Table {
+    let embedder = c
+        .config
+        .embedder
+        .as_ref()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    let writer = c
+        .config
+        .memory_writer
+        .map(|w| field(&w))
+        .unwrap_or_default();
+    Table {
+        head: [
+            "arm",
+            "embedder",
+            "writer",
+            "embed calls/ep",
+            "embed tok/ep",
+            "writer calls/ep",
+            "writer prompt tok/ep",
+            "writer completion tok/ep",
+            "memories at end",
+            "failed writes",
+            "rejected ops",
+            "failed embeds",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: c
+            .arms
+            .iter()
+            .filter_map(|a| a.memory.as_ref().map(|m| (a, m)))
+            .map(|(a, m)| {
+                let facts = a.arm.starts_with("mem0");
+                vec![
+                    a.arm.clone(),
+                    embedder.clone(),
+                    if facts { writer.clone() } else { "-".into() },
+                    format!("{:.1}", m.embed_calls),
+                    format!("{:.0}", m.embed_tokens),
+                    format!("{:.1}", m.writer_calls),
+                    format!("{:.0}", m.writer_prompt_tokens),
+                    format!("{:.0}", m.writer_completion_tokens),
+                    format!("{:.1}", m.items),
+                    m.writer_failures.to_string(),
+                    m.ops_rejected.to_string(),
+                    m.embed_failures.to_string(),
+                ]
+            })
+            .collect(),
+    }
+}
+
 /// Renders the report.
 pub fn render(r: &Report, format: Format) -> String {
     match format {
@@ -611,6 +665,7 @@ fn tables(r: &Report, style: Style) -> String {
                 "Compile accuracy against the generator (module arms)",
                 compile_table(c),
             ),
+            ("Retrieval memory (per episode)", memory_table(c)),
         ];
         s += &style.heading(2, &title);
         for (name, t) in sections {

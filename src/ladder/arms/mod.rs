@@ -8,6 +8,7 @@
 pub mod corrupt;
 pub mod decline;
 pub mod gate;
+pub mod memory;
 
 use serde::{Deserialize, Serialize};
 
@@ -19,6 +20,7 @@ use crate::ladder::receipt::{self, RefLine};
 use crate::ladder::state::{Status, TaskState};
 use corrupt::Corruptor;
 use gate::{CompiledGraph, CompiledRevision, Defect, Directive, Module, Policy, Refusal};
+use memory::{render_recall, MemoryKind, MemoryStore, Rendering};
 
 /// What the agent reads besides the brief and the transcript.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,8 +30,15 @@ pub enum Reads {
     /// The oracle state's checklist appended to the user turn; `kept`: later
     /// turns re-read it (otherwise only the current turn shows it, E.2).
     Checklist { kept: bool },
-    /// The agent's own LEDGER lines rendered back, kept in history (§3.3).
-    Ledger,
+    /// The agent's own LEDGER lines rendered back in the checklist's slot
+    /// (§3.3); `kept`: later turns re-read it (appended), otherwise only the
+    /// current turn shows it (replaced, Table 16).
+    Ledger { kept: bool },
+    /// A retrieval memory's recall block after the brief (Appendix F).
+    Memory {
+        kind: MemoryKind,
+        rendering: Rendering,
+    },
 }
 
 /// Where the directive for the matched step goes.
@@ -107,6 +116,10 @@ impl ArmSpec {
         gate: Gate::StateBound,
         ..ArmSpec::DIRECTIVE
     };
+    pub const ENFORCE_SYSTEM: ArmSpec = ArmSpec {
+        gate: Gate::StateBound,
+        ..ArmSpec::DIRECTIVE_SYSTEM
+    };
     pub const ENFORCE_REQUEST: ArmSpec = ArmSpec {
         gate: Gate::RequestBound,
         ..ArmSpec::DIRECTIVE
@@ -116,9 +129,23 @@ impl ArmSpec {
         ..ArmSpec::ENFORCE
     };
     pub const LEDGER: ArmSpec = ArmSpec {
-        reads: Reads::Ledger,
+        reads: Reads::Ledger { kept: true },
         ..ArmSpec::BASE
     };
+    pub const LEDGER_REPLACE: ArmSpec = ArmSpec {
+        reads: Reads::Ledger { kept: false },
+        ..ArmSpec::BASE
+    };
+    const fn retrieval(kind: MemoryKind, rendering: Rendering) -> ArmSpec {
+        ArmSpec {
+            reads: Reads::Memory { kind, rendering },
+            ..ArmSpec::BASE
+        }
+    }
+    pub const TOPK_REPLACE: ArmSpec = ArmSpec::retrieval(MemoryKind::Exchanges, Rendering::Replace);
+    pub const TOPK_AUGMENT: ArmSpec = ArmSpec::retrieval(MemoryKind::Exchanges, Rendering::Augment);
+    pub const MEM0_REPLACE: ArmSpec = ArmSpec::retrieval(MemoryKind::Facts, Rendering::Replace);
+    pub const MEM0_AUGMENT: ArmSpec = ArmSpec::retrieval(MemoryKind::Facts, Rendering::Augment);
     pub const HYBRID: ArmSpec = ArmSpec {
         gate: Gate::ValidatorGated,
         ..ArmSpec::DIRECTIVE
@@ -127,6 +154,19 @@ impl ArmSpec {
     /// Whether the matcher runs each turn.
     pub fn uses_matcher(&self) -> bool {
         self.directive.is_some()
+    }
+
+    /// The retrieval memory the arm keeps, if any.
+    pub fn memory(&self) -> Option<MemoryKind> {
+        match self.reads {
+            Reads::Memory { kind, .. } => Some(kind),
+            _ => None,
+        }
+    }
+
+    /// Whether the agent keeps a LEDGER.
+    pub fn ledger(&self) -> bool {
+        matches!(self.reads, Reads::Ledger { .. })
     }
 
     /// Whether the arm owns a compiled gate module.
@@ -162,11 +202,17 @@ pub enum Arm {
     EnforceSameTurn,
     Ledger,
     Hybrid,
+    LedgerReplace,
+    TopkReplace,
+    TopkAugment,
+    Mem0Replace,
+    Mem0Augment,
+    EnforceSystem,
 }
 
 impl Arm {
     /// Every arm, in ladder order first.
-    pub const ALL: [Arm; 11] = [
+    pub const ALL: [Arm; 17] = [
         Arm::Raw,
         Arm::Checklist,
         Arm::Directive,
@@ -178,6 +224,12 @@ impl Arm {
         Arm::EnforceSameTurn,
         Arm::Ledger,
         Arm::Hybrid,
+        Arm::LedgerReplace,
+        Arm::TopkReplace,
+        Arm::TopkAugment,
+        Arm::Mem0Replace,
+        Arm::Mem0Augment,
+        Arm::EnforceSystem,
     ];
 
     /// The four rungs of the ladder.
@@ -197,6 +249,12 @@ impl Arm {
             Arm::EnforceSameTurn => "enforce-same-turn",
             Arm::Ledger => "ledger",
             Arm::Hybrid => "hybrid",
+            Arm::LedgerReplace => "ledger-replace",
+            Arm::TopkReplace => "topk-replace",
+            Arm::TopkAugment => "topk-augment",
+            Arm::Mem0Replace => "mem0-replace",
+            Arm::Mem0Augment => "mem0-augment",
+            Arm::EnforceSystem => "enforce-system",
         }
     }
 
@@ -214,6 +272,12 @@ impl Arm {
             Arm::EnforceSameTurn => ArmSpec::ENFORCE_SAME_TURN,
             Arm::Ledger => ArmSpec::LEDGER,
             Arm::Hybrid => ArmSpec::HYBRID,
+            Arm::LedgerReplace => ArmSpec::LEDGER_REPLACE,
+            Arm::TopkReplace => ArmSpec::TOPK_REPLACE,
+            Arm::TopkAugment => ArmSpec::TOPK_AUGMENT,
+            Arm::Mem0Replace => ArmSpec::MEM0_REPLACE,
+            Arm::Mem0Augment => ArmSpec::MEM0_AUGMENT,
+            Arm::EnforceSystem => ArmSpec::ENFORCE_SYSTEM,
         }
     }
 
@@ -225,6 +289,11 @@ impl Arm {
     /// Whether the arm owns a compiled module.
     pub fn uses_module(self) -> bool {
         self.spec().uses_module()
+    }
+
+    /// Whether the arm keeps a retrieval memory (and so needs an embedder).
+    pub fn uses_memory(self) -> bool {
+        self.spec().memory().is_some()
     }
 
     /// Whether a refusal re-prompts the agent within the turn.
@@ -303,6 +372,8 @@ pub struct ArmState {
     notices: Vec<String>,
     /// The corrupted-state ablation, when enabled.
     pub corruptor: Option<Corruptor>,
+    /// The retrieval memory, for memory arms.
+    pub memory: Option<MemoryStore>,
 }
 
 /// The prompt of one agent call plus what the arm decided for the turn.
@@ -334,6 +405,7 @@ impl ArmState {
             ledger: Vec::new(),
             notices: Vec::new(),
             corruptor,
+            memory: spec.memory().map(MemoryStore::new),
         }
     }
 
@@ -364,13 +436,15 @@ impl ArmState {
     }
 
     /// Builds the turn's prompt. `truth` is the oracle state (checklist arms),
-    /// `matched` the matcher's resolution (matcher arms, None when bypassed).
+    /// `matched` the matcher's resolution (matcher arms, None when bypassed),
+    /// `query` the embedded request (memory arms; None when embedding failed).
     pub fn open_turn(
         &mut self,
         ep: &Episode,
         turn: &Turn,
         truth: &TaskState,
         matched: Option<&Match>,
+        query: Option<&[f32]>,
     ) -> TurnPrompt {
         let (directive, gated) = self.consult_module(turn, matched);
         let base = &turn.message;
@@ -382,16 +456,25 @@ impl ArmState {
                 let k = if kept { u.clone() } else { base.clone() };
                 (u, k)
             }
-            Reads::Ledger => {
+            Reads::Ledger { kept } => {
                 let u = format!("{base}\n\n{}", self.render_ledger());
-                (u.clone(), u)
+                let k = if kept { u.clone() } else { base.clone() };
+                (u, k)
             }
+            Reads::Memory { .. } => (base.clone(), base.clone()),
         };
         let mut system = ep.brief.clone();
-        if self.spec.reads == Reads::Ledger {
+        if self.spec.ledger() {
             system = format!("{system}\n{}", p::LEDGER_CLAUSE);
         }
         let mut system_extra = None;
+        // The recall block follows the brief, as in Appendix F.
+        if let Some(m) = &self.memory {
+            let recalled = query.map(|q| m.recall(q)).unwrap_or_default();
+            let block = render_recall(&recalled);
+            system = format!("{system}\n\n{block}");
+            system_extra = Some(block);
+        }
         match self.spec.directive {
             None => {}
             Some(DirectiveAt::StepLine) => {
@@ -400,11 +483,17 @@ impl ArmState {
                     user.push_str(&p::matched_step_line(&v.to_string()));
                 }
             }
+            // Rejection notices stay in the user role (Table 16).
             Some(DirectiveAt::System) => {
                 if let Some(d) = &directive {
                     system.push_str("\n\n");
                     system.push_str(&d.text);
                     system_extra = Some(d.text.clone());
+                }
+                if !self.notices.is_empty() {
+                    user = format!("{}\n\n{user}", self.notices.join("\n"));
+                    kept = format!("{}\n\n{kept}", self.notices.join("\n"));
+                    self.notices.clear();
                 }
             }
             // The directive and any rejection notice are part of the user
@@ -420,9 +509,17 @@ impl ArmState {
                 kept = user.clone();
             }
         }
-        let mut messages = Vec::with_capacity(self.history.len() + 2);
+        let past = match self.spec.reads {
+            // The last two exchanges: a user message and its reply each.
+            Reads::Memory {
+                rendering: Rendering::Replace,
+                ..
+            } => &self.history[self.history.len().saturating_sub(4)..],
+            _ => &self.history[..],
+        };
+        let mut messages = Vec::with_capacity(past.len() + 2);
         messages.push(Message::new(Role::System, system));
-        messages.extend(self.history.iter().cloned());
+        messages.extend(past.iter().cloned());
         messages.push(Message::new(Role::User, user.clone()));
         TurnPrompt {
             messages,
@@ -555,7 +652,7 @@ impl ArmState {
                 .push(Message::new(Role::Assistant, second.clone()));
         }
         self.notices.extend(next_turn);
-        if self.spec.reads == Reads::Ledger {
+        if self.spec.ledger() {
             for r in replies {
                 for l in receipt::extract_ledger(r) {
                     match self.ledger.iter_mut().find(|(c, _)| *c == l.code) {

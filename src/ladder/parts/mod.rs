@@ -18,7 +18,7 @@ use super::arms::gate::{CompiledGraph, CompiledRevision};
 use super::episode::{Episode, StepId, Turn};
 use super::score::Label;
 use super::state::TaskState;
-use crate::backend::{Message, Usage};
+use crate::backend::{Embeddings, Message, Usage};
 
 /// What scripted agents may read besides the prompt.
 #[derive(Debug, Clone, Copy)]
@@ -93,4 +93,55 @@ pub struct Match {
 pub trait Matcher {
     /// Resolves one turn's user message.
     fn resolve(&mut self, ep: &Episode, turn: &Turn) -> Match;
+}
+
+/// Embeds texts for the retrieval-memory arms (Appendix F): one unit vector
+/// per text.
+pub trait Embedder {
+    fn embed(&mut self, texts: &[String]) -> Result<Embeddings, String>;
+}
+
+/// One memory operation of a Mem0-style writer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "event", rename_all = "UPPERCASE")]
+pub enum MemoryOp {
+    Add { text: String },
+    Update { id: u32, text: String },
+    Delete { id: u32 },
+}
+
+/// What a memory writer sees of one finished turn.
+#[derive(Debug, Clone, Copy)]
+pub struct Exchange<'a> {
+    /// The stored facts, `(id, text)`.
+    pub facts: &'a [(u32, String)],
+    /// The operator's message as written (without arm additions).
+    pub user: &'a str,
+    /// The agent's visible reply.
+    pub reply: &'a str,
+    /// The realized state after the turn (read by the oracle writer only).
+    pub truth: &'a TaskState,
+    pub episode: &'a Episode,
+}
+
+/// Turns each exchange into memory operations (the Mem0-style memory).
+pub trait MemoryWriter {
+    fn write(&mut self, x: &Exchange) -> (Vec<MemoryOp>, CallCost);
+}
+
+/// The memory parts of an episode-arm: what embeds and what writes facts.
+pub struct MemoryParts {
+    pub embedder: Box<dyn Embedder + Send>,
+    pub writer: Box<dyn MemoryWriter + Send>,
+}
+
+impl MemoryParts {
+    /// The model-free memory parts: the lexical embedder and the oracle
+    /// writer (the scripted suites, and arms without memory).
+    pub fn scripted() -> Self {
+        MemoryParts {
+            embedder: Box::new(scripted::Lexical),
+            writer: Box::new(scripted::OracleMemoryWriter),
+        }
+    }
 }

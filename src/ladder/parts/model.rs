@@ -9,9 +9,12 @@
 
 use serde_json::Value;
 
-use super::{Agent, CallCost, Compiler, Match, Matcher, Oracle, Reply};
+use super::{
+    Agent, CallCost, Compiler, Embedder, Exchange, Match, Matcher, MemoryOp, MemoryWriter, Oracle,
+    Reply,
+};
 use crate::backend::shared::{Client, Conversation};
-use crate::backend::{BackendError, ChatReply, ChatRequest, Message, Role, Usage};
+use crate::backend::{BackendError, ChatReply, ChatRequest, Embeddings, Message, Role, Usage};
 use crate::ladder::arms::gate::{CompiledGraph, CompiledRevision};
 use crate::ladder::episode::{Episode, StepId, Turn};
 use crate::ladder::prompts as p;
@@ -199,6 +202,10 @@ pub enum ParseError {
     StepType(Value),
     #[error("explicit_redo must be true or false, got {0}")]
     RedoType(Value),
+    #[error("missing \"memory\" list")]
+    NoMemory,
+    #[error("memory[{0}]: {1}")]
+    Op(usize, String),
 }
 
 fn step_of(v: &Value, n: usize) -> Result<Option<StepId>, ParseError> {
@@ -437,6 +444,106 @@ impl Compiler for ModelCompiler {
         let prompt = p::compile_revision_prompt(&ep.step_list(), &ep.revision.message);
         let (r, cost) = self.ask(prompt, |t| parse_revision(t, n));
         (r.unwrap_or_default(), cost)
+    }
+}
+
+/// Parses the memory writer's JSON: `{"memory": [{"event": "ADD", "text"},
+/// {"event": "UPDATE", "id", "text"}, {"event": "DELETE", "id"},
+/// {"event": "NONE"}]}`; ids may be numbers or strings of digits.
+pub fn parse_memory_ops(text: &str) -> Result<Vec<MemoryOp>, ParseError> {
+    let v = first_json_object(text).ok_or(ParseError::NoJson)?;
+    let list = v
+        .get("memory")
+        .and_then(Value::as_array)
+        .ok_or(ParseError::NoMemory)?;
+    let mut ops = Vec::new();
+    for (i, o) in list.iter().enumerate() {
+        let bad = |why: &str| ParseError::Op(i, why.to_string());
+        let event = o
+            .get("event")
+            .and_then(Value::as_str)
+            .ok_or_else(|| bad("no event"))?;
+        let id = || match o.get("id") {
+            Some(Value::Number(n)) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
+            Some(Value::String(s)) => s.trim().parse().ok(),
+            _ => None,
+        };
+        let text = || {
+            o.get("text")
+                .and_then(Value::as_str)
+                .map(|t| t.trim().to_string())
+                .filter(|t| !t.is_empty())
+        };
+        ops.push(match event.to_ascii_uppercase().as_str() {
+            "ADD" => MemoryOp::Add {
+                text: text().ok_or_else(|| bad("ADD without text"))?,
+            },
+            "UPDATE" => MemoryOp::Update {
+                id: id().ok_or_else(|| bad("UPDATE without a numeric id"))?,
+                text: text().ok_or_else(|| bad("UPDATE without text"))?,
+            },
+            "DELETE" => MemoryOp::Delete {
+                id: id().ok_or_else(|| bad("DELETE without a numeric id"))?,
+            },
+            "NONE" => continue,
+            other => return Err(bad(&format!("unknown event '{other}'"))),
+        });
+    }
+    Ok(ops)
+}
+
+/// The Mem0-style writer on the served model: one call per exchange (one
+/// correction re-ask when the JSON does not parse), its own conversation.
+pub struct ModelMemoryWriter {
+    session: Conversation,
+    thinking: bool,
+    budgets: Budgets,
+}
+
+impl ModelMemoryWriter {
+    pub fn new(client: &Client, thinking: bool) -> Result<Self, BackendError> {
+        Ok(ModelMemoryWriter {
+            session: client.open()?,
+            thinking,
+            budgets: Budgets::for_regime(thinking),
+        })
+    }
+}
+
+impl MemoryWriter for ModelMemoryWriter {
+    fn write(&mut self, x: &Exchange) -> (Vec<MemoryOp>, CallCost) {
+        let prompt = p::memory_writer_prompt(x.facts, x.user, x.reply);
+        let (ops, cost) = ask_json(
+            &self.session,
+            prompt,
+            self.budgets.matcher,
+            &self.budgets,
+            self.thinking,
+            parse_memory_ops,
+        );
+        (ops.unwrap_or_default(), cost)
+    }
+}
+
+/// Embeddings from a served model: the agent model's own final hidden state,
+/// or a separate embedding model (`--embedder`).
+pub struct ModelEmbedder {
+    client: Client,
+}
+
+impl ModelEmbedder {
+    pub fn new(client: &Client) -> Self {
+        ModelEmbedder {
+            client: client.clone(),
+        }
+    }
+}
+
+impl Embedder for ModelEmbedder {
+    fn embed(&mut self, texts: &[String]) -> Result<Embeddings, String> {
+        self.client
+            .embed(texts.to_vec())
+            .map_err(|e| crate::one_line(&e))
     }
 }
 

@@ -3,12 +3,16 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::{Agent, CallCost, Compiler, Match, Matcher, Oracle, Reply};
-use crate::backend::Message;
+use super::{
+    Agent, CallCost, Compiler, Embedder, Exchange, Match, Matcher, MemoryOp, MemoryWriter, Oracle,
+    Reply,
+};
+use crate::backend::{l2_normalize, Embeddings, Message};
 use crate::ladder::arms::gate::{CompiledGraph, CompiledRevision};
 use crate::ladder::episode::{Episode, Protocol, StepId, Turn};
 use crate::ladder::prompts as p;
 use crate::ladder::score::Label;
+use crate::ladder::state::Status;
 
 /// The scripted agents of A.1.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -122,5 +126,83 @@ impl Matcher for OracleMatcher {
             explicit_redo: turn.explicit_redo,
             cost: CallCost::default(),
         }
+    }
+}
+
+/// A lexical embedder for cells without a model (the scripted suites): a
+/// hashed bag of words (lower-cased alphanumeric words, codes with their
+/// hyphen kept), signed by a second hash bit as in feature hashing, then
+/// L2-normalised. Deterministic and model-free; retrieval by shared words.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Lexical;
+
+impl Lexical {
+    /// Width of the hashed vectors.
+    pub const DIM: usize = 512;
+}
+
+/// FNV-1a, 64 bits.
+fn fnv1a(s: &str) -> u64 {
+    s.bytes().fold(0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+impl Embedder for Lexical {
+    fn embed(&mut self, texts: &[String]) -> Result<Embeddings, String> {
+        let mut tokens = 0;
+        let vectors = texts
+            .iter()
+            .map(|t| {
+                let mut v = vec![0f32; Lexical::DIM];
+                let lower = t.to_lowercase();
+                let words = lower
+                    .split(|c: char| !(c.is_alphanumeric() || c == '-'))
+                    .map(|w| w.trim_matches('-'))
+                    .filter(|w| !w.is_empty());
+                for w in words {
+                    let h = fnv1a(w);
+                    let sign = if h >> 63 == 0 { 1.0 } else { -1.0 };
+                    v[(h % Lexical::DIM as u64) as usize] += sign;
+                    tokens += 1;
+                }
+                l2_normalize(&mut v);
+                v
+            })
+            .collect();
+        Ok(Embeddings {
+            vectors,
+            prompt_tokens: tokens,
+        })
+    }
+}
+
+/// The oracle memory writer: one fact per finished or cancelled step, with
+/// the realized status after the turn ("s3 (RC-1234, sign the contract):
+/// DONE"), added once and
+/// updated when the status changes. A memory of exact state, recalled by
+/// similarity.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct OracleMemoryWriter;
+
+impl MemoryWriter for OracleMemoryWriter {
+    fn write(&mut self, x: &Exchange) -> (Vec<MemoryOp>, CallCost) {
+        let mut ops = Vec::new();
+        for v in x.truth.ids() {
+            let status = match x.truth.status(v) {
+                Status::Done => "DONE",
+                Status::Cancelled => "CANCELLED",
+                Status::Todo | Status::Blocked => continue,
+            };
+            let step = x.episode.step(v);
+            let prefix = format!("{v} ({}, {}):", step.code, step.wording);
+            let text = format!("{prefix} {status}");
+            match x.facts.iter().find(|(_, t)| t.starts_with(&prefix)) {
+                Some((_, t)) if *t == text => {}
+                Some((id, _)) => ops.push(MemoryOp::Update { id: *id, text }),
+                None => ops.push(MemoryOp::Add { text }),
+            }
+        }
+        (ops, CallCost::default())
     }
 }

@@ -18,9 +18,13 @@ use crate::ladder::arms::Arm;
 use crate::ladder::episode::domain::Domain;
 use crate::ladder::episode::generator::{generate, GenError, ParaphraseCache};
 use crate::ladder::episode::{BriefVariant, Episode, EpisodeConfig, Protocol};
-use crate::ladder::parts::model::{ModelAgent, ModelCompiler, ModelMatcher};
-use crate::ladder::parts::scripted::{OracleCompiler, OracleMatcher, Scripted};
-use crate::ladder::parts::{Agent, Compiler, Matcher};
+use crate::ladder::parts::model::{
+    ModelAgent, ModelCompiler, ModelEmbedder, ModelMatcher, ModelMemoryWriter,
+};
+use crate::ladder::parts::scripted::{
+    Lexical, OracleCompiler, OracleMatcher, OracleMemoryWriter, Scripted,
+};
+use crate::ladder::parts::{Agent, Compiler, Embedder, Matcher, MemoryParts, MemoryWriter};
 
 /// Everything a cell is a function of; stored in the manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -46,6 +50,34 @@ pub struct CellConfig {
     #[serde(default)]
     pub thinking: bool,
     pub options: RunOptions,
+    /// What embeds the retrieval memories (cells with a memory arm).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedder: Option<EmbedderId>,
+    /// What writes the Mem0-style memory's facts (cells with a memory arm).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_writer: Option<Source>,
+}
+
+/// Which embedder a cell's memory arms use, as the manifest names it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "lowercase")]
+pub enum EmbedderId {
+    /// The hashed bag of words (cells without a model).
+    Lexical,
+    /// The agent model's own final hidden state.
+    Agent,
+    /// A separate embedding model (`--embedder`).
+    Model(ModelIdentity),
+}
+
+impl std::fmt::Display for EmbedderId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            EmbedderId::Lexical => f.write_str("lexical"),
+            EmbedderId::Agent => f.write_str("agent model"),
+            EmbedderId::Model(m) => write!(f, "{}", m.name),
+        }
+    }
 }
 
 impl CellConfig {
@@ -68,7 +100,33 @@ impl CellConfig {
             compiler: parts,
             thinking: false,
             options: RunOptions::default(),
+            embedder: None,
+            memory_writer: None,
         }
+    }
+
+    /// Whether any arm keeps a retrieval memory.
+    pub fn uses_memory(&self) -> bool {
+        self.arms.iter().any(|a| a.uses_memory())
+    }
+
+    /// Settles the memory parts of a cell with memory arms, where the user
+    /// named none: the agent model's hidden state when a model runs (else
+    /// the lexical embedder), and the writer from the same source as the
+    /// matcher. Cells without memory arms keep none (their manifests stay
+    /// as they were).
+    pub fn settle_memory(&mut self, model: bool) {
+        if !self.uses_memory() {
+            self.embedder = None;
+            self.memory_writer = None;
+            return;
+        }
+        self.embedder.get_or_insert(if model {
+            EmbedderId::Agent
+        } else {
+            EmbedderId::Lexical
+        });
+        self.memory_writer.get_or_insert(self.matcher);
     }
 
     /// The quick start's cell: procurement, S steps, ρ = 0.15, seeds from
@@ -158,6 +216,8 @@ pub enum CellError {
     Model(#[from] BackendError),
     #[error("a model-backed part needs a model (--model or --endpoint)")]
     NoModel,
+    #[error("the cell's manifest names an embedding model; pass it again with --embedder")]
+    NoEmbedder,
     /// The model failed in a way no turn can recover from; the episode is
     /// not logged, so a resume runs it again.
     #[error("the model cannot run: {0}")]
@@ -187,6 +247,8 @@ pub trait Parts: Sync {
     fn matcher(&self) -> Result<Box<dyn Matcher + Send>, CellError>;
     /// A compiler (one compile per episode, shared by the cell's module arms).
     fn compiler(&self) -> Result<Box<dyn Compiler + Send>, CellError>;
+    /// Fresh memory parts for one episode-arm of the cell.
+    fn memory(&self, cfg: &CellConfig) -> Result<MemoryParts, CellError>;
     /// What runs the parts, for the manifest.
     fn model(&self) -> CellModel;
 }
@@ -210,6 +272,8 @@ pub struct CellParts {
     pub compiler: Source,
     /// The shared model, when any part is model-backed.
     pub client: Option<Client>,
+    /// A separate embedding model, when `--embedder` names one.
+    pub embedder: Option<Client>,
     pub thinking: bool,
     pub model: CellModel,
 }
@@ -222,6 +286,7 @@ impl CellParts {
             matcher: Source::Oracle,
             compiler: Source::Oracle,
             client: None,
+            embedder: None,
             thinking: false,
             model: CellModel::Scripted {
                 agent: agent.name(),
@@ -236,6 +301,7 @@ impl CellParts {
             matcher: Source::Model,
             compiler: Source::Model,
             client: Some(client),
+            embedder: None,
             thinking,
             model: CellModel::Model(model),
         }
@@ -267,6 +333,20 @@ impl Parts for CellParts {
             Source::Oracle => Box::new(OracleCompiler),
             Source::Model => Box::new(ModelCompiler::new(self.client()?, self.thinking)),
         })
+    }
+    fn memory(&self, cfg: &CellConfig) -> Result<MemoryParts, CellError> {
+        let embedder: Box<dyn Embedder + Send> = match &cfg.embedder {
+            None | Some(EmbedderId::Lexical) => Box::new(Lexical),
+            Some(EmbedderId::Agent) => Box::new(ModelEmbedder::new(self.client()?)),
+            Some(EmbedderId::Model(_)) => Box::new(ModelEmbedder::new(
+                self.embedder.as_ref().ok_or(CellError::NoEmbedder)?,
+            )),
+        };
+        let writer: Box<dyn MemoryWriter + Send> = match cfg.memory_writer {
+            None | Some(Source::Oracle) => Box::new(OracleMemoryWriter),
+            Some(Source::Model) => Box::new(ModelMemoryWriter::new(self.client()?, self.thinking)?),
+        };
+        Ok(MemoryParts { embedder, writer })
     }
     fn model(&self) -> CellModel {
         self.model.clone()
@@ -493,11 +573,16 @@ impl Workers<'_> {
         };
         let mut agent = job.parts.agent()?;
         let mut matcher = job.parts.matcher()?;
+        let mut memory = match arm.uses_memory() {
+            true => job.parts.memory(&job.cfg)?,
+            false => MemoryParts::scripted(),
+        };
         let (rec, turns) = run_episode(
             &ep,
             arm,
             &mut *agent,
             &mut *matcher,
+            &mut memory,
             compiled,
             &job.cfg.options,
         );

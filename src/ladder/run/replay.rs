@@ -11,7 +11,7 @@ use crate::backend::Message;
 use crate::ladder::arms::Arm;
 use crate::ladder::episode::{Episode, EPISODE_VERSION};
 use crate::ladder::parts::scripted::OracleMatcher;
-use crate::ladder::parts::{Agent, Oracle, Reply};
+use crate::ladder::parts::{Agent, MemoryParts, Oracle, Reply};
 use crate::ladder::score::Label;
 
 /// Errors reading an episode or a replies file.
@@ -179,6 +179,7 @@ pub fn score_replies(
         arm,
         &mut Recorded(replies),
         &mut OracleMatcher,
+        &mut MemoryParts::scripted(),
         compiled.as_ref(),
         &RunOptions::default(),
     ))

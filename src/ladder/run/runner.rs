@@ -12,10 +12,15 @@ use crate::ladder::arms::decline;
 use crate::ladder::arms::gate::{
     CompiledGraph, CompiledRevision, Defect, Directive, DirectiveKind,
 };
+use crate::ladder::arms::memory::{MemoryKind, MemoryStore, MemoryUse};
 use crate::ladder::arms::{Arm, ArmState, Booking, TurnPrompt};
 use crate::ladder::episode::{Episode, StepId, Turn, TurnKind};
 use crate::ladder::parts::scripted::OracleCompiler;
-use crate::ladder::parts::{Agent, CallCost, Compiler, Match, Matcher, Oracle};
+use crate::ladder::parts::{
+    Agent, CallCost, Compiler, Exchange as MemoryExchange, Match, Matcher, MemoryOp, MemoryParts,
+    Oracle,
+};
+use crate::ladder::prompts as p;
 use crate::ladder::score::compile::{compile_accuracy, CompileAccuracy};
 use crate::ladder::score::{score, ChannelCounts, EpisodeScore, Label, Truth, Violation};
 
@@ -81,7 +86,8 @@ pub struct TurnRecord {
     pub work_order: String,
     /// The user message as the agent read it.
     pub request: String,
-    /// The system-role directive of this call, if any.
+    /// What this call added to the system prompt: the system-role
+    /// directive, or a memory arm's recall block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_extra: Option<String>,
     /// The matcher's resolution, when it ran.
@@ -107,8 +113,21 @@ pub struct TurnRecord {
     pub violations_decline_aware: Vec<Violation>,
     /// Agent accounting summed over the turn's calls.
     pub usage: Usage,
+    /// What a memory arm wrote after the turn.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryTurn>,
     /// Wall-clock seconds of the turn.
     pub latency_s: f64,
+}
+
+/// A memory arm's writes after one turn.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryTurn {
+    /// The operations applied (the exchange itself, for the top-k memory).
+    pub ops: Vec<MemoryOp>,
+    /// Why the writer or the embedder failed on this turn, if they did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
 }
 
 /// Issued and obeyed counts of one directive kind.
@@ -212,6 +231,9 @@ pub struct EpisodeRecord {
     /// Corruptions injected (ablation only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub corruptions: Vec<Corruption>,
+    /// Writer and embedding calls (memory arms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryUse>,
 }
 
 /// What one turn adds to its episode's tallies.
@@ -254,6 +276,7 @@ pub fn run_episode(
     arm: Arm,
     agent: &mut dyn Agent,
     matcher: &mut dyn Matcher,
+    memory: &mut MemoryParts,
     compiled: Option<&Compiled>,
     opts: &RunOptions,
 ) -> (EpisodeRecord, Vec<TurnRecord>) {
@@ -270,7 +293,7 @@ pub fn run_episode(
     let mut tally = Tally::default();
     let mut records = Vec::with_capacity(ep.turns.len());
     for turn in &ep.turns {
-        let (record, t) = run.turn(turn, agent, matcher);
+        let (record, t) = run.turn(turn, agent, matcher, memory);
         records.push(record);
         tally += t;
     }
@@ -293,6 +316,7 @@ pub fn run_episode(
             .filter(|_| arm.uses_module())
             .map(|c| compile_accuracy(ep, &c.graph, &c.revision)),
         corruptions: run.state.corruptor.map(|c| c.events).unwrap_or_default(),
+        memory: run.state.memory.map(|m| m.used),
     };
     (record, records)
 }
@@ -319,6 +343,7 @@ impl Episodic<'_> {
         turn: &Turn,
         agent: &mut dyn Agent,
         matcher: &mut dyn Matcher,
+        memory: &mut MemoryParts,
     ) -> (TurnRecord, Tally) {
         let (ep, arm) = (self.ep, self.arm);
         let t0 = Instant::now();
@@ -330,9 +355,23 @@ impl Episodic<'_> {
         }
         let bypass = self.opts.bypass_matcher && turn.kind.bypasses_matcher();
         let matched = (arm.uses_matcher() && !bypass).then(|| matcher.resolve(ep, turn));
-        let prompt = self
-            .state
-            .open_turn(ep, turn, &self.truth.state, matched.as_ref());
+        let mut memory_errors = Vec::new();
+        let query = match self.state.memory {
+            Some(_) => {
+                let q = self.embed(memory, vec![p::recall_query(&turn.message)]);
+                q.map_err(|e| memory_errors.push(e))
+                    .ok()
+                    .and_then(|v| v.into_iter().next())
+            }
+            None => None,
+        };
+        let prompt = self.state.open_turn(
+            ep,
+            turn,
+            &self.truth.state,
+            matched.as_ref(),
+            query.as_deref(),
+        );
         let x = self.exchange(turn, &prompt, matched.as_ref(), &label, agent);
         let visible = x.replies.last().map(String::as_str).unwrap_or("");
         let refused = x.bookings.iter().filter(|b| b.refusal.is_some()).count() as u32;
@@ -388,11 +427,97 @@ impl Episodic<'_> {
             violations: Vec::new(),
             violations_decline_aware: Vec::new(),
             usage: x.usage,
+            memory: None,
             latency_s: t0.elapsed().as_secs_f64(),
         };
         self.state
             .close_turn(prompt, &x.replies, x.reprompt, x.notices);
+        let mut record = record;
+        if self.state.memory.is_some() {
+            let visible = record.replies.last().map(String::as_str).unwrap_or("");
+            let mut m = self.remember(memory, &turn.message, visible);
+            memory_errors.append(&mut m.errors);
+            m.errors = memory_errors;
+            record.memory = Some(m);
+            record.latency_s = t0.elapsed().as_secs_f64();
+        }
         (record, tally)
+    }
+
+    /// Embeds texts for the memory, counting the call.
+    fn embed(
+        &mut self,
+        parts: &mut MemoryParts,
+        texts: Vec<String>,
+    ) -> Result<Vec<Vec<f32>>, String> {
+        let r = parts.embedder.embed(&texts);
+        let used = &mut self.state.memory.as_mut().expect("a memory arm").used;
+        used.embed_calls += 1;
+        match r {
+            Ok(e) if e.vectors.len() == texts.len() => {
+                used.embed_tokens += e.prompt_tokens as u64;
+                Ok(e.vectors)
+            }
+            Ok(e) => {
+                used.embed_failures += 1;
+                Err(format!(
+                    "embedder: {} vectors for {} texts",
+                    e.vectors.len(),
+                    texts.len()
+                ))
+            }
+            Err(e) => {
+                used.embed_failures += 1;
+                Err(format!("embedder: {e}"))
+            }
+        }
+    }
+
+    /// Writes the finished exchange into the memory: verbatim (top-k) or
+    /// as the writer's operations (Mem0-style), then embeds what changed.
+    fn remember(&mut self, parts: &mut MemoryParts, user: &str, reply: &str) -> MemoryTurn {
+        let store = self.state.memory.as_mut().expect("a memory arm");
+        let mut out = MemoryTurn::default();
+        let ops = match store.kind {
+            MemoryKind::Exchanges => vec![MemoryOp::Add {
+                text: p::exchange_memory(user, reply),
+            }],
+            MemoryKind::Facts => {
+                let facts = store.facts();
+                let x = MemoryExchange {
+                    facts: &facts,
+                    user,
+                    reply,
+                    truth: &self.truth.state,
+                    episode: self.ep,
+                };
+                let (ops, cost) = parts.writer.write(&x);
+                let used = &mut store.used;
+                used.writer_calls += cost.calls;
+                used.writer_prompt_tokens += cost.prompt_tokens;
+                used.writer_completion_tokens += cost.completion_tokens;
+                if let Some(e) = cost.error {
+                    used.writer_failures += 1;
+                    out.errors.push(format!("writer: {e}"));
+                }
+                store.admissible(ops)
+            }
+        };
+        let texts = MemoryStore::texts(&ops);
+        let vectors = if texts.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.embed(parts, texts)
+        };
+        match vectors {
+            Ok(v) => {
+                let store = self.state.memory.as_mut().expect("a memory arm");
+                store.apply(ops.clone(), v);
+                out.ops = ops;
+            }
+            Err(e) => out.errors.push(e),
+        }
+        out
     }
 
     /// The agent replies; the gate judges the bookings; on the same-turn
@@ -493,6 +618,7 @@ mod tests {
                     arm,
                     &mut Scripted::Perfect,
                     &mut OracleMatcher,
+                    &mut MemoryParts::scripted(),
                     Some(&c),
                     &RunOptions::default(),
                 );
@@ -517,6 +643,7 @@ mod tests {
             Arm::Directive,
             &mut Scripted::Perfect,
             &mut OracleMatcher,
+            &mut MemoryParts::scripted(),
             Some(&c),
             &RunOptions::default(),
         );
