@@ -14,6 +14,7 @@ use crate::ladder::arms::Arm;
 use crate::ladder::run::cell::CellConfig;
 use crate::ladder::run::runlog::{sorted_keys, RunRead};
 use crate::ladder::run::runner::{EpisodeRecord, MatcherStats, Obedience};
+use crate::ladder::run::trap::TrapSplit;
 use crate::ladder::score::compile::CompileTotals;
 use crate::ladder::score::{Channel, ChannelCounts};
 use crate::stats::{holm, mcnemar_exact, wilson};
@@ -89,6 +90,9 @@ pub struct ArmSummary {
     /// Writer and embedding calls, for the retrieval-memory arms.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemorySummary>,
+    /// The trap-turn probe (A.4), for arms that re-executed on a redo probe.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trap: Option<TrapSplit>,
 }
 
 /// Per-episode means of a memory arm's writer and embedding calls, and the
@@ -231,10 +235,18 @@ impl std::ops::AddAssign<&EpisodeRecord> for ArmTotals {
     }
 }
 
-fn summarize(arm: Arm, eps: &[&EpisodeRecord]) -> ArmSummary {
+fn summarize(
+    arm: Arm,
+    eps: &[&EpisodeRecord],
+    traps: &BTreeMap<(u64, Arm), TrapSplit>,
+) -> ArmSummary {
     let mut t = ArmTotals::default();
+    let mut trap = TrapSplit::default();
     for e in eps {
         t += e;
+        if let Some(s) = traps.get(&(e.seed, e.arm)) {
+            trap += *s;
+        }
     }
     let n = t.episodes;
     let per = |x: f64| if n == 0 { 0.0 } else { x / n as f64 };
@@ -309,6 +321,7 @@ fn summarize(arm: Arm, eps: &[&EpisodeRecord]) -> ArmSummary {
             ops_rejected: u64::from(m.ops_rejected),
             embed_failures: u64::from(m.embed_failures),
         }),
+        trap: (trap.re_executions > 0).then_some(trap),
     }
 }
 
@@ -345,7 +358,10 @@ pub fn build(runs: &[RunRead]) -> Report {
         let by_arm = |arm: Arm| -> Vec<&EpisodeRecord> {
             run.episodes.iter().filter(|e| e.arm == arm).collect()
         };
-        let arms: Vec<ArmSummary> = order.iter().map(|&a| summarize(a, &by_arm(a))).collect();
+        let arms: Vec<ArmSummary> = order
+            .iter()
+            .map(|&a| summarize(a, &by_arm(a), &run.trap))
+            .collect();
         let mut contrasts = Vec::new();
         for w in order.windows(2) {
             let (ea, eb) = (by_arm(w[0]), by_arm(w[1]));

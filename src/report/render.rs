@@ -366,6 +366,36 @@ fn memory_table(c: &CellReport) -> Table {
     }
 }
 
+fn trap_table(c: &CellReport) -> Table {
+    Table {
+        head: [
+            "arm",
+            "redo probes",
+            "re-executions",
+            "says done, then books",
+            "books without saying so",
+            "share saying done",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: c
+            .arms
+            .iter()
+            .filter_map(|a| a.trap.map(|t| (a, t)))
+            .map(|(a, t)| {
+                vec![
+                    a.arm.clone(),
+                    t.probes.to_string(),
+                    t.re_executions.to_string(),
+                    t.says_done.to_string(),
+                    t.silent.to_string(),
+                    format!("{:.2}", f64::from(t.says_done) / f64::from(t.re_executions)),
+                ]
+            })
+            .collect(),
+    }
+}
+
 /// Renders the report.
 pub fn render(r: &Report, format: Format) -> String {
     match format {
@@ -666,6 +696,10 @@ fn tables(r: &Report, style: Style) -> String {
                 compile_table(c),
             ),
             ("Retrieval memory (per episode)", memory_table(c)),
+            (
+                "Trap-turn probe (re-executions on redo probes, A.4)",
+                trap_table(c),
+            ),
         ];
         s += &style.heading(2, &title);
         for (name, t) in sections {

@@ -37,6 +37,36 @@ pub const REFUSAL: &str = r"(?ix)
       | not\s+(be\s+)?booking | no\s+new\s+work\s+order | without\s+booking
     )\b";
 
+/// Statements that a step is already done (the trap-turn probe, A.4: a
+/// re-execution whose reply first says so is the booking line written as a
+/// citation; one without is the step taken for a fresh order).
+pub const SAYS_DONE: &str = r"(?ix)
+    \b( already\s+(been\s+)?(done|complete|completed|finished|booked|performed|executed|signed|placed)
+      | (is|was|has\s+been|have\s+been|were)\s+(already\s+|previously\s+)?(completed|complete|done|finished|performed|executed)
+      | previously\s+(completed|booked|performed|executed|done)
+      | (completed|finished|performed|booked|done)\s+(earlier|before|previously)
+    )\b";
+
+fn says_done_re() -> &'static Regex {
+    static RE: OnceLock<Regex> = OnceLock::new();
+    RE.get_or_init(|| Regex::new(SAYS_DONE).expect("static regex"))
+}
+
+/// Whether a reply says that `step` is already done: some sentence makes a
+/// [`SAYS_DONE`] statement and names no other step (so "s5 is complete",
+/// said of a prerequisite, does not count).
+pub fn says_done(reply: &str, step: &str) -> bool {
+    static STEP: OnceLock<Regex> = OnceLock::new();
+    let ids = STEP.get_or_init(|| Regex::new(r"(?i)\bs\d+\b").expect("static regex"));
+    reply
+        .split(['.', '!', '?', ';', '\n'])
+        .filter(|sentence| says_done_re().is_match(sentence))
+        .any(|sentence| {
+            ids.find_iter(sentence)
+                .all(|m| m.as_str().eq_ignore_ascii_case(step))
+        })
+}
+
 fn annotation() -> &'static Regex {
     static RE: OnceLock<Regex> = OnceLock::new();
     RE.get_or_init(|| Regex::new(DECLINE_ANNOTATION).expect("static regex"))
@@ -82,6 +112,24 @@ mod tests {
         assert!(is_citation(r, 1));
         let r = "I cannot perform s4: its prerequisites are not complete (s2).";
         assert!(is_refusal(r));
+    }
+
+    #[test]
+    fn done_statements() {
+        for r in [
+            "s4 is already complete, but here is the booking.\nref RC-1111/#W2222",
+            "This step has been completed earlier.",
+            "The audit was done before, booking the new order.",
+        ] {
+            assert!(says_done(r, "s4"), "{r}");
+        }
+        for r in [
+            "Done: placed the main equipment order.\nref RC-1111/#W2222",
+            "Step s4 requires s5; s5 is complete; therefore s4 can be performed.",
+            "s5 was already completed, so s4 can go ahead.",
+        ] {
+            assert!(!says_done(r, "s4"), "{r}");
+        }
     }
 
     #[test]

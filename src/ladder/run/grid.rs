@@ -734,6 +734,9 @@ pub fn read_runs(dirs: &[PathBuf]) -> Result<Vec<RunRead>, GridError> {
             into.foreign += run.foreign;
             into.paths.append(&mut run.paths);
             into.episodes.append(&mut run.episodes);
+            for (k, v) in run.trap {
+                into.trap.entry(k).or_insert(v);
+            }
         }
     }
     for r in &mut runs {

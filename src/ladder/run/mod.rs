@@ -1,8 +1,10 @@
 //! Running episodes: one episode on one arm, a cell of them into a run
-//! directory, reading run logs back, and replaying recorded replies.
+//! directory, reading run logs back (with the trap-turn probe over their
+//! turns), and replaying recorded replies.
 
 pub mod cell;
 pub mod grid;
 pub mod replay;
 pub mod runlog;
 pub mod runner;
+pub mod trap;

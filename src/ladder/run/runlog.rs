@@ -9,7 +9,7 @@
 //! ignored by readers. A torn last line (a crash mid-write) is dropped when
 //! the directory is reopened and ignored when it is read.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, File, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -19,6 +19,7 @@ use serde_json::Value;
 
 use super::cell::{CellConfig, CellModel};
 use super::runner::{EpisodeRecord, TurnRecord};
+use super::trap::TrapSplit;
 use crate::ladder::arms::Arm;
 
 /// Format tag of a run directory.
@@ -405,6 +406,8 @@ pub struct RunRead {
     pub episodes: Vec<EpisodeRecord>,
     /// Episode lines written under another configuration, not counted.
     pub foreign: usize,
+    /// The trap-turn probe of each finished episode, by (seed, arm).
+    pub trap: BTreeMap<(u64, Arm), TrapSplit>,
 }
 
 fn json<T: Serialize>(v: &T) -> Value {
@@ -439,12 +442,17 @@ pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
         .map(|t| t.record)
         .filter(|r| seen.insert((r.seed, r.arm)))
         .collect();
+    let mut trap: BTreeMap<(u64, Arm), TrapSplit> = BTreeMap::new();
+    for t in read_turns(dir)? {
+        *trap.entry((t.seed, t.arm)).or_default() += TrapSplit::of_turn(&t);
+    }
     let mut run = RunRead {
         dir: dir.to_path_buf(),
         paths: vec![dir.to_path_buf()],
         manifest,
         episodes,
         foreign: foreign.len(),
+        trap,
     };
     run.sort();
     Ok(run)
