@@ -3,10 +3,11 @@
 //! lists them; McNemar pairs episodes by seed; Holm runs over every adjacent
 //! contrast of every cell in the report, separately for each scoring.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
+use super::render::field;
 use crate::backend::Usage;
 use crate::ladder::arms::gate::DirectiveKind;
 use crate::ladder::arms::memory::MemoryUse;
@@ -14,7 +15,7 @@ use crate::ladder::arms::Arm;
 use crate::ladder::run::cell::CellConfig;
 use crate::ladder::run::runlog::{sorted_keys, RunRead};
 use crate::ladder::run::runner::{EpisodeRecord, MatcherStats, Obedience};
-use crate::ladder::run::trap::TrapSplit;
+use crate::ladder::run::trap::{Probes, TrapSplit};
 use crate::ladder::score::compile::CompileTotals;
 use crate::ladder::score::{Channel, ChannelCounts};
 use crate::stats::{holm, mcnemar_exact, wilson};
@@ -175,6 +176,43 @@ pub struct CellReport {
 #[derive(Debug, Clone, Serialize)]
 pub struct Report {
     pub cells: Vec<CellReport>,
+    /// Pairs of cells that differ in one setting, compared on shared seeds
+    /// (the paper's Tables 4 and 13).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub comparisons: Vec<Comparison>,
+}
+
+/// Two cells that ran the same episodes under one different setting (brief,
+/// paraphrase tier, ambiguous-probe rate, protocol, agent, regime, matcher or
+/// compiler), compared arm by arm on the seeds both ran.
+#[derive(Debug, Clone, Serialize)]
+pub struct Comparison {
+    /// The setting, and its value in each cell.
+    pub setting: &'static str,
+    pub values: [String; 2],
+    /// The two cells' directories (or grid cell names).
+    pub cells: [String; 2],
+    pub arms: Vec<ArmPair>,
+}
+
+/// One arm of a [`Comparison`]; `[first cell, second cell]` throughout.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArmPair {
+    pub arm: String,
+    /// Seeds both cells finished on this arm.
+    pub shared: u64,
+    pub strict: [u64; 2],
+    pub decline_aware: [u64; 2],
+    /// Exact McNemar on the shared seeds, and Holm over the comparison's arms.
+    pub p: f64,
+    pub p_holm: f64,
+    pub decline_aware_p: ContrastP,
+    /// Matcher step agreement, for matcher arms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub matcher_agreement: Option<[f64; 2]>,
+    /// Ambiguous probes asked, and how many the agent booked.
+    pub ambiguous: [u32; 2],
+    pub ambiguous_booked: [u32; 2],
 }
 
 fn ratio(n: u64, d: u64) -> f64 {
@@ -238,14 +276,14 @@ impl std::ops::AddAssign<&EpisodeRecord> for ArmTotals {
 fn summarize(
     arm: Arm,
     eps: &[&EpisodeRecord],
-    traps: &BTreeMap<(u64, Arm), TrapSplit>,
+    probes: &BTreeMap<(u64, Arm), Probes>,
 ) -> ArmSummary {
     let mut t = ArmTotals::default();
     let mut trap = TrapSplit::default();
     for e in eps {
         t += e;
-        if let Some(s) = traps.get(&(e.seed, e.arm)) {
-            trap += *s;
+        if let Some(p) = probes.get(&(e.seed, e.arm)) {
+            trap += p.trap;
         }
     }
     let n = t.episodes;
@@ -360,7 +398,7 @@ pub fn build(runs: &[RunRead]) -> Report {
         };
         let arms: Vec<ArmSummary> = order
             .iter()
-            .map(|&a| summarize(a, &by_arm(a), &run.trap))
+            .map(|&a| summarize(a, &by_arm(a), &run.probes))
             .collect();
         let mut contrasts = Vec::new();
         for w in order.windows(2) {
@@ -394,5 +432,143 @@ pub fn build(runs: &[RunRead]) -> Report {
             k += 1;
         }
     }
-    Report { cells }
+    Report {
+        cells,
+        comparisons: comparisons(runs),
+    }
+}
+
+/// The setting two cells differ in, when they differ in exactly one that
+/// leaves the episodes' graphs alone (the same domain, S, ρ and options).
+fn paired_setting(a: &CellConfig, b: &CellConfig) -> Option<(&'static str, [String; 2])> {
+    let same_episodes = a.domain == b.domain
+        && a.steps == b.steps
+        && a.density == b.density
+        && a.options == b.options;
+    if !same_episodes {
+        return None;
+    }
+    let settings = [
+        ("brief", [field(&a.brief), field(&b.brief)]),
+        (
+            "paraphrase tier",
+            [field(&a.paraphrase_tier), field(&b.paraphrase_tier)],
+        ),
+        (
+            "ambiguous rate",
+            [field(&a.ambiguous_rate), field(&b.ambiguous_rate)],
+        ),
+        ("protocol", [field(&a.protocol), field(&b.protocol)]),
+        ("agent", [a.agent.clone(), b.agent.clone()]),
+        ("thinking", [field(&a.thinking), field(&b.thinking)]),
+        ("matcher", [field(&a.matcher), field(&b.matcher)]),
+        ("compiler", [field(&a.compiler), field(&b.compiler)]),
+    ];
+    let mut differ = settings.into_iter().filter(|(_, v)| v[0] != v[1]);
+    match (differ.next(), differ.next()) {
+        (Some(d), None) => Some(d),
+        _ => None,
+    }
+}
+
+/// Every pair of runs that differ in one setting, arm by arm on shared seeds.
+fn comparisons(runs: &[RunRead]) -> Vec<Comparison> {
+    let mut out = Vec::new();
+    for (i, ra) in runs.iter().enumerate() {
+        for rb in &runs[i + 1..] {
+            let (ca, cb) = (&ra.manifest.config, &rb.manifest.config);
+            let Some((setting, values)) = paired_setting(ca, cb) else {
+                continue;
+            };
+            let arms: Vec<ArmPair> = ca
+                .arms
+                .iter()
+                .filter(|a| cb.arms.contains(a))
+                .filter_map(|&arm| arm_pair(arm, ra, rb))
+                .collect();
+            if arms.is_empty() {
+                continue;
+            }
+            let mut c = Comparison {
+                setting,
+                values,
+                cells: [ra.dir.display().to_string(), rb.dir.display().to_string()],
+                arms,
+            };
+            let p: Vec<f64> = c.arms.iter().map(|x| x.p).collect();
+            let pd: Vec<f64> = c.arms.iter().map(|x| x.decline_aware_p.p).collect();
+            for ((x, h), hd) in c.arms.iter_mut().zip(holm(&p)).zip(holm(&pd)) {
+                x.p_holm = h;
+                x.decline_aware_p.p_holm = hd;
+            }
+            out.push(c);
+        }
+    }
+    out
+}
+
+/// One arm of two runs on the seeds both finished; None when they share none.
+fn arm_pair(arm: Arm, ra: &RunRead, rb: &RunRead) -> Option<ArmPair> {
+    let seeds = |r: &RunRead| -> BTreeSet<u64> {
+        r.episodes
+            .iter()
+            .filter(|e| e.arm == arm)
+            .map(|e| e.seed)
+            .collect()
+    };
+    let shared: BTreeSet<u64> = seeds(ra).intersection(&seeds(rb)).copied().collect();
+    if shared.is_empty() {
+        return None;
+    }
+    fn on<'r>(r: &'r RunRead, arm: Arm, seeds: &BTreeSet<u64>) -> Vec<&'r EpisodeRecord> {
+        r.episodes
+            .iter()
+            .filter(|e| e.arm == arm && seeds.contains(&e.seed))
+            .collect()
+    }
+    let (ea, eb) = (on(ra, arm, &shared), on(rb, arm, &shared));
+    let count = |v: &[&EpisodeRecord], da: bool| -> u64 {
+        v.iter()
+            .filter(|e| {
+                if da {
+                    e.decline_aware.strict
+                } else {
+                    e.primary.strict
+                }
+            })
+            .count() as u64
+    };
+    let agreement = |v: &[&EpisodeRecord]| {
+        let (agree, scored) = v.iter().fold((0u64, 0u64), |(a, s), e| {
+            (
+                a + u64::from(e.matcher.agree),
+                s + u64::from(e.matcher.scored),
+            )
+        });
+        ratio(agree, scored)
+    };
+    let probes = |r: &RunRead| {
+        let mut p = Probes::default();
+        for s in &shared {
+            if let Some(x) = r.probes.get(&(*s, arm)) {
+                p += *x;
+            }
+        }
+        p
+    };
+    let (pa, pb) = (probes(ra), probes(rb));
+    let p = paired_p(&ea, &eb, false);
+    let pd = paired_p(&ea, &eb, true);
+    Some(ArmPair {
+        arm: arm.name().to_string(),
+        shared: shared.len() as u64,
+        strict: [count(&ea, false), count(&eb, false)],
+        decline_aware: [count(&ea, true), count(&eb, true)],
+        p,
+        p_holm: p,
+        decline_aware_p: ContrastP { p: pd, p_holm: pd },
+        matcher_agreement: arm.uses_matcher().then(|| [agreement(&ea), agreement(&eb)]),
+        ambiguous: [pa.ambiguous, pb.ambiguous],
+        ambiguous_booked: [pa.ambiguous_booked, pb.ambiguous_booked],
+    })
 }

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use super::aggregate::{ArmSummary, CellReport, Report};
+use super::aggregate::{ArmSummary, CellReport, Comparison, Report};
 use crate::ladder::arms::gate::DirectiveKind;
 use crate::ladder::score::Channel;
 
@@ -25,7 +25,7 @@ pub enum Format {
 
 /// A configuration value as its JSON spells it, without quotes (so ρ = 1
 /// reads `1.0`, as it always has).
-fn field<T: Serialize>(v: &T) -> String {
+pub(crate) fn field<T: Serialize>(v: &T) -> String {
     serde_json::to_string(v)
         .unwrap_or_default()
         .trim_matches('"')
@@ -673,12 +673,76 @@ fn grid_tables(r: &Report, style: Style) -> String {
     s
 }
 
+/// A paired comparison as one table, `first / second` in each column.
+fn comparison_table(c: &Comparison) -> Table {
+    let pair = |a: &dyn std::fmt::Display, b: &dyn std::fmt::Display| format!("{a} / {b}");
+    Table {
+        head: [
+            "arm",
+            "shared seeds",
+            "strict",
+            "McNemar p",
+            "Holm p",
+            "decline-aware",
+            "DA p",
+            "DA Holm p",
+            "matcher agreement",
+            "ambiguous booked / asked",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: c
+            .arms
+            .iter()
+            .map(|x| {
+                vec![
+                    x.arm.clone(),
+                    x.shared.to_string(),
+                    pair(&x.strict[0], &x.strict[1]),
+                    fmt_p(x.p),
+                    fmt_p(x.p_holm),
+                    pair(&x.decline_aware[0], &x.decline_aware[1]),
+                    fmt_p(x.decline_aware_p.p),
+                    fmt_p(x.decline_aware_p.p_holm),
+                    x.matcher_agreement
+                        .map(|m| format!("{:.3} / {:.3}", m[0], m[1]))
+                        .unwrap_or_else(|| "-".into()),
+                    format!(
+                        "{}/{} / {}/{}",
+                        x.ambiguous_booked[0],
+                        x.ambiguous[0],
+                        x.ambiguous_booked[1],
+                        x.ambiguous[1]
+                    ),
+                ]
+            })
+            .collect(),
+    }
+}
+
+/// The paired comparisons: cells that differ in one setting, on shared seeds.
+fn comparison_tables(r: &Report, style: Style) -> String {
+    let mut s = String::new();
+    for c in &r.comparisons {
+        let title = format!(
+            "{}: {} ({}) vs {} ({}) on shared seeds; Holm over the arms",
+            c.setting, c.values[0], c.cells[0], c.values[1], c.cells[1]
+        );
+        s += &style.section(&title, &comparison_table(c));
+    }
+    if !s.is_empty() {
+        s = style.heading(1, "Paired comparisons (cells differing in one setting)") + &s;
+    }
+    s
+}
+
 /// Every table of every cell; a report of several cells opens with the
-/// grid's tables.
+/// grid's tables and the paired comparisons.
 fn tables(r: &Report, style: Style) -> String {
     let mut s = String::new();
     if r.cells.len() > 1 {
         s += &grid_tables(r, style);
+        s += &comparison_tables(r, style);
     }
     for c in &r.cells {
         let title = cell_title(c);

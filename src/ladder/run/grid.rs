@@ -734,8 +734,8 @@ pub fn read_runs(dirs: &[PathBuf]) -> Result<Vec<RunRead>, GridError> {
             into.foreign += run.foreign;
             into.paths.append(&mut run.paths);
             into.episodes.append(&mut run.episodes);
-            for (k, v) in run.trap {
-                into.trap.entry(k).or_insert(v);
+            for (k, v) in run.probes {
+                into.probes.entry(k).or_insert(v);
             }
         }
     }

@@ -19,7 +19,7 @@ use serde_json::Value;
 
 use super::cell::{CellConfig, CellModel};
 use super::runner::{EpisodeRecord, TurnRecord};
-use super::trap::TrapSplit;
+use super::trap::Probes;
 use crate::ladder::arms::Arm;
 
 /// Format tag of a run directory.
@@ -258,6 +258,15 @@ fn last_attempt(path: &Path) -> Result<u32, RunLogError> {
 
 /// Reads the complete, parseable lines of a JSONL file; a torn last line is ignored.
 fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<Tagged<T>>, RunLogError> {
+    read_lines_where(path, |_| true)
+}
+
+/// As [`read_lines`], parsing only the lines `keep` accepts (a torn last
+/// line is still skipped, a corrupt kept line still an error).
+fn read_lines_where<T: for<'de> Deserialize<'de>>(
+    path: &Path,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Vec<Tagged<T>>, RunLogError> {
     if !path.exists() {
         return Ok(Vec::new());
     }
@@ -266,7 +275,7 @@ fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<Tagged<T>
     let lines: Vec<&str> = text.lines().collect();
     let mut out = Vec::with_capacity(lines.len());
     for (i, line) in lines.iter().enumerate() {
-        if line.trim().is_empty() {
+        if line.trim().is_empty() || !keep(line) {
             continue;
         }
         match serde_json::from_str::<Tagged<T>>(line) {
@@ -406,8 +415,8 @@ pub struct RunRead {
     pub episodes: Vec<EpisodeRecord>,
     /// Episode lines written under another configuration, not counted.
     pub foreign: usize,
-    /// The trap-turn probe of each finished episode, by (seed, arm).
-    pub trap: BTreeMap<(u64, Arm), TrapSplit>,
+    /// The probes of each finished episode's turns, by (seed, arm).
+    pub probes: BTreeMap<(u64, Arm), Probes>,
 }
 
 fn json<T: Serialize>(v: &T) -> Value {
@@ -442,9 +451,16 @@ pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
         .map(|t| t.record)
         .filter(|r| seen.insert((r.seed, r.arm)))
         .collect();
-    let mut trap: BTreeMap<(u64, Arm), TrapSplit> = BTreeMap::new();
-    for t in read_turns(dir)? {
-        *trap.entry((t.seed, t.arm)).or_default() += TrapSplit::of_turn(&t);
+    let mut probes: BTreeMap<(u64, Arm), Probes> = BTreeMap::new();
+    // Only redo probes and ambiguous probes count: the other lines are not
+    // parsed (a report reads 2 or 3 of each episode's 44 turns).
+    let probe_kinds = |line: &str| {
+        Probes::KINDS
+            .iter()
+            .any(|k| line.contains(&format!("\"kind\":\"{}\"", k.name())))
+    };
+    for t in read_turns_where(dir, probe_kinds)? {
+        *probes.entry((t.seed, t.arm)).or_default() += Probes::of_turn(&t);
     }
     let mut run = RunRead {
         dir: dir.to_path_buf(),
@@ -452,7 +468,7 @@ pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
         manifest,
         episodes,
         foreign: foreign.len(),
-        trap,
+        probes,
     };
     run.sort();
     Ok(run)
@@ -472,6 +488,14 @@ impl RunRead {
 
 /// Reads the turn lines of finished episodes (those of unfinished attempts are skipped).
 pub fn read_turns(dir: &Path) -> Result<Vec<TurnRecord>, RunLogError> {
+    read_turns_where(dir, |_| true)
+}
+
+/// As [`read_turns`], parsing only the lines `keep` accepts.
+fn read_turns_where(
+    dir: &Path,
+    keep: impl Fn(&str) -> bool,
+) -> Result<Vec<TurnRecord>, RunLogError> {
     /// What identifies an episode line.
     #[derive(Deserialize)]
     struct Key {
@@ -484,7 +508,7 @@ pub fn read_turns(dir: &Path) -> Result<Vec<TurnRecord>, RunLogError> {
         .filter(|t| t.belongs(&hash))
         .map(|t| (t.record.seed, t.record.arm, t.attempt))
         .collect();
-    let turns: Vec<Tagged<TurnRecord>> = read_lines(&dir.join("turns.jsonl"))?;
+    let turns: Vec<Tagged<TurnRecord>> = read_lines_where(&dir.join("turns.jsonl"), keep)?;
     Ok(turns
         .into_iter()
         .filter(|t| t.belongs(&hash))

@@ -3,7 +3,8 @@
 //! split by whether its reply first says the step is done ("says done, then
 //! books": the booking line written as a citation) or not ("books without
 //! saying so": the step taken as a fresh order). No model is called; the
-//! paper's counterfactual re-asks are a separate experiment.
+//! paper's counterfactual re-asks are a separate experiment. The ambiguous
+//! probes booked per arm (Table 4) are read the same way.
 
 use serde::{Deserialize, Serialize};
 
@@ -56,6 +57,39 @@ impl TrapSplit {
             s.silent = 1;
         }
         s
+    }
+}
+
+/// What the report reads from one episode's turns: the trap-turn split and
+/// the ambiguous probes (a filler naming two eligible steps; correct: book
+/// nothing) and how many of them the agent booked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probes {
+    pub trap: TrapSplit,
+    pub ambiguous: u32,
+    pub ambiguous_booked: u32,
+}
+
+impl Probes {
+    /// The turn kinds that hold probes (every other turn counts nothing).
+    pub const KINDS: [TurnKind; 2] = [TurnKind::RedoProbe, TurnKind::Ambiguous];
+
+    /// The probes of one logged turn.
+    pub fn of_turn(t: &TurnRecord) -> Probes {
+        let ambiguous = t.kind == TurnKind::Ambiguous;
+        Probes {
+            trap: TrapSplit::of_turn(t),
+            ambiguous: u32::from(ambiguous),
+            ambiguous_booked: u32::from(ambiguous && t.bookings.iter().any(|b| b.executed)),
+        }
+    }
+}
+
+impl std::ops::AddAssign for Probes {
+    fn add_assign(&mut self, o: Probes) {
+        self.trap += o.trap;
+        self.ambiguous += o.ambiguous;
+        self.ambiguous_booked += o.ambiguous_booked;
     }
 }
 
