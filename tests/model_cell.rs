@@ -245,3 +245,34 @@ fn live_cell_on_the_default_model() {
     assert!(enforce.matcher.calls > 0);
     assert!(enforce.compile.is_some());
 }
+
+/// `--embedder PATH`: a separate Qwen checkpoint embeds in-process beside a
+/// scripted agent (which loads no model of its own); the manifest records
+/// its identity, and the perfect agent still scores every episode.
+#[test]
+fn a_separate_embedding_model_is_loaded_and_recorded() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("cell");
+    let embedder = engine_common::root().join("tests/fixtures/engine/tiny-qwen3");
+    let o = bin()
+        .args(["ladder", "cell", "--agent", "perfect", "--device", "cpu"])
+        .args(["--arms", "topk-replace,mem0-augment", "--steps", "5"])
+        .args(["--episodes", "3", "--quiet", "--embedder"])
+        .arg(&embedder)
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let run = read_run(&out).unwrap();
+    let cfg = serde_json::to_value(&run.manifest.config).unwrap();
+    assert_eq!(cfg["embedder"]["kind"], "model", "{cfg}");
+    assert_eq!(cfg["embedder"]["architecture"], "qwen3", "{cfg}");
+    assert_eq!(cfg["memory_writer"], "oracle", "{cfg}");
+    assert_eq!(run.episodes.len(), 6);
+    for e in &run.episodes {
+        assert!(e.primary.strict, "{e:?}");
+        let m = e.memory.expect("memory use");
+        assert!(m.embed_calls > 0 && m.embed_tokens > 0 && m.embed_failures == 0);
+    }
+}
