@@ -100,7 +100,10 @@ fn checked_root(base: &str) -> Result<String, BackendError> {
 /// What a worker thread needs to make calls.
 struct Shared {
     agent: ureq::Agent,
+    /// `POST /v1/chat/completions`.
     url: String,
+    /// `POST /v1/embeddings`.
+    embeddings_url: String,
     model: String,
     key: Option<String>,
     attempts: u32,
@@ -204,6 +207,7 @@ impl OpenAiBackend {
             shared: Arc::new(Shared {
                 agent: agent(opts.timeout),
                 url: format!("{root}/v1/chat/completions"),
+                embeddings_url: format!("{root}/v1/embeddings"),
                 model,
                 key: api_key(&opts.api_key_env),
                 attempts: opts.attempts.max(1),
@@ -405,7 +409,7 @@ impl Shared {
 
     /// `POST /v1/embeddings` for the texts, in one call.
     fn embed(&self, texts: &[String]) -> Result<Embeddings, BackendError> {
-        let url = self.url.replace("/chat/completions", "/embeddings");
+        let url = &self.embeddings_url;
         let req = EmbeddingRequest {
             model: self.model.clone(),
             input: EmbeddingInput::Many(texts.to_vec()),
@@ -413,11 +417,11 @@ impl Shared {
         };
         let body = serde_json::to_vec(&req)
             .map_err(|e| BackendError::BadRequest(format!("request does not serialize: {e}")))?;
-        let (text, _) = self.post(&url, &body, 0)?;
+        let (text, _) = self.post(url, &body, 0)?;
         serde_json::from_str::<EmbeddingResponse>(&text)
             .map_err(WireError::json)
             .and_then(|r| r.into_embeddings(texts.len()))
-            .map_err(|e| remote(&url, format!("malformed reply: {}", crate::one_line(&e))))
+            .map_err(|e| remote(url, format!("malformed reply: {}", crate::one_line(&e))))
     }
 
     /// POSTs a JSON body with the retry rules; returns the 2xx body and the

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::render::field;
+use super::field;
 use crate::backend::Usage;
 use crate::ladder::arms::gate::DirectiveKind;
 use crate::ladder::arms::memory::MemoryUse;

@@ -4,9 +4,8 @@
 
 use std::fmt::Write as _;
 
-use serde::Serialize;
-
 use super::aggregate::{ArmSummary, CellReport, Comparison, Report};
+use super::field;
 use crate::ladder::arms::gate::DirectiveKind;
 use crate::ladder::score::Channel;
 
@@ -21,15 +20,6 @@ pub enum Format {
     Csv,
     /// The JSON document described in the README.
     Json,
-}
-
-/// A configuration value as its JSON spells it, without quotes (so ρ = 1
-/// reads `1.0`, as it always has).
-pub(crate) fn field<T: Serialize>(v: &T) -> String {
-    serde_json::to_string(v)
-        .unwrap_or_default()
-        .trim_matches('"')
-        .to_string()
 }
 
 fn cell_title(c: &CellReport) -> String {

@@ -454,11 +454,8 @@ pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
     let mut probes: BTreeMap<(u64, Arm), Probes> = BTreeMap::new();
     // Only redo probes and ambiguous probes count: the other lines are not
     // parsed (a report reads 2 or 3 of each episode's 44 turns).
-    let probe_kinds = |line: &str| {
-        Probes::KINDS
-            .iter()
-            .any(|k| line.contains(&format!("\"kind\":\"{}\"", k.name())))
-    };
+    let needles = Probes::KINDS.map(|k| format!("\"kind\":\"{}\"", k.name()));
+    let probe_kinds = |line: &str| needles.iter().any(|n| line.contains(n.as_str()));
     for t in read_turns_where(dir, probe_kinds)? {
         *probes.entry((t.seed, t.arm)).or_default() += Probes::of_turn(&t);
     }

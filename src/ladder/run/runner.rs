@@ -408,7 +408,7 @@ impl Episodic<'_> {
             .filter_map(|b| b.step)
             .collect();
         self.truth.close(turn, &executed);
-        let record = TurnRecord {
+        let mut record = TurnRecord {
             seed: ep.config.seed,
             arm,
             turn: turn.index,
@@ -432,7 +432,6 @@ impl Episodic<'_> {
         };
         self.state
             .close_turn(prompt, &x.replies, x.reprompt, x.notices);
-        let mut record = record;
         if self.state.memory.is_some() {
             let visible = record.replies.last().map(String::as_str).unwrap_or("");
             let mut m = self.remember(memory, &turn.message, visible);
@@ -512,8 +511,8 @@ impl Episodic<'_> {
         match vectors {
             Ok(v) => {
                 let store = self.state.memory.as_mut().expect("a memory arm");
-                store.apply(ops.clone(), v);
-                out.ops = ops;
+                out.ops = ops.clone();
+                store.apply(ops, v);
             }
             Err(e) => out.errors.push(e),
         }
