@@ -460,6 +460,18 @@ mod tests {
         assert_eq!((r.max_tokens, r.temperature, r.seed), (5, 0.0, 9));
         assert_eq!(r.stop, vec!["\n".to_string()]);
         assert!(!r.thinking);
+        let r = parse_chat(
+            br##"{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":null,"tool_calls":[{"id":"c7","type":"function","function":{"name":"f","arguments":"{\"work_order\": \"#W1\"}"}}]},{"role":"tool","tool_call_id":"c7","content":"ok"}],"tools":[{"type":"function","function":{"name":"f","description":"d","parameters":{"type":"object"}}}],"tool_choice":"auto"}"##,
+        )
+        .unwrap();
+        assert_eq!(r.tools[0].function.name, "f");
+        assert_eq!(r.messages[1].tool_calls[0].id, "c7");
+        assert_eq!(
+            r.messages[1].tool_calls[0].arguments,
+            "{\"work_order\": \"#W1\"}"
+        );
+        assert_eq!(r.messages[2].role, crate::backend::Role::Tool);
+        assert_eq!(r.messages[2].tool_call_id, "c7");
     }
 
     #[test]
@@ -472,8 +484,8 @@ mod tests {
             ),
             (br#"{"messages":[]}"#, "messages is empty"),
             (
-                br#"{"messages":[{"role":"tool","content":"q"}]}"#,
-                "'tool' is not supported",
+                br#"{"messages":[{"role":"function","content":"q"}]}"#,
+                "'function' is not supported",
             ),
             (
                 br#"{"messages":[{"role":"user","content":"q"}],"n":2}"#,

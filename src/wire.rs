@@ -7,7 +7,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{ChatReply, ChatRequest, Embeddings, Finish, Message, Role, Usage};
+use crate::backend::{
+    ChatReply, ChatRequest, Embeddings, Finish, Message, Role, Tool, ToolCall, Usage,
+};
 
 /// Why a body was refused, in one line for a 400, or why a reply could not
 /// be read.
@@ -23,7 +25,7 @@ pub enum WireError {
     N(u64),
     #[error("messages is empty")]
     NoMessages,
-    #[error("messages[{0}].role '{1}' is not supported (system, user, assistant)")]
+    #[error("messages[{0}].role '{1}' is not supported (system, user, assistant, tool)")]
     Role(usize, String),
     #[error("messages[{0}] has no role")]
     NoRole(usize),
@@ -81,6 +83,9 @@ pub struct ChatCompletionRequest {
     pub n: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template_kwargs: Option<TemplateKwargs>,
+    /// Functions the model may call; their calls come back in `tool_calls`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<Tool>,
 }
 
 /// One message as the API spells it.
@@ -90,6 +95,71 @@ pub struct WireMessage {
     pub role: Option<String>,
     #[serde(default)]
     pub content: Option<Content>,
+    /// An assistant message's calls.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<WireToolCall>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+/// One tool call as the API spells it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WireToolCall {
+    #[serde(default)]
+    pub id: String,
+    #[serde(rename = "type", default = "function_kind")]
+    pub kind: String,
+    pub function: WireFunctionCall,
+}
+
+fn function_kind() -> String {
+    "function".into()
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WireFunctionCall {
+    #[serde(default)]
+    pub name: String,
+    /// JSON text; a server that sends an object instead has it written back as text.
+    #[serde(default, deserialize_with = "arguments_text")]
+    pub arguments: String,
+}
+
+fn arguments_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    Ok(match serde_json::Value::deserialize(d)? {
+        serde_json::Value::String(s) => s,
+        serde_json::Value::Null => String::new(),
+        v => v.to_string(),
+    })
+}
+
+impl From<&ToolCall> for WireToolCall {
+    fn from(c: &ToolCall) -> Self {
+        WireToolCall {
+            id: c.id.clone(),
+            kind: function_kind(),
+            function: WireFunctionCall {
+                name: c.name.clone(),
+                arguments: c.arguments.clone(),
+            },
+        }
+    }
+}
+
+impl WireToolCall {
+    /// The engine's call; a missing id becomes `call_<n>`.
+    fn into_call(self, n: usize) -> ToolCall {
+        ToolCall {
+            id: if self.id.is_empty() {
+                format!("call_{n}")
+            } else {
+                self.id
+            },
+            name: self.function.name,
+            arguments: self.function.arguments,
+        }
+    }
 }
 
 /// A message's content: a string, or a list of parts.
@@ -153,8 +223,11 @@ impl ChatCompletionRequest {
                 .map(|m| WireMessage {
                     role: Some(m.role.as_str().to_string()),
                     content: Some(Content::Text(m.content.clone())),
+                    tool_calls: m.tool_calls.iter().map(WireToolCall::from).collect(),
+                    tool_call_id: (!m.tool_call_id.is_empty()).then(|| m.tool_call_id.clone()),
                 })
                 .collect(),
+            tools: req.tools.clone(),
             max_tokens: Some(req.max_tokens as u64),
             temperature: Some(req.temperature),
             seed: Some(i128::from(req.seed)),
@@ -206,6 +279,7 @@ impl ChatCompletionRequest {
                 .unwrap_or(true),
             temperature,
             seed: self.seed.unwrap_or(0) as u64,
+            tools: self.tools,
         })
     }
 }
@@ -216,6 +290,7 @@ impl WireMessage {
             Some("system" | "developer") => Role::System,
             Some("user") => Role::User,
             Some("assistant") => Role::Assistant,
+            Some("tool") => Role::Tool,
             Some(r) => return Err(WireError::Role(i, r.to_string())),
             None => return Err(WireError::NoRole(i)),
         };
@@ -236,7 +311,12 @@ impl WireMessage {
                 out
             }
         };
-        Ok(Message::new(role, content))
+        let calls = self.tool_calls.into_iter().enumerate();
+        Ok(Message {
+            tool_calls: calls.map(|(n, c)| c.into_call(n)).collect(),
+            tool_call_id: self.tool_call_id.unwrap_or_default(),
+            ..Message::new(role, content)
+        })
     }
 }
 
@@ -279,6 +359,8 @@ pub struct AssistantMessage {
     /// Some servers' spelling of `reasoning_content`.
     #[serde(default, skip_serializing)]
     pub reasoning: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<WireToolCall>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -312,15 +394,19 @@ impl ChatCompletion {
                 index: 0,
                 message: AssistantMessage {
                     role: "assistant".into(),
-                    content: Some(reply.content.clone()),
+                    // The API's content is null beside calls when nothing else was said.
+                    content: (reply.tool_calls.is_empty() || !reply.content.is_empty())
+                        .then(|| reply.content.clone()),
                     reasoning_content: reply.reasoning.clone(),
                     reasoning: None,
+                    tool_calls: reply.tool_calls.iter().map(WireToolCall::from).collect(),
                 },
                 logprobs: None,
                 finish_reason: Some(
                     match reply.finish {
-                        Finish::Stop => "stop",
                         Finish::Length => "length",
+                        Finish::Stop if !reply.tool_calls.is_empty() => "tool_calls",
+                        Finish::Stop => "stop",
                     }
                     .into(),
                 ),
@@ -357,9 +443,11 @@ impl ChatCompletion {
             Some(r) => (Some(r), raw),
             None => crate::backend::split_thinking(&raw),
         };
+        let calls = m.tool_calls.into_iter().enumerate();
         Ok(ChatReply {
             content,
             reasoning,
+            tool_calls: calls.map(|(n, c)| c.into_call(n)).collect(),
             finish: match choice.finish_reason.as_deref() {
                 Some("length") => Finish::Length,
                 _ => Finish::Stop,

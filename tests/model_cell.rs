@@ -45,6 +45,18 @@ fn cell_args<'a>(model: &'a str, out: &'a str, live: &'a str) -> Vec<&'a str> {
     ]
 }
 
+/// Runs two episodes of `arms` with `live` in flight into `out`.
+fn two_episodes(model: &str, out: &Path, live: &str, arms: &str, extra: &[&str]) {
+    let mut args = cell_args(model, out.to_str().unwrap(), live);
+    let at = args.iter().position(|a| *a == "--arms").unwrap() + 1;
+    args[at] = arms;
+    let at = args.iter().position(|a| *a == "--episodes").unwrap() + 1;
+    args[at] = "2";
+    args.extend(extra);
+    let o = bin().args(args).output().unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+}
+
 /// Replies and bookings per (seed, arm, turn).
 fn transcripts(dir: &Path) -> Vec<String> {
     let mut t: Vec<String> = read_turns(dir)
@@ -142,18 +154,10 @@ fn memory_arms_run_on_the_model_and_are_batch_invariant() {
     let tmp = tempfile::tempdir().unwrap();
     let model = engine_common::tiny_model_long(tmp.path());
     let model = model.to_str().unwrap();
-    let run = |out: &Path, live: &str| {
-        let mut args = cell_args(model, out.to_str().unwrap(), live);
-        let at = args.iter().position(|a| *a == "--arms").unwrap() + 1;
-        args[at] = "topk-replace,mem0-augment,ledger-replace";
-        let at = args.iter().position(|a| *a == "--episodes").unwrap() + 1;
-        args[at] = "2";
-        let o = bin().args(args).output().unwrap();
-        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    };
+    let arms = "topk-replace,mem0-augment,ledger-replace";
     let (seq, par) = (tmp.path().join("seq"), tmp.path().join("par"));
-    run(&seq, "1");
-    run(&par, "6");
+    two_episodes(model, &seq, "1", arms, &[]);
+    two_episodes(model, &par, "6", arms, &[]);
     let r = read_run(&seq).unwrap();
     let cfg = serde_json::to_value(&r.manifest.config).unwrap();
     assert_eq!(cfg["embedder"]["kind"], "agent", "{cfg}");
@@ -191,6 +195,42 @@ fn memory_arms_run_on_the_model_and_are_batch_invariant() {
         engine_common::stable_records(&par)
     );
     assert_eq!(transcripts(&seq), transcripts(&par));
+}
+
+/// The native tool harness on the model: the step tools reach the chat
+/// template, and batched or not the same transcripts, calls and stamps.
+#[test]
+fn native_tool_harness_runs_on_the_model_and_is_batch_invariant() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = engine_common::tiny_model_long(tmp.path());
+    let model = model.to_str().unwrap();
+    let (arms, native) = ("raw,enforce,enforce-request", ["--protocol", "native"]);
+    let (seq, par) = (tmp.path().join("seq"), tmp.path().join("par"));
+    two_episodes(model, &seq, "1", arms, &native);
+    two_episodes(model, &par, "6", arms, &native);
+    let r = read_run(&seq).unwrap();
+    let cfg = serde_json::to_value(&r.manifest.config).unwrap();
+    assert_eq!(cfg["protocol"], "native", "{cfg}");
+    let turns = read_turns(&seq).unwrap();
+    assert_eq!(turns.len(), 2 * 3 * 44);
+    let stamps = |dir: &Path| {
+        let mut v: Vec<String> = read_turns(dir)
+            .unwrap()
+            .into_iter()
+            .map(|t| {
+                serde_json::json!([t.seed, t.arm, t.turn, t.stamps, t.tool_results, t.malformed])
+                    .to_string()
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    assert_eq!(
+        engine_common::stable_records(&seq),
+        engine_common::stable_records(&par)
+    );
+    assert_eq!(transcripts(&seq), transcripts(&par));
+    assert_eq!(stamps(&seq), stamps(&par));
 }
 
 #[test]

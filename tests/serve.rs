@@ -409,3 +409,95 @@ fn unreachable_endpoint_is_a_one_line_error() {
     assert!(e.contains("gave up after 3 attempts"), "{e}");
     assert!(!e.contains('\n'), "{e}");
 }
+
+/// Native tool calling on the default model: the step tools offered, the
+/// model calls one, the call's result goes back as a `tool` message and
+/// the model answers. In-process and through `serve` + the OpenAI client,
+/// every reply, call and id is the same; the wire says `tool_calls`.
+#[test]
+fn tool_calls_through_serve_match_in_process() {
+    use statebench::backend::{Tool, ToolCall};
+    use statebench::engine::{Engine, EngineOptions};
+    let Some(gguf) = engine_common::default_model() else {
+        return;
+    };
+    let params = json!({
+        "type": "object",
+        "properties": {"work_order": {"type": "string", "description": "the work order number from the current message, e.g. #W1234"}},
+        "required": ["work_order"]
+    });
+    let tools = vec![
+        Tool::function(
+            "sign_msa",
+            "Carry out step s1: sign the master service agreement.",
+            params.clone(),
+        ),
+        Tool::function(
+            "place_equipment_order",
+            "Carry out step s2: place the main equipment order.",
+            params,
+        ),
+    ];
+    let first = vec![
+        Message::new(
+            Role::System,
+            "You are the agent for an assigned project. To carry out a step, call its tool with the work order number from my current message.",
+        ),
+        Message::new(
+            Role::User,
+            "Please sign the master service agreement now (#W4821).",
+        ),
+    ];
+    let ask = |messages: Vec<Message>| ChatRequest {
+        tools: tools.clone(),
+        ..ChatRequest::greedy(messages, 64)
+    };
+    let mut engine = Engine::load(gguf.to_str().unwrap(), EngineOptions::default()).unwrap();
+    let s = engine.open_session();
+    let local = engine.chat(s, ask(first.clone())).unwrap();
+    assert_eq!(local.tool_calls.len(), 1, "{local:?}");
+    let call: &ToolCall = &local.tool_calls[0];
+    assert_eq!(call.name, "sign_msa", "{local:?}");
+    let args: Value = serde_json::from_str(&call.arguments).unwrap();
+    assert_eq!(args["work_order"], "#W4821", "{local:?}");
+    let mut second = first.clone();
+    second.push(Message::calls(
+        local.content.clone(),
+        local.tool_calls.clone(),
+    ));
+    second.push(Message::tool_result(
+        &call.id,
+        "sign_msa: executed for work order #W4821.",
+    ));
+    let local2 = engine.chat(s, ask(second.clone())).unwrap();
+    drop(engine);
+
+    let server = ServeProc::start(&gguf);
+    let mut b = OpenAiBackend::connect(OpenAiOptions::new(server.url.clone())).unwrap();
+    let rs = b.open_session();
+    let remote = b.chat(rs, ask(first.clone())).unwrap();
+    let remote2 = b.chat(rs, ask(second)).unwrap();
+    for (l, r) in [(&local, &remote), (&local2, &remote2)] {
+        assert_eq!(
+            (&l.content, &l.tool_calls, l.usage.completion_tokens),
+            (&r.content, &r.tool_calls, r.usage.completion_tokens)
+        );
+    }
+    // The raw wire: calls as OpenAI spells them, arguments as a string.
+    let body = serde_json::to_string(&statebench::wire::ChatCompletionRequest::from_chat(
+        "m",
+        &ask(first),
+    ))
+    .unwrap();
+    let (status, v) = post(&server.url, &body);
+    assert_eq!(status, 200, "{v}");
+    let choice = &v["choices"][0];
+    assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
+    let c = &choice["message"]["tool_calls"][0];
+    assert_eq!(
+        (c["type"].as_str(), c["id"].as_str()),
+        (Some("function"), Some("call_0"))
+    );
+    assert_eq!(c["function"]["name"], "sign_msa");
+    assert!(c["function"]["arguments"].is_string(), "{v}");
+}

@@ -37,7 +37,7 @@ fn perfect_agent_scores_every_episode_on_every_arm() {
     for domain in Domain::ALL {
         for (s, rho) in grid {
             for seed in 100..120 {
-                for protocol in [Protocol::Text, Protocol::Tool] {
+                for protocol in [Protocol::Text, Protocol::Tool, Protocol::Native] {
                     let mut c = EpisodeConfig::paper(domain, s, rho, seed);
                     c.protocol = protocol;
                     c.ambiguous_rate = 0.15;

@@ -3,6 +3,9 @@
 
 pub mod http_client;
 pub mod shared;
+pub mod tools;
+
+pub use tools::{split_tool_calls, Tool, ToolCall};
 
 use std::path::PathBuf;
 
@@ -16,6 +19,8 @@ pub enum Role {
     User,
     /// The model.
     Assistant,
+    /// A tool's result, answering one of the model's calls.
+    Tool,
 }
 
 impl Role {
@@ -25,6 +30,7 @@ impl Role {
             Role::System => "system",
             Role::User => "user",
             Role::Assistant => "assistant",
+            Role::Tool => "tool",
         }
     }
 }
@@ -36,6 +42,12 @@ pub struct Message {
     pub role: Role,
     /// Text.
     pub content: String,
+    /// The calls an assistant message made (native tool calling).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
+    /// The call a `tool` message answers.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub tool_call_id: String,
 }
 
 impl Message {
@@ -44,6 +56,24 @@ impl Message {
         Self {
             role,
             content: content.into(),
+            tool_calls: Vec::new(),
+            tool_call_id: String::new(),
+        }
+    }
+
+    /// An assistant message that made tool calls.
+    pub fn calls(content: impl Into<String>, tool_calls: Vec<ToolCall>) -> Self {
+        Self {
+            tool_calls,
+            ..Self::new(Role::Assistant, content)
+        }
+    }
+
+    /// A tool's result for the call `id`.
+    pub fn tool_result(id: &str, content: impl Into<String>) -> Self {
+        Self {
+            tool_call_id: id.to_string(),
+            ..Self::new(Role::Tool, content)
         }
     }
 }
@@ -63,6 +93,10 @@ pub struct ChatRequest {
     pub temperature: f32,
     /// Seed of this request's own sampler.
     pub seed: u64,
+    /// Functions the model may call; with any, the reply's `<tool_call>`
+    /// blocks come back as [`ChatReply::tool_calls`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<Tool>,
 }
 
 impl ChatRequest {
@@ -95,6 +129,7 @@ impl ChatRequest {
             thinking: false,
             temperature: 0.0,
             seed: 0,
+            tools: Vec::new(),
         }
     }
 }
@@ -155,6 +190,9 @@ pub struct ChatReply {
     pub usage: Usage,
     /// Generated token ids (including the stop token, if any).
     pub tokens: Vec<u32>,
+    /// The tool calls the reply made (requests that offered tools).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
 }
 
 /// What model a backend serves, for run manifests.

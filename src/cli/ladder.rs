@@ -70,7 +70,7 @@ pub struct EpisodeSpec {
     /// Brief variant.
     #[arg(long, value_enum, default_value = "amended")]
     brief: BriefVariant,
-    /// Booking protocol: text (ref lines) or tool (ACTION lines).
+    /// Booking protocol: text (ref lines), tool (ACTION lines) or native (tool calls stamping a workspace).
     #[arg(long, value_enum, default_value = "text")]
     protocol: Protocol,
     /// Paraphrase tier: 0 assigned, 1 rotated, 2 held-out rewrites (needs --paraphrase-cache).
@@ -755,8 +755,7 @@ fn score(a: ScoreArgs) -> Result<()> {
             })
             .collect(),
     };
-    // Through a JSON value, whose keys come out sorted, as this output
-    // always has.
-    let out = serde_json::to_value(&out)?;
+    // Keys sorted, as this output always has had them.
+    let out = statebench::ladder::run::runlog::sort_keys(serde_json::to_value(&out)?);
     emit(&(serde_json::to_string_pretty(&out)? + "\n"))
 }

@@ -26,8 +26,8 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
 use crate::backend::{
-    l2_normalize, split_thinking, Backend, BackendError, ChatReply, ChatRequest, Embeddings,
-    Finished, Message, ModelIdentity, Prompt, RequestId, SessionId, Usage,
+    l2_normalize, split_thinking, split_tool_calls, Backend, BackendError, ChatReply, ChatRequest,
+    Embeddings, Finished, Message, ModelIdentity, Prompt, RequestId, SessionId, Usage,
 };
 use device::{Cpu, Device, DeviceChoice};
 use model::{BatchItem, Model};
@@ -188,6 +188,7 @@ impl<D: Device> Engine<D> {
             opts.special_tokens_in_content,
             loaded.model.cfg.context,
             loaded.model.cfg.vocab,
+            &loaded.literal_tokens,
         );
         Ok(Self {
             model: loaded.model,
@@ -223,7 +224,7 @@ impl<D: Device> Engine<D> {
 
     /// Renders messages with the model's chat template.
     pub fn render(&self, messages: &[Message], thinking: bool) -> Result<String, BackendError> {
-        self.prompter.template.render(messages, thinking)
+        self.prompter.template.render(messages, &[], thinking)
     }
 
     pub fn tokenizer(&self) -> &tokenizers::Tokenizer {
@@ -246,9 +247,7 @@ impl<D: Device> Engine<D> {
 
     /// Detokenizes, dropping special tokens.
     pub fn decode(&self, ids: &[u32]) -> Result<String, BackendError> {
-        self.tokenizer()
-            .decode(ids, true)
-            .map_err(|e| BackendError::Tokenizer(e.to_string()))
+        self.prompter.decode(ids)
     }
 
     /// Bytes of KV cache held now: running requests' reservations plus every
@@ -306,9 +305,15 @@ impl<D: Device> Engine<D> {
             text.truncate(cut);
         }
         let (reasoning, content) = split_thinking(&text);
+        let (content, tool_calls) = if d.req.tools.is_empty() {
+            (content, Vec::new())
+        } else {
+            split_tool_calls(&content)
+        };
         Ok(ChatReply {
             content,
             reasoning,
+            tool_calls,
             finish: d.finish,
             usage: Usage {
                 prompt_tokens: d.prompt_tokens,

@@ -26,6 +26,8 @@ pub struct Prompter {
     pub(super) template: ChatTemplate,
     /// The special tokens' strings.
     specials: Vec<String>,
+    /// Ids the decoder writes as their text although marked special.
+    literal: Vec<u32>,
     special_tokens_in_content: bool,
     context: usize,
     vocab: usize,
@@ -38,26 +40,54 @@ impl Prompter {
         special_tokens_in_content: bool,
         context: usize,
         vocab: usize,
+        literal_tokens: &[String],
     ) -> Self {
         let mut plain = tokenizer.clone();
         plain.set_encode_special_tokens(true);
         let mut specials: Vec<String> = tokenizer
             .get_added_tokens_decoder()
             .into_values()
-            .filter(|t| t.special)
+            .filter(|t| t.special && !literal_tokens.contains(&t.content))
             .map(|t| t.content)
             .filter(|c| !c.is_empty())
             .collect();
         specials.sort();
+        let mut literal: Vec<u32> = literal_tokens
+            .iter()
+            .filter_map(|t| tokenizer.token_to_id(t))
+            .collect();
+        literal.sort_unstable();
         Prompter {
             tokenizer,
             plain,
             template,
             specials,
+            literal,
             special_tokens_in_content,
             context,
             vocab,
         }
+    }
+
+    /// Generated ids as text: special tokens skipped, except the literal
+    /// ones, written as their strings.
+    pub fn decode(&self, ids: &[u32]) -> Result<String, BackendError> {
+        let run = |ids: &[u32]| {
+            self.tokenizer
+                .decode(ids, true)
+                .map_err(|e| BackendError::Tokenizer(e.to_string()))
+        };
+        let mut out = String::new();
+        let mut start = 0;
+        for (i, id) in ids.iter().enumerate() {
+            if self.literal.binary_search(id).is_ok() {
+                out.push_str(&run(&ids[start..i])?);
+                out.push_str(self.tokenizer.id_to_token(*id).as_deref().unwrap_or(""));
+                start = i + 1;
+            }
+        }
+        out.push_str(&run(&ids[start..])?);
+        Ok(out)
     }
 
     /// Tokenizes text; special tokens written in the text are recognised.
@@ -138,7 +168,9 @@ impl Prompt for Prompter {
 
     fn tokens(&self, req: &ChatRequest) -> Result<Vec<u32>, BackendError> {
         req.validate()?;
-        let text = self.template.render(&req.messages, req.thinking)?;
+        let text = self
+            .template
+            .render(&req.messages, &req.tools, req.thinking)?;
         self.overflow_early(&text, req.max_tokens)?;
         let guard = !self.special_tokens_in_content
             && req.messages.iter().any(|m| self.has_special(&m.content));

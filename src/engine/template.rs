@@ -1,9 +1,10 @@
 //! Chat templates: the Jinja template shipped with the model, interpreted
 //! with minijinja plus the Python string methods such templates use.
 
-use minijinja::{Environment, ErrorKind};
+use minijinja::value::Kwargs;
+use minijinja::{Environment, ErrorKind, Value};
 
-use crate::backend::{BackendError, Message};
+use crate::backend::{BackendError, Message, Tool};
 
 /// A compiled chat template.
 pub struct ChatTemplate {
@@ -24,18 +25,23 @@ impl ChatTemplate {
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
+        env.add_filter("tojson", tojson);
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| BackendError::Template(e.to_string()))?;
         Ok(Self { env })
     }
 
-    /// Renders a conversation with the generation prompt appended.
-    pub fn render(&self, messages: &[Message], thinking: bool) -> Result<String, BackendError> {
-        let msgs: Vec<minijinja::Value> = messages
-            .iter()
-            .map(|m| minijinja::context! { role => m.role.as_str(), content => m.content.as_str() })
-            .collect();
-        self.render_values(minijinja::Value::from(msgs), true, Some(thinking))
+    /// Renders a conversation with the generation prompt appended; `tools`,
+    /// when any, go to the template as Hugging Face passes them.
+    pub fn render(
+        &self,
+        messages: &[Message],
+        tools: &[Tool],
+        thinking: bool,
+    ) -> Result<String, BackendError> {
+        let msgs: Vec<Value> = messages.iter().map(message_value).collect();
+        let tools = (!tools.is_empty()).then(|| Value::from_serialize(tools));
+        self.render_values(Value::from(msgs), tools, true, Some(thinking))
     }
 
     /// Renders arbitrary message objects (e.g. with `reasoning_content`), as
@@ -47,7 +53,8 @@ impl ChatTemplate {
         enable_thinking: Option<bool>,
     ) -> Result<String, BackendError> {
         self.render_values(
-            minijinja::Value::from_serialize(messages),
+            Value::from_serialize(messages),
+            None,
             add_generation_prompt,
             enable_thinking,
         )
@@ -55,7 +62,8 @@ impl ChatTemplate {
 
     fn render_values(
         &self,
-        messages: minijinja::Value,
+        messages: Value,
+        tools: Option<Value>,
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
     ) -> Result<String, BackendError> {
@@ -63,18 +71,124 @@ impl ChatTemplate {
             .env
             .get_template("chat")
             .map_err(|e| BackendError::Template(e.to_string()))?;
-        let ctx = match enable_thinking {
-            Some(t) => minijinja::context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-                enable_thinking => t,
-            },
-            None => minijinja::context! {
-                messages => messages,
-                add_generation_prompt => add_generation_prompt,
-            },
-        };
+        // Variables a template does not receive stay undefined, as in
+        // `apply_chat_template`.
+        let mut ctx = vec![
+            ("messages", messages),
+            ("add_generation_prompt", Value::from(add_generation_prompt)),
+        ];
+        if let Some(t) = enable_thinking {
+            ctx.push(("enable_thinking", Value::from(t)));
+        }
+        if let Some(t) = tools {
+            ctx.push(("tools", t));
+        }
+        let ctx = Value::from_iter(ctx);
         tmpl.render(ctx)
             .map_err(|e| BackendError::Template(format!("{e:#}").replace('\n', " ")))
     }
+}
+
+/// A message as a chat template reads it: role and content, plus the calls
+/// of an assistant message (arguments as a JSON object when they parse,
+/// as Hugging Face passes them) and the call id a tool result answers.
+fn message_value(m: &Message) -> Value {
+    let mut fields = vec![
+        ("role", Value::from(m.role.as_str())),
+        ("content", Value::from(m.content.as_str())),
+    ];
+    if !m.tool_calls.is_empty() {
+        let calls = m.tool_calls.iter().map(|c| {
+            let arguments = serde_json::from_str::<serde_json::Value>(&c.arguments)
+                .map(|v| Value::from_serialize(&v))
+                .unwrap_or_else(|_| Value::from(c.arguments.as_str()));
+            let function = Value::from_iter([
+                ("name", Value::from(c.name.as_str())),
+                ("arguments", arguments),
+            ]);
+            Value::from_iter([
+                ("id", Value::from(c.id.as_str())),
+                ("type", Value::from("function")),
+                ("function", function),
+            ])
+        });
+        fields.push(("tool_calls", Value::from_iter(calls)));
+    }
+    if !m.tool_call_id.is_empty() {
+        fields.push(("tool_call_id", Value::from(m.tool_call_id.as_str())));
+    }
+    Value::from_iter(fields)
+}
+
+/// Python's separators: `", "` between items, `": "` after keys.
+struct PySeparators;
+
+impl PySeparators {
+    fn item<W: ?Sized + std::io::Write>(w: &mut W, first: bool) -> std::io::Result<()> {
+        if first {
+            Ok(())
+        } else {
+            w.write_all(b", ")
+        }
+    }
+}
+
+impl serde_json::ser::Formatter for PySeparators {
+    fn begin_array_value<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        PySeparators::item(w, first)
+    }
+    fn begin_object_key<W: ?Sized + std::io::Write>(
+        &mut self,
+        w: &mut W,
+        first: bool,
+    ) -> std::io::Result<()> {
+        PySeparators::item(w, first)
+    }
+    fn begin_object_value<W: ?Sized + std::io::Write>(&mut self, w: &mut W) -> std::io::Result<()> {
+        w.write_all(b": ")
+    }
+}
+
+/// `tojson` as Hugging Face defines it for chat templates —
+/// `json.dumps(x, ensure_ascii=False, indent=indent)` — so tool schemas and
+/// call arguments reach the model spelled as in training, not in
+/// minijinja's compact, HTML-escaped form. Keys keep their order.
+fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Result<Value, minijinja::Error> {
+    let indent = match indent {
+        Some(i) => Some(i),
+        None => kwargs.get::<Option<Value>>("indent")?,
+    };
+    let _: Option<Value> = kwargs.get("ensure_ascii")?;
+    let _: Option<Value> = kwargs.get("separators")?;
+    let _: Option<Value> = kwargs.get("sort_keys")?;
+    kwargs.assert_all_used()?;
+    let indent = indent
+        .filter(|v| !v.is_none() && !v.is_undefined())
+        .map(|v| usize::try_from(v).unwrap_or(2));
+    let mut out = Vec::new();
+    let r = match indent {
+        Some(n) => {
+            let pad = " ".repeat(n);
+            let f = serde_json::ser::PrettyFormatter::with_indent(pad.as_bytes());
+            serde::Serialize::serialize(
+                value,
+                &mut serde_json::Serializer::with_formatter(&mut out, f),
+            )
+        }
+        None => serde::Serialize::serialize(
+            value,
+            &mut serde_json::Serializer::with_formatter(&mut out, PySeparators),
+        ),
+    };
+    r.map_err(|e| {
+        minijinja::Error::new(ErrorKind::InvalidOperation, "cannot serialize to JSON")
+            .with_source(e)
+    })?;
+    Ok(Value::from_safe_string(
+        String::from_utf8(out).expect("serde_json writes UTF-8"),
+    ))
 }

@@ -27,6 +27,12 @@ pub struct Loaded<D: Device> {
     pub format: String,
     /// Weight files, hashed for the model identity.
     pub files: Vec<PathBuf>,
+    /// Tokens the tokenizer marks special that decoded text keeps: a GGUF's
+    /// user-defined tokens (Qwen's `<tool_call>`, `</tool_call>`, the FIM
+    /// tokens), which Hugging Face's tokenizer declares non-special. The
+    /// GGUF tokenizer marks them special, and skipping them in decode would
+    /// drop the tags a tool-call parser reads.
+    pub literal_tokens: Vec<String>,
 }
 
 /// Loads a model onto `device` from a GGUF file, a safetensors directory, or
@@ -536,6 +542,7 @@ fn load_gguf<D: Device>(path: &Path, device: D) -> Result<Loaded<D>, BackendErro
     tokenizer
         .with_normalizer(None::<tokenizers::NormalizerWrapper>)
         .map_err(|e| tokenizer_err(e.to_string()))?;
+    let literal_tokens = user_defined_tokens(&content);
     let chat_template = md(&content, path, "tokenizer.chat_template")
         .ok()
         .and_then(|v| v.to_string().ok().cloned())
@@ -563,7 +570,30 @@ fn load_gguf<D: Device>(path: &Path, device: D) -> Result<Loaded<D>, BackendErro
         name,
         format,
         files: vec![path.to_path_buf()],
+        literal_tokens,
     })
+}
+
+/// The GGUF's user-defined tokens (`tokenizer.ggml.token_type` 4).
+fn user_defined_tokens(c: &gguf_file::Content) -> Vec<String> {
+    const USER_DEFINED: u32 = 4;
+    let (Some(gguf_file::Value::Array(types)), Some(gguf_file::Value::Array(tokens))) = (
+        c.metadata.get("tokenizer.ggml.token_type"),
+        c.metadata.get("tokenizer.ggml.tokens"),
+    ) else {
+        return Vec::new();
+    };
+    let ty = |v: &gguf_file::Value| match v {
+        gguf_file::Value::I32(t) => u32::try_from(*t).ok(),
+        gguf_file::Value::U32(t) => Some(*t),
+        _ => None,
+    };
+    types
+        .iter()
+        .zip(tokens)
+        .filter(|(t, _)| ty(t) == Some(USER_DEFINED))
+        .filter_map(|(_, tok)| tok.to_string().ok().cloned())
+        .collect()
 }
 
 fn validate(cfg: &Config, path: &Path) -> Result<(), BackendError> {
@@ -788,6 +818,7 @@ fn load_safetensors_dir<D: Device>(
         name,
         format,
         files,
+        literal_tokens: Vec::new(),
     })
 }
 

@@ -11,6 +11,7 @@
 
 pub mod arms;
 pub mod episode;
+pub mod harness;
 pub mod parts;
 pub mod prompts;
 pub mod receipt;

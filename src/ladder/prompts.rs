@@ -21,6 +21,42 @@ pub const EXECUTION_PROTOCOL: &str = "EXECUTION PROTOCOL (mandatory): every requ
 /// The tool protocol's clause, replacing the execution paragraph (B.1, Appendix G).
 pub const TOOL_CLAUSE: &str = "TOOLS: to carry out a step, emit exactly one line in your reply: ACTION {\"tool\": \"<tool name>\", \"work_order\": \"#W1234\"} using the work order number from my current message. The system executes it and returns a result. Never emit an ACTION for work you should not perform in this turn; if a step is blocked or cancelled, say why instead.";
 
+/// Ours: the tool clause of the native tool harness (Appendix G's clause with
+/// the ACTION line replaced by a call of the step's tool, which the chat
+/// template offers).
+pub const NATIVE_TOOL_CLAUSE: &str = "TOOLS: to carry out a step, call its tool with one argument, work_order, set to the work order number from my current message (e.g. \"#W1234\"). The system executes the call and returns a result. Never call a tool for work you should not perform in this turn; if a step is blocked or cancelled, say why instead.";
+
+/// Ours: a step tool's description in the native tool harness.
+pub fn tool_description(step: &str, wording: &str) -> String {
+    format!("Carry out step {step}: {wording}. Stamps the work order into the project workspace.")
+}
+
+/// Ours: the description of a step tool's one argument.
+pub const WORK_ORDER_ARGUMENT: &str = "the work order number from the current message, e.g. #W1234";
+
+/// Ours: a step tool's result: the stamp it wrote.
+pub fn tool_executed(tool: &str, work_order: &str) -> String {
+    format!("{tool}: executed for work order {work_order}.")
+}
+
+/// Ours: the result of a call the harness could not read (no booking).
+pub fn tool_malformed(tool: &str, why: &str) -> String {
+    format!("{tool}: NOT executed -- the call was malformed ({why}). Call it with {{\"work_order\": \"#W1234\"}}.")
+}
+
+/// Ours: the result of a call naming no tool of the project.
+pub fn tool_unknown(tool: &str) -> String {
+    format!("{tool}: no such tool in this project; nothing was executed.")
+}
+
+/// Ours: a refused call's result in the native tool harness (the B.1
+/// rejection notice, worded for a call).
+pub fn call_rejected(call: &str, reason: &str) -> String {
+    format!(
+        "[CALL REJECTED] Your call {call} was REJECTED -- {reason}; that work was NOT executed."
+    )
+}
+
 /// Ours: the self-ledger arm's instruction, appended to the brief (the paper describes it, §3.3, but does not print it).
 pub const LEDGER_CLAUSE: &str = "LEDGER PROTOCOL (mandatory): keep your own status ledger of the plan. At the end of every reply, write one line for each step whose status you changed in that reply: 'LEDGER <completion code> DONE', 'LEDGER <completion code> CANCELLED' or 'LEDGER <completion code> TODO'. Your ledger is shown back to you with every message.";
 

@@ -107,11 +107,13 @@ pub fn extract_actions(reply: &str) -> Vec<RefLine> {
     out
 }
 
-/// The bookings of a reply under a protocol.
+/// The bookings of a reply's text under a protocol (native tool calls
+/// arrive as calls, not text: see `harness`).
 pub fn extract(protocol: Protocol, reply: &str) -> Vec<RefLine> {
     match protocol {
         Protocol::Text => extract_refs(reply),
         Protocol::Tool => extract_actions(reply),
+        Protocol::Native => Vec::new(),
     }
 }
 

@@ -12,6 +12,7 @@ use crate::backend::Usage;
 use crate::ladder::arms::gate::DirectiveKind;
 use crate::ladder::arms::memory::MemoryUse;
 use crate::ladder::arms::Arm;
+use crate::ladder::episode::Protocol;
 use crate::ladder::run::cell::CellConfig;
 use crate::ladder::run::runlog::{sorted_keys, RunRead};
 use crate::ladder::run::runner::{EpisodeRecord, MatcherStats, Obedience};
@@ -94,6 +95,20 @@ pub struct ArmSummary {
     /// The trap-turn probe (A.4), for arms that re-executed on a redo probe.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trap: Option<TrapSplit>,
+    /// Calls at dispatch, for cells in the native tool harness.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tools: Option<ToolSummary>,
+}
+
+/// What the native tool harness dispatched for one arm.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct ToolSummary {
+    /// Agent calls per turn (a reply with calls is answered and asked again).
+    pub agent_calls_per_turn: f64,
+    /// Calls the gate refused at dispatch, per episode.
+    pub refused: f64,
+    /// Calls that could not be read (no booking), per episode.
+    pub malformed: f64,
 }
 
 /// Per-episode means of a memory arm's writer and embedding calls, and the
@@ -236,6 +251,7 @@ struct ArmTotals {
     matcher: MatcherStats,
     refused: u64,
     silent: u64,
+    malformed: u64,
     wall_s: f64,
     turns_correct: u64,
     turns: u64,
@@ -264,6 +280,7 @@ impl std::ops::AddAssign<&EpisodeRecord> for ArmTotals {
         self.matcher += e.matcher;
         self.refused += u64::from(e.refused);
         self.silent += u64::from(e.silent_refusals);
+        self.malformed += u64::from(e.malformed_calls);
         self.wall_s += e.wall_s;
         if let Some(m) = e.memory {
             *self.memory.get_or_insert_with(MemoryUse::default) += m;
@@ -277,6 +294,7 @@ fn summarize(
     arm: Arm,
     eps: &[&EpisodeRecord],
     probes: &BTreeMap<(u64, Arm), Probes>,
+    native: bool,
 ) -> ArmSummary {
     let mut t = ArmTotals::default();
     let mut trap = TrapSplit::default();
@@ -360,6 +378,11 @@ fn summarize(
             embed_failures: u64::from(m.embed_failures),
         }),
         trap: (trap.re_executions > 0).then_some(trap),
+        tools: native.then(|| ToolSummary {
+            agent_calls_per_turn: ratio(t.agent_calls, t.turns),
+            refused: per(t.refused as f64),
+            malformed: per(t.malformed as f64),
+        }),
     }
 }
 
@@ -393,12 +416,13 @@ pub fn build(runs: &[RunRead]) -> Report {
     let mut raw_da = Vec::new();
     for run in runs {
         let order = &run.manifest.config.arms;
+        let native = run.manifest.config.protocol == Protocol::Native;
         let by_arm = |arm: Arm| -> Vec<&EpisodeRecord> {
             run.episodes.iter().filter(|e| e.arm == arm).collect()
         };
         let arms: Vec<ArmSummary> = order
             .iter()
-            .map(|&a| summarize(a, &by_arm(a), &run.probes))
+            .map(|&a| summarize(a, &by_arm(a), &run.probes, native))
             .collect();
         let mut contrasts = Vec::new();
         for w in order.windows(2) {

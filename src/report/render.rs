@@ -386,6 +386,32 @@ fn trap_table(c: &CellReport) -> Table {
     }
 }
 
+fn tool_table(c: &CellReport) -> Table {
+    Table {
+        head: [
+            "arm",
+            "agent calls/turn",
+            "refused calls/ep",
+            "malformed calls/ep",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: c
+            .arms
+            .iter()
+            .filter_map(|a| a.tools.as_ref().map(|t| (a, t)))
+            .map(|(a, t)| {
+                vec![
+                    a.arm.clone(),
+                    format!("{:.2}", t.agent_calls_per_turn),
+                    format!("{:.2}", t.refused),
+                    format!("{:.2}", t.malformed),
+                ]
+            })
+            .collect(),
+    }
+}
+
 /// Renders the report.
 pub fn render(r: &Report, format: Format) -> String {
     match format {
@@ -750,6 +776,7 @@ fn tables(r: &Report, style: Style) -> String {
                 compile_table(c),
             ),
             ("Retrieval memory (per episode)", memory_table(c)),
+            ("Tool calls at dispatch (native harness)", tool_table(c)),
             (
                 "Trap-turn probe (re-executions on redo probes, A.4)",
                 trap_table(c),

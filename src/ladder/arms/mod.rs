@@ -366,6 +366,8 @@ pub struct ArmState {
     pub module: Option<Module>,
     /// Past turns as the agent will re-read them.
     history: Vec<Message>,
+    /// Where each past turn's exchange starts in `history`.
+    exchanges: Vec<usize>,
     /// The agent's ledger: (code, status) in first-written order.
     ledger: Vec<(String, String)>,
     /// Rejection notices waiting for the next user turn.
@@ -402,6 +404,7 @@ impl ArmState {
             spec,
             module: graph.filter(|_| spec.uses_module()).map(Module::new),
             history: Vec::new(),
+            exchanges: Vec::new(),
             ledger: Vec::new(),
             notices: Vec::new(),
             corruptor,
@@ -510,11 +513,15 @@ impl ArmState {
             }
         }
         let past = match self.spec.reads {
-            // The last two exchanges: a user message and its reply each.
+            // The last two exchanges.
             Reads::Memory {
                 rendering: Rendering::Replace,
                 ..
-            } => &self.history[self.history.len().saturating_sub(4)..],
+            } => {
+                let n = self.exchanges.len();
+                let from = if n >= 2 { self.exchanges[n - 2] } else { 0 };
+                &self.history[from..]
+            }
             _ => &self.history[..],
         };
         let mut messages = Vec::with_capacity(past.len() + 2);
@@ -555,8 +562,8 @@ impl ArmState {
         (directive, gated)
     }
 
-    /// Extracts and gates the bookings of one reply; returns them and the
-    /// rejection notices it produced.
+    /// Extracts and gates the bookings of one reply's text; returns them
+    /// and the rejection notices it produced.
     pub fn gate(
         &mut self,
         ep: &Episode,
@@ -568,57 +575,80 @@ impl ArmState {
     ) -> (Vec<Booking>, Vec<String>) {
         let mut out = Vec::new();
         let mut notices = Vec::new();
-        let requested = matched.and_then(|m| m.step);
         for line in receipt::extract(ep.config.protocol, reply) {
-            let current = line.work_order == turn.work_order;
-            let step = if line.tool.is_empty() {
-                ep.step_by_code(&line.code)
+            let citation =
+                line.work_order == turn.work_order && decline::is_citation(reply, line.line_no);
+            let (booking, reason) = self.judge(ep, turn, prompt, matched, line, citation, call);
+            if let Some(reason) = reason {
+                notices.push(p::rejection_notice(&booking.line.line, &reason));
+            }
+            out.push(booking);
+        }
+        (out, notices)
+    }
+
+    /// Judges one booking: resolves its step, and for a current booking
+    /// asks the module, which refuses it (when gated) or takes its receipt.
+    /// Returns the booking and, when refused, the reason to tell the agent.
+    /// `executed` says the booking enters the execution channel; the
+    /// native tool harness confirms it from the workspace.
+    #[allow(clippy::too_many_arguments)]
+    pub fn judge(
+        &mut self,
+        ep: &Episode,
+        turn: &Turn,
+        prompt: &TurnPrompt,
+        matched: Option<&Match>,
+        line: RefLine,
+        citation: bool,
+        call: u8,
+    ) -> (Booking, Option<String>) {
+        let requested = matched.and_then(|m| m.step);
+        let current = line.work_order == turn.work_order;
+        let step = if line.tool.is_empty() {
+            ep.step_by_code(&line.code)
+        } else {
+            ep.step_by_tool(&line.tool)
+        };
+        let mut refusal = None;
+        let mut reason = None;
+        if let (true, Some(m)) = (current, &mut self.module) {
+            // The module resolves codes through its compiled plan; tools
+            // are the harness's own registry.
+            let module_step = if line.tool.is_empty() {
+                m.step_by_code(&line.code)
             } else {
-                ep.step_by_tool(&line.tool)
+                step
             };
-            let citation = current && decline::is_citation(reply, line.line_no);
-            let mut refusal = None;
-            if current {
-                if let Some(m) = &mut self.module {
-                    // The module resolves codes through its compiled plan;
-                    // tools are the harness's own registry.
-                    let module_step = if line.tool.is_empty() {
-                        m.step_by_code(&line.code)
+            let policy = self.spec.policy().unwrap_or(Policy::StateBound);
+            match m.verdict(module_step, requested, policy) {
+                Err(r) if prompt.gated => {
+                    let name = if line.code.is_empty() {
+                        &line.tool
                     } else {
-                        step
+                        &line.code
                     };
-                    let policy = self.spec.policy().unwrap_or(Policy::StateBound);
-                    let verdict = m.verdict(module_step, requested, policy);
-                    match verdict {
-                        Err(r) if prompt.gated => {
-                            let reason = r.reason(if line.code.is_empty() {
-                                &line.tool
-                            } else {
-                                &line.code
-                            });
-                            notices.push(p::rejection_notice(&line.line, &reason));
-                            refusal = Some(r);
-                        }
-                        // Receipts advance the module whether or not it gates.
-                        _ => {
-                            if let Some(v) = module_step {
-                                m.receipt(v);
-                            }
-                        }
+                    reason = Some(r.reason(name));
+                    refusal = Some(r);
+                }
+                // Receipts advance the module whether or not it gates.
+                _ => {
+                    if let Some(v) = module_step {
+                        m.receipt(v);
                     }
                 }
             }
-            out.push(Booking {
-                executed: current && step.is_some() && refusal.is_none(),
-                line,
-                call,
-                current,
-                step,
-                refusal,
-                citation,
-            });
         }
-        (out, notices)
+        let booking = Booking {
+            executed: current && step.is_some() && refusal.is_none(),
+            line,
+            call,
+            current,
+            step,
+            refusal,
+            citation,
+        };
+        (booking, reason)
     }
 
     /// The same-turn re-prompt: the refused reply and the notice appended.
@@ -630,30 +660,22 @@ impl ArmState {
     }
 
     /// Closes the turn: records what later turns re-read and queues the
-    /// notices for the next user turn. With a same-turn re-prompt, `replies`
-    /// holds both replies and `reprompt` the notice sent between them.
-    pub fn close_turn(
-        &mut self,
-        prompt: TurnPrompt,
-        replies: &[String],
-        reprompt: Option<String>,
-        next_turn: Vec<String>,
-    ) {
+    /// notices for the next user turn. `chain` is what followed the user
+    /// message, in order: the reply, and a same-turn re-prompt with its
+    /// reply, or the native harness's calls, tool results and last reply.
+    pub fn close_turn(&mut self, prompt: TurnPrompt, chain: Vec<Message>, next_turn: Vec<String>) {
+        self.exchanges.push(self.history.len());
         self.history
             .push(Message::new(Role::User, prompt.user_for_history));
-        let mut replies_iter = replies.iter();
-        if let Some(first) = replies_iter.next() {
-            self.history
-                .push(Message::new(Role::Assistant, first.clone()));
-        }
-        if let (Some(notice), Some(second)) = (reprompt, replies_iter.next()) {
-            self.history.push(Message::new(Role::User, notice));
-            self.history
-                .push(Message::new(Role::Assistant, second.clone()));
-        }
+        let replies: Vec<String> = chain
+            .iter()
+            .filter(|m| m.role == Role::Assistant)
+            .map(|m| m.content.clone())
+            .collect();
+        self.history.extend(chain);
         self.notices.extend(next_turn);
         if self.spec.ledger() {
-            for r in replies {
+            for r in &replies {
                 for l in receipt::extract_ledger(r) {
                     match self.ledger.iter_mut().find(|(c, _)| *c == l.code) {
                         Some(e) => e.1 = l.status,

@@ -269,7 +269,7 @@ fn render_brief(cfg: &EpisodeConfig, steps: &[Step]) -> String {
             line.push_str(&format!(" (requires: {})", r.join(", ")));
         }
         line.push_str(&format!(" [completion code {}]", s.code));
-        if cfg.protocol == Protocol::Tool {
+        if cfg.protocol != Protocol::Text {
             line.push_str(&format!(" [tool {}]", s.tool));
         }
         lines.push(line);
@@ -281,6 +281,7 @@ fn render_brief(cfg: &EpisodeConfig, steps: &[Step]) -> String {
     lines.push(match cfg.protocol {
         Protocol::Text => p::EXECUTION_PROTOCOL.to_string(),
         Protocol::Tool => p::TOOL_CLAUSE.to_string(),
+        Protocol::Native => p::NATIVE_TOOL_CLAUSE.to_string(),
     });
     lines.join("\n")
 }

@@ -76,6 +76,10 @@ pub enum Protocol {
     Text,
     /// `ACTION {"tool": …, "work_order": …}` lines (the tool clause of Appendix G).
     Tool,
+    /// Native tool calls: each step a tool offered through the chat
+    /// template's `tools` (OpenAI `tools` through an endpoint), each call
+    /// stamping a per-episode workspace that scoring reads (Appendix G).
+    Native,
 }
 
 /// Everything an episode is a function of.

@@ -143,6 +143,7 @@ fn rewrite_family(
                 thinking: false,
                 temperature: opts.temperature,
                 seed: opts.seed ^ (job << 16) ^ ((k as u64) << 8) ^ attempt,
+                tools: Vec::new(),
             };
             let reply = session.chat(req).map_err(backend)?;
             if let Some(c) = clean(&reply.content) {

@@ -18,7 +18,7 @@ use super::arms::gate::{CompiledGraph, CompiledRevision};
 use super::episode::{Episode, StepId, Turn};
 use super::score::Label;
 use super::state::TaskState;
-use crate::backend::{Embeddings, Message, Usage};
+use crate::backend::{Embeddings, Message, Tool, ToolCall, Usage};
 
 /// What scripted agents may read besides the prompt.
 #[derive(Debug, Clone, Copy)]
@@ -29,7 +29,8 @@ pub struct Oracle<'a> {
     pub truth: &'a TaskState,
     /// The ground-truth label of the turn.
     pub label: &'a Label,
-    /// Whether this call is the same-turn re-prompt after a rejection.
+    /// Whether this call follows another of the same turn: the same-turn
+    /// re-prompt after a rejection, or tool results.
     pub reprompt: bool,
 }
 
@@ -38,6 +39,9 @@ pub struct Oracle<'a> {
 pub struct Reply {
     /// Visible text.
     pub text: String,
+    /// Tool calls (native tool harness).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCall>,
     pub usage: Usage,
     /// An error the call ended in (scored as an empty reply).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -48,8 +52,9 @@ pub struct Reply {
 pub trait Agent {
     /// Identity for the run manifest.
     fn name(&self) -> String;
-    /// Replies to the conversation (system prompt first).
-    fn reply(&mut self, messages: &[Message], oracle: &Oracle) -> Reply;
+    /// Replies to the conversation (system prompt first); `tools` are the
+    /// functions it may call (none outside the native tool harness).
+    fn reply(&mut self, messages: &[Message], tools: &[Tool], oracle: &Oracle) -> Reply;
     /// Why the model behind the agent cannot run, once a call showed it
     /// (the cell stops rather than score empty replies).
     fn broken(&self) -> Option<&str> {

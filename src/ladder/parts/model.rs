@@ -14,7 +14,9 @@ use super::{
     Reply,
 };
 use crate::backend::shared::{Client, Conversation};
-use crate::backend::{BackendError, ChatReply, ChatRequest, Embeddings, Message, Role, Usage};
+use crate::backend::{
+    split_tool_calls, BackendError, ChatReply, ChatRequest, Embeddings, Message, Role, Tool, Usage,
+};
 use crate::ladder::arms::gate::{CompiledGraph, CompiledRevision};
 use crate::ladder::episode::{Episode, StepId, Turn};
 use crate::ladder::prompts as p;
@@ -52,6 +54,7 @@ impl Budgets {
 fn call(
     session: &Conversation,
     messages: Vec<Message>,
+    tools: &[Tool],
     budget: usize,
     b: &Budgets,
     thinking: bool,
@@ -66,6 +69,7 @@ fn call(
             thinking,
             temperature: 0.0,
             seed: 0,
+            tools: tools.to_vec(),
         };
         match session.chat(req) {
             Ok(r) => {
@@ -112,17 +116,30 @@ impl Agent for ModelAgent {
         self.name.clone()
     }
 
-    fn reply(&mut self, messages: &[Message], _oracle: &Oracle) -> Reply {
+    fn reply(&mut self, messages: &[Message], tools: &[Tool], _oracle: &Oracle) -> Reply {
         let (r, usage) = call(
             &self.session,
             messages.to_vec(),
+            tools,
             self.budgets.reply,
             &self.budgets,
             self.thinking,
         );
         match r {
+            // A server without a tool-call parser returns the calls as
+            // text: read them as the engine does.
+            Ok(r) if !tools.is_empty() && r.tool_calls.is_empty() => {
+                let (text, tool_calls) = split_tool_calls(&r.content);
+                Reply {
+                    text,
+                    tool_calls,
+                    usage,
+                    error: None,
+                }
+            }
             Ok(r) => Reply {
                 text: r.content,
+                tool_calls: r.tool_calls,
                 usage,
                 error: None,
             },
@@ -136,9 +153,9 @@ impl Agent for ModelAgent {
                     self.broken.get_or_insert_with(|| crate::one_line(&e));
                 }
                 Reply {
-                    text: String::new(),
                     usage,
                     error: Some(crate::one_line(&e)),
+                    ..Default::default()
                 }
             }
         }
@@ -244,7 +261,7 @@ fn ask_json<T>(
     let mut cost = CallCost::default();
     let mut messages = vec![Message::new(Role::User, prompt)];
     for attempt in 0..2 {
-        let (r, usage) = call(session, messages.clone(), budget, b, thinking);
+        let (r, usage) = call(session, messages.clone(), &[], budget, b, thinking);
         cost.calls += 1;
         cost.prompt_tokens += usage.prompt_tokens as u64;
         cost.completion_tokens += usage.completion_tokens as u64;

@@ -7,7 +7,7 @@ use super::{
     Agent, CallCost, Compiler, Embedder, Exchange, Match, Matcher, MemoryOp, MemoryWriter, Oracle,
     Reply,
 };
-use crate::backend::{l2_normalize, Embeddings, Message};
+use crate::backend::{l2_normalize, Embeddings, Message, Role, Tool, ToolCall};
 use crate::ladder::arms::gate::{CompiledGraph, CompiledRevision};
 use crate::ladder::episode::{Episode, Protocol, StepId, Turn};
 use crate::ladder::prompts as p;
@@ -37,16 +37,38 @@ impl std::str::FromStr for Scripted {
     }
 }
 
-/// The booking line a scripted agent writes for a step on this turn.
-fn booking(ep: &Episode, turn: &Turn, step: StepId) -> String {
+/// A scripted reply: text and, in the native harness, the calls.
+fn say(text: String) -> Reply {
+    Reply {
+        text,
+        ..Default::default()
+    }
+}
+
+/// The reply that books a step on this turn: `text`, then the protocol's
+/// booking line, or the step tool's call.
+fn book(ep: &Episode, turn: &Turn, step: StepId, text: String) -> Reply {
     let s = ep.step(step);
-    match ep.config.protocol {
+    let line = match ep.config.protocol {
         Protocol::Text => format!("ref {}/{}", s.code, turn.work_order),
         Protocol::Tool => format!(
             "ACTION {{\"tool\": \"{}\", \"work_order\": \"{}\"}}",
             s.tool, turn.work_order
         ),
-    }
+        Protocol::Native => {
+            let call = ToolCall {
+                id: "call_0".into(),
+                name: s.tool.clone(),
+                arguments: serde_json::json!({ "work_order": turn.work_order }).to_string(),
+            };
+            return Reply {
+                text,
+                tool_calls: vec![call],
+                ..Default::default()
+            };
+        }
+    };
+    say(format!("{text}\n{line}"))
 }
 
 impl Agent for Scripted {
@@ -57,38 +79,40 @@ impl Agent for Scripted {
         }
     }
 
-    fn reply(&mut self, _messages: &[Message], o: &Oracle) -> Reply {
+    fn reply(&mut self, messages: &[Message], _tools: &[Tool], o: &Oracle) -> Reply {
         let ep = o.episode;
-        let text = if o.reprompt {
-            // The gate refused the booking: acknowledge without booking again.
-            "Understood -- that work was not booked.".to_string()
-        } else {
-            match self {
-                Scripted::Perfect => match o.label {
-                    Label::Execute { step } | Label::Redo { step } => format!(
-                        "Done: {}.\n{}",
-                        ep.step(*step).wording,
-                        booking(ep, o.turn, *step)
-                    ),
-                    Label::Confirm { step } => {
-                        format!("{step} is already complete; nothing new to book.")
-                    }
-                    Label::Blocked { step, missing } => {
-                        let m: Vec<String> = missing.iter().map(|u| u.to_string()).collect();
-                        format!("{step} is waiting on {}.", m.join(", "))
-                    }
-                    Label::Decline { step } => format!("{step} was cancelled; declining."),
-                    Label::Nothing => p::SCRIPTED_ACK.to_string(),
-                },
-                Scripted::AlwaysBook => match o.turn.step.or(o.turn.named.first().copied()) {
-                    Some(step) => format!("On it.\n{}", booking(ep, o.turn, step)),
-                    None => p::SCRIPTED_ACK.to_string(),
-                },
-            }
-        };
-        Reply {
-            text,
-            ..Default::default()
+        if o.reprompt {
+            // After tool results, or after the gate refused the booking:
+            // acknowledge without booking again.
+            let after_tools = messages.last().is_some_and(|m| m.role == Role::Tool);
+            return say(if after_tools {
+                p::SCRIPTED_ACK.to_string()
+            } else {
+                "Understood -- that work was not booked.".to_string()
+            });
+        }
+        match self {
+            Scripted::Perfect => match o.label {
+                Label::Execute { step } | Label::Redo { step } => book(
+                    ep,
+                    o.turn,
+                    *step,
+                    format!("Done: {}.", ep.step(*step).wording),
+                ),
+                Label::Confirm { step } => {
+                    say(format!("{step} is already complete; nothing new to book."))
+                }
+                Label::Blocked { step, missing } => {
+                    let m: Vec<String> = missing.iter().map(|u| u.to_string()).collect();
+                    say(format!("{step} is waiting on {}.", m.join(", ")))
+                }
+                Label::Decline { step } => say(format!("{step} was cancelled; declining.")),
+                Label::Nothing => say(p::SCRIPTED_ACK.to_string()),
+            },
+            Scripted::AlwaysBook => match o.turn.step.or(o.turn.named.first().copied()) {
+                Some(step) => book(ep, o.turn, step, "On it.".to_string()),
+                None => say(p::SCRIPTED_ACK.to_string()),
+            },
         }
     }
 }

@@ -7,9 +7,9 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 
 use super::runner::{run_episode, Compiled, EpisodeRecord, RunOptions, TurnRecord};
-use crate::backend::Message;
+use crate::backend::{Message, Tool};
 use crate::ladder::arms::Arm;
-use crate::ladder::episode::{Episode, EPISODE_VERSION};
+use crate::ladder::episode::{Episode, Protocol, EPISODE_VERSION};
 use crate::ladder::parts::scripted::OracleMatcher;
 use crate::ladder::parts::{Agent, MemoryParts, Oracle, Reply};
 use crate::ladder::score::Label;
@@ -51,6 +51,9 @@ pub enum ReplayError {
     /// An arm that cannot be replayed.
     #[error("arm {0} re-prompts the agent within a turn; recorded replies cannot answer that (score it live)")]
     Arm(Arm),
+    /// Native tool calls answer tool results within a turn.
+    #[error("the native tool protocol answers tool results within a turn; recorded replies cannot (score it live, or use --protocol tool)")]
+    Native,
 }
 
 /// What `ladder episode --json` writes: the episode and the perfect agent's labels.
@@ -156,7 +159,7 @@ impl Agent for Recorded<'_> {
     fn name(&self) -> String {
         "recorded".into()
     }
-    fn reply(&mut self, _m: &[Message], o: &Oracle) -> Reply {
+    fn reply(&mut self, _m: &[Message], _tools: &[Tool], o: &Oracle) -> Reply {
         Reply {
             text: self.0[o.turn.index].clone(),
             ..Default::default()
@@ -172,6 +175,9 @@ pub fn score_replies(
 ) -> Result<(EpisodeRecord, Vec<TurnRecord>), ReplayError> {
     if arm.same_turn_notice() {
         return Err(ReplayError::Arm(arm));
+    }
+    if ep.config.protocol == Protocol::Native {
+        return Err(ReplayError::Native);
     }
     let compiled = arm.uses_module().then(|| Compiled::oracle(ep));
     Ok(run_episode(

@@ -86,8 +86,28 @@ pub struct Manifest {
 /// byte-identical across versions).
 pub fn sorted_keys<T: Serialize, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
     serde_json::to_value(v)
+        .map(sort_keys)
         .map_err(serde::ser::Error::custom)?
         .serialize(s)
+}
+
+/// A JSON value with every object's keys in sorted order (JSON objects
+/// otherwise keep the order they were built or read in).
+pub fn sort_keys(v: Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut entries: Vec<(String, Value)> = m.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k, sort_keys(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.into_iter().map(sort_keys).collect()),
+        v => v,
+    }
 }
 
 fn io(path: &Path) -> impl Fn(std::io::Error) -> RunLogError + '_ {
@@ -420,7 +440,7 @@ pub struct RunRead {
 }
 
 fn json<T: Serialize>(v: &T) -> Value {
-    serde_json::to_value(v).unwrap_or(Value::Null)
+    serde_json::to_value(v).map_or(Value::Null, sort_keys)
 }
 
 fn read_manifest(mpath: &Path) -> Result<Manifest, RunLogError> {

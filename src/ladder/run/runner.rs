@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::Usage;
+use crate::backend::{Message, Role, Tool, ToolCall, Usage};
 use crate::ladder::arms::corrupt::{Corruption, Corruptor};
 use crate::ladder::arms::decline;
 use crate::ladder::arms::gate::{
@@ -14,7 +14,8 @@ use crate::ladder::arms::gate::{
 };
 use crate::ladder::arms::memory::{MemoryKind, MemoryStore, MemoryUse};
 use crate::ladder::arms::{Arm, ArmState, Booking, TurnPrompt};
-use crate::ladder::episode::{Episode, StepId, Turn, TurnKind};
+use crate::ladder::episode::{Episode, Protocol, StepId, Turn, TurnKind};
+use crate::ladder::harness::{self, Workspace};
 use crate::ladder::parts::scripted::OracleCompiler;
 use crate::ladder::parts::{
     Agent, CallCost, Compiler, Exchange as MemoryExchange, Match, Matcher, MemoryOp, MemoryParts,
@@ -103,8 +104,19 @@ pub struct TurnRecord {
     /// Agent errors, if a call failed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub errors: Vec<String>,
-    /// Bookings found, with gate verdicts.
+    /// Bookings found, with gate verdicts (native harness: the calls, in
+    /// the order they were made).
     pub bookings: Vec<Booking>,
+    /// What each call's tool returned (native harness).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_results: Vec<String>,
+    /// Calls that could not be read: no booking (native harness).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub malformed: Vec<String>,
+    /// The stamps the workspace gained this turn, `<tool> <work order>`,
+    /// as read back from it (native harness).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub stamps: Vec<String>,
     /// The ground-truth label.
     pub label: Label,
     /// Violations under the primary scoring.
@@ -213,6 +225,9 @@ pub struct EpisodeRecord {
     pub refused: u32,
     /// Refused bookings whose visible reply has no refusal language.
     pub silent_refusals: u32,
+    /// Tool calls that could not be read (native harness).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub malformed_calls: u32,
     /// Directive obedience per kind.
     pub directives: BTreeMap<DirectiveKind, Obedience>,
     /// Matcher statistics.
@@ -236,6 +251,10 @@ pub struct EpisodeRecord {
     pub memory: Option<MemoryUse>,
 }
 
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
 /// What one turn adds to its episode's tallies.
 #[derive(Debug, Clone, Default)]
 struct Tally {
@@ -243,6 +262,7 @@ struct Tally {
     agent_calls: u32,
     refused: u32,
     silent: u32,
+    malformed: u32,
     matcher: MatcherStats,
     directives: BTreeMap<DirectiveKind, Obedience>,
 }
@@ -253,6 +273,7 @@ impl std::ops::AddAssign for Tally {
         self.agent_calls += t.agent_calls;
         self.refused += t.refused;
         self.silent += t.silent;
+        self.malformed += t.malformed;
         self.matcher += t.matcher;
         for (k, o) in t.directives {
             *self.directives.entry(k).or_default() += o;
@@ -268,6 +289,10 @@ struct Episodic<'e> {
     truth: Truth,
     compiled: Option<&'e Compiled>,
     opts: &'e RunOptions,
+    /// The step tools offered (native harness; empty otherwise).
+    tools: Vec<Tool>,
+    /// Where the tools stamp (native harness), or why it could not be made.
+    workspace: Option<Result<Workspace, String>>,
 }
 
 /// Runs one episode on one arm.
@@ -289,7 +314,13 @@ pub fn run_episode(
         truth: Truth::new(ep),
         compiled,
         opts,
+        tools: Vec::new(),
+        workspace: None,
     };
+    if ep.config.protocol == Protocol::Native {
+        run.tools = harness::tools(ep);
+        run.workspace = Some(Workspace::new().map_err(|e| crate::one_line(&e)));
+    }
     let mut tally = Tally::default();
     let mut records = Vec::with_capacity(ep.turns.len());
     for turn in &ep.turns {
@@ -306,6 +337,7 @@ pub fn run_episode(
         decline_aware,
         refused: tally.refused,
         silent_refusals: tally.silent,
+        malformed_calls: tally.malformed,
         directives: tally.directives,
         matcher: tally.matcher,
         usage: tally.usage,
@@ -321,14 +353,28 @@ pub fn run_episode(
     (record, records)
 }
 
+/// What the agent is asked on one turn: the scripted turn, the arm's
+/// prompt, the matcher's resolution and the turn's ground truth.
+struct Asked<'a> {
+    turn: &'a Turn,
+    prompt: &'a TurnPrompt,
+    matched: Option<&'a Match>,
+    label: &'a Label,
+}
+
 /// The agent's side of one turn: its reply and, on the same-turn arm, the
-/// re-prompt after a refusal and the second reply.
+/// re-prompt after a refusal and the second reply; in the native harness,
+/// each round of calls, their results and the next reply.
+#[derive(Default)]
 struct Exchange {
     replies: Vec<String>,
     bookings: Vec<Booking>,
     errors: Vec<String>,
-    /// The notice sent between the two replies, if any.
-    reprompt: Option<String>,
+    /// What followed the user message, as later turns re-read it.
+    chain: Vec<Message>,
+    tool_results: Vec<String>,
+    malformed: Vec<String>,
+    stamps: Vec<String>,
     /// Rejection notices for the next user turn.
     notices: Vec<String>,
     usage: Usage,
@@ -372,7 +418,13 @@ impl Episodic<'_> {
             matched.as_ref(),
             query.as_deref(),
         );
-        let x = self.exchange(turn, &prompt, matched.as_ref(), &label, agent);
+        let asked = Asked {
+            turn,
+            prompt: &prompt,
+            matched: matched.as_ref(),
+            label: &label,
+        };
+        let x = self.exchange(&asked, agent);
         let visible = x.replies.last().map(String::as_str).unwrap_or("");
         let refused = x.bookings.iter().filter(|b| b.refusal.is_some()).count() as u32;
         let mut tally = Tally {
@@ -384,6 +436,7 @@ impl Episodic<'_> {
             } else {
                 refused
             },
+            malformed: x.malformed.len() as u32,
             matcher: matched
                 .as_ref()
                 .map(|m| MatcherStats::of(m, turn))
@@ -423,6 +476,9 @@ impl Episodic<'_> {
             replies: x.replies.clone(),
             errors: x.errors,
             bookings: x.bookings,
+            tool_results: x.tool_results,
+            malformed: x.malformed,
+            stamps: x.stamps,
             label,
             violations: Vec::new(),
             violations_decline_aware: Vec::new(),
@@ -430,8 +486,7 @@ impl Episodic<'_> {
             memory: None,
             latency_s: t0.elapsed().as_secs_f64(),
         };
-        self.state
-            .close_turn(prompt, &x.replies, x.reprompt, x.notices);
+        self.state.close_turn(prompt, x.chain, x.notices);
         if self.state.memory.is_some() {
             let visible = record.replies.last().map(String::as_str).unwrap_or("");
             let mut m = self.remember(memory, &turn.message, visible);
@@ -521,47 +576,166 @@ impl Episodic<'_> {
 
     /// The agent replies; the gate judges the bookings; on the same-turn
     /// arm a refusal re-prompts the agent at once.
-    fn exchange(
-        &mut self,
-        turn: &Turn,
-        prompt: &TurnPrompt,
-        matched: Option<&Match>,
-        label: &Label,
-        agent: &mut dyn Agent,
-    ) -> Exchange {
-        let ep = self.ep;
-        let oracle = |reprompt| Oracle {
-            episode: ep,
-            turn,
-            truth: &self.truth.state,
-            label,
-            reprompt,
-        };
-        let first = agent.reply(&prompt.messages, &oracle(false));
+    fn exchange(&mut self, a: &Asked, agent: &mut dyn Agent) -> Exchange {
+        if self.ep.config.protocol == Protocol::Native {
+            return self.exchange_native(a, agent);
+        }
+        let (ep, turn, prompt, matched) = (self.ep, a.turn, a.prompt, a.matched);
+        let first = agent.reply(&prompt.messages, &[], &self.oracle(a, false));
         let (bookings, notices) = self.state.gate(ep, turn, prompt, matched, &first.text, 0);
         let mut x = Exchange {
+            chain: vec![Message::new(Role::Assistant, first.text.clone())],
             replies: vec![first.text],
             bookings,
             errors: first.error.into_iter().collect(),
-            reprompt: None,
             notices,
             usage: first.usage,
             calls: 1,
+            ..Default::default()
         };
         if self.arm.same_turn_notice() && !x.notices.is_empty() {
             let notice = x.notices.join("\n");
             let msgs = self.state.reprompt(prompt, &x.replies[0], &notice);
-            let second = agent.reply(&msgs, &oracle(true));
+            let second = agent.reply(&msgs, &[], &self.oracle(a, true));
             let (b2, n2) = self.state.gate(ep, turn, prompt, matched, &second.text, 1);
             x.calls += 1;
             x.usage += second.usage;
             x.errors.extend(second.error);
             x.bookings.extend(b2);
+            x.chain.push(Message::new(Role::User, notice));
+            x.chain
+                .push(Message::new(Role::Assistant, second.text.clone()));
             x.replies.push(second.text);
-            x.reprompt = Some(notice);
             x.notices = n2;
         }
         x
+    }
+
+    /// What a scripted agent may read on this call of the turn.
+    fn oracle<'a>(&'a self, a: &'a Asked, reprompt: bool) -> Oracle<'a> {
+        Oracle {
+            episode: self.ep,
+            turn: a.turn,
+            truth: &self.truth.state,
+            label: a.label,
+            reprompt,
+        }
+    }
+
+    /// The native harness: the agent replies with calls, each is gated at
+    /// dispatch and answered by a tool result, and the agent is asked again
+    /// until it replies without calls (at most [`harness::MAX_ROUNDS`]
+    /// replies). A refusal is the call's result, so nothing waits for the
+    /// next turn. What executed is then read from the workspace.
+    fn exchange_native(&mut self, a: &Asked, agent: &mut dyn Agent) -> Exchange {
+        let mut x = Exchange::default();
+        let before = self.stamps(&mut x.errors);
+        let mut messages = a.prompt.messages.clone();
+        for round in 0..harness::MAX_ROUNDS {
+            let r = agent.reply(&messages, &self.tools, &self.oracle(a, round > 0));
+            x.calls += 1;
+            x.usage += r.usage;
+            x.errors.extend(r.error);
+            if crate::backend::tools::has_tool_call_block(&r.text) {
+                x.malformed.push(format!(
+                    "reply {round}: a <tool_call> block that does not parse"
+                ));
+            }
+            x.replies.push(r.text.clone());
+            if r.tool_calls.is_empty() {
+                x.chain.push(Message::new(Role::Assistant, r.text));
+                break;
+            }
+            let mut results = Vec::with_capacity(r.tool_calls.len());
+            for (i, call) in r.tool_calls.iter().enumerate() {
+                let result = self.dispatch(a, call, i, round as u8, &mut x);
+                x.tool_results.push(result.clone());
+                results.push(Message::tool_result(&call.id, result));
+            }
+            let said = Message::calls(r.text, r.tool_calls);
+            messages.push(said.clone());
+            messages.extend(results.iter().cloned());
+            x.chain.push(said);
+            x.chain.extend(results);
+        }
+        // Scoring reads the workspace: an admitted call executed its step
+        // only if the step's file gained this turn's work order.
+        let after = self.stamps(&mut x.errors);
+        let new = harness::new_stamps(&before, &after);
+        x.stamps = new.iter().map(|(t, wo)| format!("{t} {wo}")).collect();
+        let mut fresh: Vec<String> = new
+            .into_iter()
+            .filter(|(_, wo)| *wo == a.turn.work_order)
+            .map(|(tool, _)| tool)
+            .collect();
+        for b in x.bookings.iter_mut().filter(|b| b.executed) {
+            match fresh.iter().position(|t| *t == b.line.tool) {
+                Some(i) => {
+                    fresh.remove(i);
+                }
+                None => b.executed = false,
+            }
+        }
+        x
+    }
+
+    /// One call at dispatch: read it, gate it, run the tool; returns the
+    /// tool result the agent reads.
+    fn dispatch(
+        &mut self,
+        a: &Asked,
+        call: &ToolCall,
+        line_no: usize,
+        round: u8,
+        x: &mut Exchange,
+    ) -> String {
+        let line = match harness::booking(call, line_no) {
+            Ok(l) => l,
+            Err(why) => {
+                x.malformed.push(format!("{}: {why}", call.name));
+                return p::tool_malformed(&call.name, &why);
+            }
+        };
+        let (booking, reason) = self
+            .state
+            .judge(self.ep, a.turn, a.prompt, a.matched, line, false, round);
+        let result = match (&reason, booking.step, &self.workspace) {
+            (Some(reason), _, _) => p::call_rejected(&booking.line.line, reason),
+            (None, None, _) => p::tool_unknown(&call.name),
+            (None, Some(_), Some(Ok(ws))) => {
+                let (tool, wo) = (&booking.line.tool, &booking.line.work_order);
+                match ws.stamp(tool, wo) {
+                    Ok(()) => p::tool_executed(tool, wo),
+                    Err(e) => {
+                        x.errors.push(crate::one_line(&e));
+                        p::tool_unknown(tool)
+                    }
+                }
+            }
+            (None, Some(_), Some(Err(e))) => {
+                x.errors.push(e.clone());
+                p::tool_unknown(&call.name)
+            }
+            (None, Some(_), None) => unreachable!("the native harness always has a workspace"),
+        };
+        x.bookings.push(booking);
+        result
+    }
+
+    /// Every stamp so far (an unreadable workspace is an error of the turn
+    /// and reads as empty, so nothing counts as executed).
+    fn stamps(&self, errors: &mut Vec<String>) -> harness::Stamps {
+        match &self.workspace {
+            Some(Ok(ws)) => ws.stamps().unwrap_or_else(|e| {
+                errors.push(crate::one_line(&e));
+                harness::Stamps::new()
+            }),
+            Some(Err(e)) => {
+                errors.push(e.clone());
+                harness::Stamps::new()
+            }
+            None => harness::Stamps::new(),
+        }
     }
 }
 
