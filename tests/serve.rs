@@ -501,3 +501,57 @@ fn tool_calls_through_serve_match_in_process() {
     assert_eq!(c["function"]["name"], "sign_msa");
     assert!(c["function"]["arguments"].is_string(), "{v}");
 }
+
+/// A native tool-harness cell through `--endpoint` (tools sent as OpenAI
+/// `tools`, calls read from `tool_calls`) logs the same turns as in-process.
+#[test]
+fn native_cell_through_serve_matches_in_process() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let (local, remote) = (tmp.path().join("local"), tmp.path().join("remote"));
+    let limit = Duration::from_secs(600);
+    let cell = [
+        "ladder",
+        "cell",
+        "--agent",
+        "model",
+        "--steps",
+        "3",
+        "--episodes",
+        "1",
+        "--arms",
+        "raw,enforce-request",
+        "--protocol",
+        "native",
+        "--quiet",
+    ];
+    let mut args = cell.to_vec();
+    args.extend([
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        local.to_str().unwrap(),
+    ]);
+    let o = statebench(&args, limit);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let server = ServeProc::start(&model);
+    let mut args = cell.to_vec();
+    args.extend(["--endpoint", &server.url, "--out", remote.to_str().unwrap()]);
+    let o = statebench(&args, limit);
+    drop(server);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (a, b) = (lines(&local, "turns.jsonl"), lines(&remote, "turns.jsonl"));
+    assert_eq!(a.len(), 2 * 44);
+    assert_eq!(a, b);
+    // Replies were generated with the tools in the prompt (the tiny model's
+    // 4,096 positions overflow on later turns, the error path).
+    let generated = a
+        .values()
+        .filter(|v| v["replies"][0].as_str().is_some_and(|s| !s.is_empty()))
+        .count();
+    assert!(generated >= 4, "only {generated} turns with a reply");
+    assert_eq!(
+        lines(&local, "episodes.jsonl"),
+        lines(&remote, "episodes.jsonl")
+    );
+}
