@@ -259,3 +259,29 @@ fn malformed_calls_book_nothing_and_are_logged() {
     );
     assert!(rec.primary.channels.omission > 0);
 }
+
+/// A memory arm in the harness stores what the turn executed: each call
+/// with its arguments and its tool's result, not only the last reply.
+#[test]
+fn memories_keep_the_calls_and_their_results() {
+    use statebench::ladder::parts::MemoryOp;
+    let ep = generate(&native(5, 0.15, 100), None).unwrap();
+    let turns = run(&ep, Arm::TopkAugment, &mut Scripted::AlwaysBook);
+    let t = turns
+        .iter()
+        .find(|t| t.step.is_some() && !t.stamps.is_empty())
+        .expect("a booked turn");
+    let Some(MemoryOp::Add { text }) = t.memory.as_ref().and_then(|m| m.ops.first()) else {
+        panic!("{:?}", t.memory);
+    };
+    let tool = &ep.step(t.step.unwrap()).tool;
+    let call = format!(
+        "[called {tool}({{\"work_order\":\"{}\"}}) -> {tool}: executed for work order {}.]",
+        t.work_order, t.work_order
+    );
+    assert!(text.contains(&call), "{text}");
+    assert!(
+        text.starts_with("USER: ") && text.contains("On it."),
+        "{text}"
+    );
+}

@@ -88,6 +88,11 @@ pub fn recall_query(message: &str) -> String {
 }
 
 /// Ours: one past exchange as the top-k memory stores it.
+/// Ours: one tool call and its result inside a stored reply (native harness).
+pub fn memory_call(name: &str, arguments: &str, result: &str) -> String {
+    format!("[called {name}({arguments}) -> {result}]")
+}
+
 pub fn exchange_memory(user: &str, reply: &str) -> String {
     format!("USER: {user}\nASSISTANT: {reply}")
 }

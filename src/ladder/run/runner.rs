@@ -461,6 +461,7 @@ impl Episodic<'_> {
             .filter_map(|b| b.step)
             .collect();
         self.truth.close(turn, &executed);
+        let remembered = self.state.memory.is_some().then(|| memory_reply(&x.chain));
         let mut record = TurnRecord {
             seed: ep.config.seed,
             arm,
@@ -487,9 +488,8 @@ impl Episodic<'_> {
             latency_s: t0.elapsed().as_secs_f64(),
         };
         self.state.close_turn(prompt, x.chain, x.notices);
-        if self.state.memory.is_some() {
-            let visible = record.replies.last().map(String::as_str).unwrap_or("");
-            let mut m = self.remember(memory, &turn.message, visible);
+        if let Some(reply) = remembered {
+            let mut m = self.remember(memory, &turn.message, &reply);
             memory_errors.append(&mut m.errors);
             m.errors = memory_errors;
             record.memory = Some(m);
@@ -737,6 +737,39 @@ impl Episodic<'_> {
             None => harness::Stamps::new(),
         }
     }
+}
+
+/// The agent's side of a turn as a memory stores it: the reply the user
+/// saw; in the native harness, every round's text with its calls and their
+/// results, so the memory holds what was executed.
+fn memory_reply(chain: &[Message]) -> String {
+    if chain.iter().all(|m| m.tool_calls.is_empty()) {
+        return chain
+            .iter()
+            .rfind(|m| m.role == Role::Assistant)
+            .map(|m| m.content.clone())
+            .unwrap_or_default();
+    }
+    let mut lines = Vec::new();
+    for (i, m) in chain.iter().enumerate() {
+        if m.role != Role::Assistant {
+            continue;
+        }
+        if !m.content.trim().is_empty() {
+            lines.push(m.content.clone());
+        }
+        // The results follow their calls (ids repeat across replies).
+        let results = &chain[i + 1..];
+        for c in &m.tool_calls {
+            let result = results
+                .iter()
+                .take_while(|r| r.role == Role::Tool)
+                .find(|r| r.tool_call_id == c.id)
+                .map_or("", |r| r.content.as_str());
+            lines.push(p::memory_call(&c.name, &c.arguments, result));
+        }
+    }
+    lines.join("\n")
 }
 
 /// Scores turn records under both scorings, filling their violation fields.
