@@ -293,6 +293,8 @@ struct Episodic<'e> {
     tools: Vec<Tool>,
     /// Where the tools stamp (native harness), or why it could not be made.
     workspace: Option<Result<Workspace, String>>,
+    /// The workspace's stamps as last read back.
+    seen: harness::Stamps,
 }
 
 /// Runs one episode on one arm.
@@ -316,6 +318,7 @@ pub fn run_episode(
         opts,
         tools: Vec::new(),
         workspace: None,
+        seen: harness::Stamps::new(),
     };
     if ep.config.protocol == Protocol::Native {
         run.tools = harness::tools(ep);
@@ -372,7 +375,6 @@ struct Exchange {
     errors: Vec<String>,
     /// What followed the user message, as later turns re-read it.
     chain: Vec<Message>,
-    tool_results: Vec<String>,
     malformed: Vec<String>,
     stamps: Vec<String>,
     /// Rejection notices for the next user turn.
@@ -477,7 +479,12 @@ impl Episodic<'_> {
             replies: x.replies.clone(),
             errors: x.errors,
             bookings: x.bookings,
-            tool_results: x.tool_results,
+            tool_results: x
+                .chain
+                .iter()
+                .filter(|m| m.role == Role::Tool)
+                .map(|m| m.content.clone())
+                .collect(),
             malformed: x.malformed,
             stamps: x.stamps,
             label,
@@ -629,7 +636,6 @@ impl Episodic<'_> {
     /// next turn. What executed is then read from the workspace.
     fn exchange_native(&mut self, a: &Asked, agent: &mut dyn Agent) -> Exchange {
         let mut x = Exchange::default();
-        let before = self.stamps(&mut x.errors);
         let mut messages = a.prompt.messages.clone();
         for round in 0..harness::MAX_ROUNDS {
             let r = agent.reply(&messages, &self.tools, &self.oracle(a, round > 0));
@@ -649,7 +655,6 @@ impl Episodic<'_> {
             let mut results = Vec::with_capacity(r.tool_calls.len());
             for (i, call) in r.tool_calls.iter().enumerate() {
                 let result = self.dispatch(a, call, i, round as u8, &mut x);
-                x.tool_results.push(result.clone());
                 results.push(Message::tool_result(&call.id, result));
             }
             let said = Message::calls(r.text, r.tool_calls);
@@ -659,9 +664,22 @@ impl Episodic<'_> {
             x.chain.extend(results);
         }
         // Scoring reads the workspace: an admitted call executed its step
-        // only if the step's file gained this turn's work order.
-        let after = self.stamps(&mut x.errors);
-        let new = harness::new_stamps(&before, &after);
+        // only if the step's file gained this turn's work order. Only a
+        // dispatched call can stamp, so a turn without one reads nothing.
+        if x.bookings.is_empty() {
+            return x;
+        }
+        let new = match self.read_workspace() {
+            Ok(after) => {
+                let new = harness::new_stamps(&self.seen, &after);
+                self.seen = after;
+                new
+            }
+            Err(e) => {
+                x.errors.push(e);
+                Vec::new()
+            }
+        };
         x.stamps = new.iter().map(|(t, wo)| format!("{t} {wo}")).collect();
         let mut fresh: Vec<String> = new
             .into_iter()
@@ -722,19 +740,13 @@ impl Episodic<'_> {
         result
     }
 
-    /// Every stamp so far (an unreadable workspace is an error of the turn
-    /// and reads as empty, so nothing counts as executed).
-    fn stamps(&self, errors: &mut Vec<String>) -> harness::Stamps {
+    /// Every stamp so far, or why the workspace cannot be read (an error
+    /// of the turn: nothing then counts as executed).
+    fn read_workspace(&self) -> Result<harness::Stamps, String> {
         match &self.workspace {
-            Some(Ok(ws)) => ws.stamps().unwrap_or_else(|e| {
-                errors.push(crate::one_line(&e));
-                harness::Stamps::new()
-            }),
-            Some(Err(e)) => {
-                errors.push(e.clone());
-                harness::Stamps::new()
-            }
-            None => harness::Stamps::new(),
+            Some(Ok(ws)) => ws.stamps().map_err(|e| crate::one_line(&e)),
+            Some(Err(e)) => Err(e.clone()),
+            None => Ok(harness::Stamps::new()),
         }
     }
 }
