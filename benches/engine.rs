@@ -1,6 +1,7 @@
 //! Kernel benchmarks: the default model's projection shapes (Q5_0 MLP up,
-//! Q4_K / Q6_K MLP down, Q8_0 output head) at batch 1, 4 and 16, and one
-//! decode step of the default model when it is present.
+//! Q4_K / Q6_K MLP down, Q8_0 output head) at batch 1, 4 and 16, each with
+//! its weights at the file's bits and widened at load, and one decode step of
+//! the default model when it is present.
 
 use candle_core::quantized::GgmlDType;
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -11,7 +12,12 @@ fn projection(c: &mut Criterion, dtype: GgmlDType, rows: usize, cols: usize, nam
     let w: Vec<f32> = (0..rows * cols)
         .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
         .collect();
-    let m = Matrix::quantize(dtype, rows, cols, &w).expect("quantize");
+    // Both layouts side by side: the file's own bits, and widened at load
+    // (same results, more memory, no unpacking per product).
+    let native = Matrix::quantize(dtype, rows, cols, &w).expect("quantize");
+    let widened = Matrix::quantize(dtype, rows, cols, &w)
+        .expect("quantize")
+        .widen();
     drop(w);
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(2)
@@ -20,9 +26,11 @@ fn projection(c: &mut Criterion, dtype: GgmlDType, rows: usize, cols: usize, nam
     for n in [1usize, 4, 16] {
         let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
         let mut y = vec![0f32; n * rows];
-        c.bench_function(&format!("{name} {rows}x{cols} batch {n}"), |b| {
-            b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)))
-        });
+        for (layout, m) in [("file bits", &native), ("widened", &widened)] {
+            c.bench_function(&format!("{name} {rows}x{cols} batch {n} {layout}"), |b| {
+                b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)))
+            });
+        }
     }
 }
 

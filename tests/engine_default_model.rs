@@ -7,7 +7,7 @@ mod engine_common;
 use engine_common::*;
 use statebench::backend::{Backend, BackendError, ChatRequest, Finish, Message, Role};
 use statebench::engine::template::ChatTemplate;
-use statebench::engine::{Engine, EngineOptions};
+use statebench::engine::{Engine, EngineOptions, WeightLayout};
 
 fn fixture(name: &str) -> serde_json::Value {
     let path = root().join("tests/fixtures/engine").join(name);
@@ -198,9 +198,9 @@ fn invariance_c_cached_prefix_equals_cold_prefill() {
 }
 
 #[test]
-fn invariance_d_identical_across_processes_and_thread_counts() {
+fn invariance_d_identical_across_processes_thread_counts_and_weight_layouts() {
     let Some(path) = default_model() else { return };
-    let run = |threads: &str| {
+    let run = |threads: &str, weights: &str| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_statebench"))
             .args(["generate", "--device", "cpu", "--model"])
             .arg(&path)
@@ -216,6 +216,8 @@ fn invariance_d_identical_across_processes_and_thread_counts() {
                 "--print-tokens",
                 "--threads",
                 threads,
+                "--weights",
+                weights,
             ])
             .output()
             .expect("spawn statebench");
@@ -226,12 +228,44 @@ fn invariance_d_identical_across_processes_and_thread_counts() {
         );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
-    let a = run("2");
-    let b = run("2");
-    let c = run("1");
+    let a = run("2", "widened");
+    let b = run("2", "widened");
+    let c = run("1", "widened");
+    let d = run("1", "native");
     assert!(a.contains("tokens: ["));
     assert_eq!(a, b, "two processes differ");
     assert_eq!(a, c, "one thread differs from two");
+    assert_eq!(
+        a, d,
+        "weights at the file's bits differ from widened weights"
+    );
+}
+
+#[test]
+fn invariance_e_weights_at_file_bits_equal_widened_weights() {
+    let Some(path) = default_model() else { return };
+    let mut widened = load(&path);
+    let opts = EngineOptions {
+        weights: WeightLayout::Native,
+        ..EngineOptions::default()
+    };
+    let mut native = Engine::load(&path.to_string_lossy(), opts).expect("loads");
+    let text = widened
+        .render(
+            &[Message::new(Role::User, "Book order 17 for ACME.")],
+            false,
+        )
+        .expect("render");
+    let prompt = widened.encode(&text).expect("encode");
+    assert_eq!(
+        cold_logits(&widened, &prompt),
+        cold_logits(&native, &prompt),
+        "prefill logits"
+    );
+    let target = ask("Name three rivers in Europe.", 16);
+    let a = run_batched(&mut widened, target.clone(), &others(5));
+    let b = run_batched(&mut native, target, &others(5));
+    assert_eq!(a.tokens, b.tokens, "batched decode");
 }
 
 #[test]

@@ -1,123 +1,13 @@
-//! K-quant weights (Q4_K, Q6_K) unpacked at load into an exact 32-element form,
-//! `w[j] = s[j / 16] · q[j] − m`, then interleaved eight rows at a time like
-//! [`crate::q8`]'s weights.
+//! K-quant weights (Q4_K, Q6_K) in an exact 32-column form,
+//! `w[j] = s[j / 16] · q[j] − m`, eight rows interleaved like [`crate::q8`]'s
+//! weights (widened to it from the file's bits by [`crate::native`]).
 //!
 //! A block's dot product with a Q8_0 activation block is two exact integer
 //! half-dots (columns 0..16 and 16..32) times their scales, minus
 //! `m · dx · Σx`. As in [`crate::q8`], every path performs the same f32
 //! operations in the same order, so batching never changes a result.
 
-use candle_core::quantized::k_quants::{BlockQ4K, BlockQ6K};
-
-use crate::q8::{int_dots, interleave, put_row, slot, Packed, Q8Row};
-
-/// 32 weights: `w[j] = s[j / 16] * q[j] - m`.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct KBlock {
-    /// Scales of elements 0..16 and 16..32.
-    pub s: [f32; 2],
-    /// Offset subtracted from every element.
-    pub m: f32,
-    /// Integer values.
-    pub qs: [i8; 32],
-}
-
-#[repr(C)]
-struct RawQ4K {
-    d: half::f16,
-    dmin: half::f16,
-    scales: [u8; 12],
-    qs: [u8; 128],
-}
-
-#[repr(C)]
-struct RawQ6K {
-    ql: [u8; 128],
-    qh: [u8; 64],
-    scales: [i8; 16],
-    d: half::f16,
-}
-
-const _: () = assert!(std::mem::size_of::<RawQ4K>() == std::mem::size_of::<BlockQ4K>());
-const _: () = assert!(std::mem::size_of::<RawQ6K>() == std::mem::size_of::<BlockQ6K>());
-
-fn scale_min_k4(j: usize, q: &[u8; 12]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        (
-            (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4),
-            (q[j + 4] >> 4) | ((q[j] >> 6) << 4),
-        )
-    }
-}
-
-/// Unpacks Q4_K super-blocks (8 sub-blocks of 32 with scale and min).
-pub fn widen_q4k(xs: &[BlockQ4K]) -> Vec<KBlock> {
-    // SAFETY: identical `repr(C)` layouts (size checked above).
-    let xs = unsafe { std::slice::from_raw_parts(xs.as_ptr() as *const RawQ4K, xs.len()) };
-    let mut out = Vec::with_capacity(xs.len() * 8);
-    for b in xs {
-        let (d, dmin) = (b.d.to_f32(), b.dmin.to_f32());
-        for j in 0..4 {
-            let q = &b.qs[32 * j..32 * j + 32];
-            for (half, shift) in [(0usize, 0u8), (1, 4)] {
-                let (sc, mn) = scale_min_k4(2 * j + half, &b.scales);
-                let s = d * sc as f32;
-                out.push(KBlock {
-                    s: [s, s],
-                    m: dmin * mn as f32,
-                    qs: std::array::from_fn(|l| ((q[l] >> shift) & 0xF) as i8),
-                });
-            }
-        }
-    }
-    out
-}
-
-/// Unpacks Q6_K super-blocks (16 sub-blocks of 16 with a scale each).
-pub fn widen_q6k(xs: &[BlockQ6K]) -> Vec<KBlock> {
-    // SAFETY: identical `repr(C)` layouts (size checked above).
-    let xs = unsafe { std::slice::from_raw_parts(xs.as_ptr() as *const RawQ6K, xs.len()) };
-    let mut out = Vec::with_capacity(xs.len() * 8);
-    for b in xs {
-        let d = b.d.to_f32();
-        for idx in 0..2 {
-            let ql = &b.ql[64 * idx..64 * idx + 64];
-            let qh = &b.qh[32 * idx..32 * idx + 32];
-            let sc = &b.scales[8 * idx..8 * idx + 8];
-            for k in 0..4 {
-                let qs = std::array::from_fn(|l| {
-                    let (lo, hi) = match k {
-                        0 => (ql[l] & 0xF, qh[l] & 3),
-                        1 => (ql[l + 32] & 0xF, (qh[l] >> 2) & 3),
-                        2 => (ql[l] >> 4, (qh[l] >> 4) & 3),
-                        _ => (ql[l + 32] >> 4, (qh[l] >> 6) & 3),
-                    };
-                    (lo | (hi << 4)) as i8 - 32
-                });
-                out.push(KBlock {
-                    s: [d * sc[2 * k] as f32, d * sc[2 * k + 1] as f32],
-                    m: 0.0,
-                    qs,
-                });
-            }
-        }
-    }
-    out
-}
-
-/// Dequantizes blocks into `out` (same formula and rounding as the ggml
-/// dequantizers); the tests' reference for the packed layout.
-#[cfg(test)]
-fn to_f32(xs: &[KBlock], out: &mut [f32]) {
-    for (b, o) in xs.iter().zip(out.chunks_exact_mut(32)) {
-        for (j, v) in o.iter_mut().enumerate() {
-            *v = b.s[j / 16] * b.qs[j] as f32 - b.m;
-        }
-    }
-}
+use crate::q8::{int_dots, slot, Packed, Q8Row};
 
 /// Eight K-quant weight rows × one block of 32 columns, interleaved as in
 /// [`crate::q8::Q8x8`]: `w = s[c / 16] · q − m` per row.
@@ -132,27 +22,6 @@ pub struct K8 {
     pub m: [f32; 8],
     /// `qs[32 g + 4 k + e]` is row `k`, column `4 g + e`, plus 128.
     pub qs: [u8; 256],
-}
-
-/// Interleaves rows of `bpr` unpacked blocks eight at a time (missing rows of
-/// the last group are zero); ordered group by group, block by block.
-pub fn pack_k(blocks: &[KBlock], rows: usize, bpr: usize) -> Vec<K8> {
-    assert_eq!(
-        blocks.len(),
-        rows * bpr,
-        "K blocks for {rows} rows of {bpr}"
-    );
-    let empty = K8 {
-        s0: [0.0; 8],
-        s1: [0.0; 8],
-        m: [0.0; 8],
-        qs: [128; 256],
-    };
-    interleave(rows, bpr, empty, |p, k, j| {
-        let src = &blocks[j];
-        (p.s0[k], p.s1[k], p.m[k]) = (src.s[0], src.s[1], src.m);
-        put_row(&mut p.qs, k, &src.qs);
-    })
 }
 
 /// Dequantizes row `r` of packed weights (the ggml formulas).
@@ -272,9 +141,10 @@ mod tests {
     }
 
     #[test]
-    fn unpacking_and_packing_are_exact_and_every_path_agrees() {
+    fn every_path_agrees() {
+        use crate::native::{pack_q4k, pack_q6k, Stored};
+        use candle_core::quantized::k_quants::{BlockQ4K, BlockQ6K};
         let (rows, cols) = (10, 512);
-        let bpr = cols / 32;
         let w: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 37) % 101) as f32 / 50.0 - 0.9)
             .collect();
@@ -283,33 +153,28 @@ mod tests {
             .collect();
         let acts = Activations::quantize(&x, 8, cols);
         let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| acts.row(r));
-        let q4: Vec<BlockQ4K> = blocks(&w);
-        let q6: Vec<BlockQ6K> = blocks(&w);
-        for (name, k, stock) in [
-            ("q4k", widen_q4k(&q4), {
-                let mut v = vec![0f32; rows * cols];
-                BlockQ4K::to_float(&q4, &mut v);
-                v
-            }),
-            ("q6k", widen_q6k(&q6), {
-                let mut v = vec![0f32; rows * cols];
-                BlockQ6K::to_float(&q6, &mut v);
-                v
-            }),
-        ] {
-            let mut ours = vec![0f32; rows * cols];
-            to_f32(&k, &mut ours);
-            assert_eq!(ours, stock, "{name} unpacking must be exact");
-            let packed = pack_k(&k, rows, bpr);
-            for r in 0..rows {
-                let mut row = vec![0f32; cols];
-                unpack_k_row(&packed, bpr, r, &mut row);
-                assert_eq!(
-                    row,
-                    stock[r * cols..(r + 1) * cols],
-                    "{name} row {r} packed"
-                );
+        let widen = |name: &str| -> (Vec<K8>, Vec<f32>) {
+            let mut stock = vec![0f32; rows * cols];
+            let mut wide = Vec::new();
+            let per_group = cols / 256;
+            if name == "q4k" {
+                let b: Vec<BlockQ4K> = blocks(&w);
+                BlockQ4K::to_float(&b, &mut stock);
+                for g in pack_q4k(&b, rows, per_group).chunks(per_group) {
+                    Stored::with_wide(g, |k| wide.extend_from_slice(k));
+                }
+            } else {
+                let b: Vec<BlockQ6K> = blocks(&w);
+                BlockQ6K::to_float(&b, &mut stock);
+                for g in pack_q6k(&b, rows, per_group).chunks(per_group) {
+                    Stored::with_wide(g, |k| wide.extend_from_slice(k));
+                }
             }
+            (wide, stock)
+        };
+        let bpr = cols / 32;
+        for name in ["q4k", "q6k"] {
+            let (packed, stock) = widen(name);
             for g in 0..rows.div_ceil(8) {
                 let wg = &packed[g * bpr..(g + 1) * bpr];
                 let eight = K8::group(wg, &xs);

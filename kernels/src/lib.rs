@@ -17,6 +17,7 @@ pub const ARITHMETIC: &str = "statebench-kernels/3: exact integer 32-column bloc
 pub mod attention;
 pub mod kq;
 pub mod matmul;
+pub mod native;
 pub mod ops;
 pub mod q8;
 

@@ -9,7 +9,8 @@ use candle_core::quantized::k_quants::{BlockQ4_1, BlockQ5K, BlockQ5_1, GgmlType}
 use candle_core::quantized::GgmlDType;
 use rayon::prelude::*;
 
-use crate::kq::{pack_k, unpack_k_row, widen_q4k, widen_q6k, KBlock, K8};
+use crate::kq::{unpack_k_row, K8};
+use crate::native::{pack_q4_0, pack_q4k, pack_q5_0, pack_q6k, Q4Kx8, Q4x8, Q5x8, Q6Kx8, Stored};
 use crate::ops::dot_f32;
 use crate::q8::{pack_q8, unpack_q8_row, Activations, Packed, Q8Blocks, Q8Row, Q8x8};
 
@@ -41,11 +42,18 @@ pub enum WeightData {
     Q4_1(Vec<BlockQ4_1>),
     /// GGML Q5_1.
     Q5_1(Vec<BlockQ5_1>),
-    /// GGML Q8_0, eight rows interleaved; Q4_0 and Q5_0 weights are widened
-    /// to it exactly at load.
+    /// GGML Q8_0, eight rows interleaved; also Q4_0 and Q5_0 widened to it.
     Q8_0(Vec<Q8x8>),
-    /// GGML Q4_K and Q6_K, unpacked exactly and eight rows interleaved.
+    /// GGML Q4_K and Q6_K widened to the kernels' 32-column form.
     K(Vec<K8>),
+    /// GGML Q4_0 at its own bits, eight rows interleaved.
+    Q4_0(Vec<Q4x8>),
+    /// GGML Q5_0 at its own bits, eight rows interleaved.
+    Q5_0(Vec<Q5x8>),
+    /// GGML Q4_K at its own bits, eight rows interleaved.
+    Q4K(Vec<Q4Kx8>),
+    /// GGML Q6_K at its own bits, eight rows interleaved.
+    Q6K(Vec<Q6Kx8>),
     /// GGML Q5_K.
     Q5K(Vec<BlockQ5K>),
 }
@@ -103,9 +111,7 @@ impl Matrix {
                 "row length {cols} is not a multiple of the {dtype:?} block size {bs}"
             )));
         }
-        let nb = rows * cols / bs;
-        let q8 = |b: Q8Blocks| WeightData::Q8_0(pack_q8(&b, rows, cols / 32));
-        let k = |b: Vec<KBlock>| WeightData::K(pack_k(&b, rows, cols / 32));
+        let (nb, bpr) = (rows * cols / bs, cols / bs);
         let data = match dtype {
             GgmlDType::F32 => {
                 if bytes.len() != rows * cols * 4 {
@@ -133,14 +139,22 @@ impl Matrix {
                     .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
                     .collect(),
             ),
-            GgmlDType::Q4_0 => q8(Q8Blocks::from_q4_0(&blocks_from_bytes(bytes, nb)?)),
+            GgmlDType::Q4_0 => {
+                WeightData::Q4_0(pack_q4_0(&blocks_from_bytes(bytes, nb)?, rows, bpr))
+            }
             GgmlDType::Q4_1 => WeightData::Q4_1(blocks_from_bytes(bytes, nb)?),
-            GgmlDType::Q5_0 => q8(Q8Blocks::from_q5_0(&blocks_from_bytes(bytes, nb)?)),
+            GgmlDType::Q5_0 => {
+                WeightData::Q5_0(pack_q5_0(&blocks_from_bytes(bytes, nb)?, rows, bpr))
+            }
             GgmlDType::Q5_1 => WeightData::Q5_1(blocks_from_bytes(bytes, nb)?),
-            GgmlDType::Q8_0 => q8(Q8Blocks::from_q8_0(&blocks_from_bytes(bytes, nb)?)),
-            GgmlDType::Q4K => k(widen_q4k(&blocks_from_bytes(bytes, nb)?)),
+            GgmlDType::Q8_0 => WeightData::Q8_0(pack_q8(
+                &Q8Blocks::from_q8_0(&blocks_from_bytes(bytes, nb)?),
+                rows,
+                bpr,
+            )),
+            GgmlDType::Q4K => WeightData::Q4K(pack_q4k(&blocks_from_bytes(bytes, nb)?, rows, bpr)),
             GgmlDType::Q5K => WeightData::Q5K(blocks_from_bytes(bytes, nb)?),
-            GgmlDType::Q6K => k(widen_q6k(&blocks_from_bytes(bytes, nb)?)),
+            GgmlDType::Q6K => WeightData::Q6K(pack_q6k(&blocks_from_bytes(bytes, nb)?, rows, bpr)),
             other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
         };
         if let WeightData::F32(v) = &data {
@@ -173,18 +187,44 @@ impl Matrix {
             )));
         }
         let bs = dtype.block_size();
-        let q8 = |b: Q8Blocks| WeightData::Q8_0(pack_q8(&b, rows, cols / 32));
-        let k = |b: Vec<KBlock>| WeightData::K(pack_k(&b, rows, cols / 32));
+        let bpr = cols / bs;
         let data = match dtype {
             GgmlDType::F32 => WeightData::F32(data.to_vec()),
-            GgmlDType::Q4_0 => q8(Q8Blocks::from_q4_0(&q(data, bs))),
-            GgmlDType::Q5_0 => q8(Q8Blocks::from_q5_0(&q(data, bs))),
-            GgmlDType::Q8_0 => q8(Q8Blocks::from_q8_0(&q(data, bs))),
-            GgmlDType::Q4K => k(widen_q4k(&q(data, bs))),
-            GgmlDType::Q6K => k(widen_q6k(&q(data, bs))),
+            GgmlDType::Q4_0 => WeightData::Q4_0(pack_q4_0(&q(data, bs), rows, bpr)),
+            GgmlDType::Q5_0 => WeightData::Q5_0(pack_q5_0(&q(data, bs), rows, bpr)),
+            GgmlDType::Q8_0 => {
+                WeightData::Q8_0(pack_q8(&Q8Blocks::from_q8_0(&q(data, bs)), rows, bpr))
+            }
+            GgmlDType::Q4K => WeightData::Q4K(pack_q4k(&q(data, bs), rows, bpr)),
+            GgmlDType::Q6K => WeightData::Q6K(pack_q6k(&q(data, bs), rows, bpr)),
             other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
         };
         Ok(Self { rows, cols, data })
+    }
+
+    /// The same matrix with Q4_0, Q5_0, Q4_K and Q6_K weights widened once,
+    /// here, instead of per product: more memory (8.5 or 11 bits a weight
+    /// instead of the file's 4.5–6.6) for less work per product, which pays
+    /// from a few rows a batch up. The kernels read the same values either
+    /// way, so every result is bit-identical.
+    pub fn widen(self) -> Self {
+        fn all<S: Stored>(w: &[S], rows: usize, cols: usize) -> Vec<S::Wide> {
+            let per_group = cols / S::COLS;
+            let mut out = Vec::with_capacity(rows.div_ceil(8) * cols / 32);
+            for g in w.chunks(per_group) {
+                S::with_wide(g, |wide| out.extend_from_slice(wide));
+            }
+            out
+        }
+        let (rows, cols) = (self.rows, self.cols);
+        let data = match &self.data {
+            WeightData::Q4_0(w) => WeightData::Q8_0(all(w, rows, cols)),
+            WeightData::Q5_0(w) => WeightData::Q8_0(all(w, rows, cols)),
+            WeightData::Q4K(w) => WeightData::K(all(w, rows, cols)),
+            WeightData::Q6K(w) => WeightData::K(all(w, rows, cols)),
+            _ => return self,
+        };
+        Self { rows, cols, data }
     }
 
     /// Output features.
@@ -204,7 +244,11 @@ impl Matrix {
             WeightData::Q4_1(_) => "Q4_1",
             WeightData::Q5_1(_) => "Q5_1",
             WeightData::Q8_0(_) => "Q8_0",
-            WeightData::K(_) => "K-quant",
+            WeightData::K(_) => "K-quant (widened)",
+            WeightData::Q4_0(_) => "Q4_0",
+            WeightData::Q5_0(_) => "Q5_0",
+            WeightData::Q4K(_) => "Q4_K",
+            WeightData::Q6K(_) => "Q6_K",
             WeightData::Q5K(_) => "Q5_K",
         }
     }
@@ -222,6 +266,10 @@ impl Matrix {
             WeightData::Q5_1(w) => deq(w, r, c, out),
             WeightData::Q8_0(w) => unpack_q8_row(w, c / 32, r, &mut out[..c]),
             WeightData::K(w) => unpack_k_row(w, c / 32, r, &mut out[..c]),
+            WeightData::Q4_0(w) => native_row(w, c, r, |g, k| unpack_q8_row(g, g.len(), k, out)),
+            WeightData::Q5_0(w) => native_row(w, c, r, |g, k| unpack_q8_row(g, g.len(), k, out)),
+            WeightData::Q4K(w) => native_row(w, c, r, |g, k| unpack_k_row(g, g.len(), k, out)),
+            WeightData::Q6K(w) => native_row(w, c, r, |g, k| unpack_k_row(g, g.len(), k, out)),
             WeightData::Q5K(w) => deq(w, r, c, out),
         }
     }
@@ -245,9 +293,22 @@ impl Matrix {
             WeightData::Q5_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q8_0(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
             WeightData::K(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
+            WeightData::Q4_0(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
+            WeightData::Q5_0(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
+            WeightData::Q4K(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
+            WeightData::Q6K(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
             WeightData::Q5K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
         }
     }
+}
+
+/// Dequantizes row `r` of natively stored weights through its widened group
+/// (`unpack(group, k)` writes row `k` of the group).
+fn native_row<S: Stored>(w: &[S], cols: usize, r: usize, unpack: impl FnOnce(&[S::Wide], usize)) {
+    let per_group = cols / S::COLS;
+    S::with_wide(&w[r / 8 * per_group..(r / 8 + 1) * per_group], |g| {
+        unpack(g, r % 8)
+    });
 }
 
 /// Output rows per parallel task: enough work per task, several tasks per thread.
@@ -316,10 +377,11 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
 /// while a slice streams by.
 const X_SLICE: usize = 64;
 
-/// Packed weights: each weight block is loaded once for eight activation rows
-/// (then four, then one at a time for the rest of the batch).
-fn matmul_packed<W: Packed>(w: &[W], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
-    let bpr = cols / 32;
+/// Packed weights: each group of eight weight rows is widened once per
+/// product, and each widened block is loaded once for eight activation rows
+/// (then four, then one at a time for the rest of a slice of the batch).
+fn matmul_packed<S: Stored>(w: &[S], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+    let (bpr, wbpr) = (cols / S::COLS, cols / 32);
     let acts = Activations::quantize(x, n, cols);
     let xrows: Vec<Q8Row<'_>> = (0..n).map(|b| acts.row(b)).collect();
     let out = OutPtr(y.as_mut_ptr());
@@ -342,26 +404,35 @@ fn matmul_packed<W: Packed>(w: &[W], rows: usize, cols: usize, x: &[f32], n: usi
                 }
             };
             let task_groups = t * per_task..((t + 1) * per_task).min(groups);
-            for s0 in (0..n).step_by(X_SLICE) {
-                let s1 = (s0 + X_SLICE).min(n);
-                for g in task_groups.clone() {
-                    let wg = &w[g * bpr..(g + 1) * bpr];
-                    let mut b = s0;
-                    while b + 8 <= s1 {
-                        let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| xrows[b + r]);
-                        put(b, g, &W::group(wg, &xs));
-                        b += 8;
+            // Widen one group at a time while one slice covers the batch (its
+            // blocks then stay in L1); a longer batch widens the task's groups
+            // once for all its slices.
+            let span = if n <= X_SLICE { 1 } else { per_task };
+            for c0 in task_groups.clone().step_by(span) {
+                let c1 = (c0 + span).min(task_groups.end);
+                S::with_wide(&w[c0 * bpr..c1 * bpr], |wide| {
+                    for s0 in (0..n).step_by(X_SLICE) {
+                        let s1 = (s0 + X_SLICE).min(n);
+                        for g in c0..c1 {
+                            let wg = &wide[(g - c0) * wbpr..(g - c0 + 1) * wbpr];
+                            let mut b = s0;
+                            while b + 8 <= s1 {
+                                let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| xrows[b + r]);
+                                put(b, g, &Packed::group(wg, &xs));
+                                b += 8;
+                            }
+                            if b + 4 <= s1 {
+                                let xs: [Q8Row<'_>; 4] = std::array::from_fn(|r| xrows[b + r]);
+                                put(b, g, &Packed::group(wg, &xs));
+                                b += 4;
+                            }
+                            while b < s1 {
+                                put(b, g, &Packed::group(wg, &[xrows[b]]));
+                                b += 1;
+                            }
+                        }
                     }
-                    if b + 4 <= s1 {
-                        let xs: [Q8Row<'_>; 4] = std::array::from_fn(|r| xrows[b + r]);
-                        put(b, g, &W::group(wg, &xs));
-                        b += 4;
-                    }
-                    while b < s1 {
-                        put(b, g, &W::group(wg, &[xrows[b]]));
-                        b += 1;
-                    }
-                }
+                });
             }
         });
 }
@@ -392,8 +463,8 @@ mod tests {
     #[test]
     fn quantized_batches_equal_single_rows() {
         // Row and batch counts that reach every path: 2 × 8 and 4 × 4 tiles,
-        // their leftovers, and single rows.
-        for (rows, n) in [(40, 7), (41, 13), (42, 20)] {
+        // their leftovers, single rows, and batches of several slices.
+        for (rows, n) in [(40, 7), (41, 13), (42, 20), (43, 150)] {
             let cols = 512;
             let w: Vec<f32> = (0..rows * cols)
                 .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
@@ -411,6 +482,11 @@ mod tests {
                 let m = Matrix::quantize(dt, rows, cols, &w).unwrap();
                 let mut y = vec![0f32; n * rows];
                 m.matmul(&x, n, &mut y);
+                let wide = Matrix::quantize(dt, rows, cols, &w).unwrap().widen();
+                let mut yw = vec![0f32; n * rows];
+                wide.matmul(&x, n, &mut yw);
+                assert_eq!(y, yw, "{dt:?}: file bits vs widened at load");
+                assert_eq!(m.to_f32(), wide.to_f32(), "{dt:?}: rows as read");
                 for b in 0..n {
                     let mut y1 = vec![0f32; rows];
                     m.matmul(&x[b * cols..(b + 1) * cols], 1, &mut y1);

@@ -1,8 +1,6 @@
 //! Q8_0 weights × Q8_0 activations, eight weight rows interleaved.
 //!
-//! Q4_0 and Q5_0 weights are widened to Q8_0 values at load (exactly: same
-//! scale, integer values -16..=15 fit in i8). Weights are then stored eight
-//! rows at a time: per block of 32 columns, the eight rows' scales and their
+//! Weights are stored eight rows at a time: per block of 32 columns, the eight rows' scales and their
 //! values shifted to unsigned (`q + 128`), interleaved four bytes at a time.
 //! One `vpdpbusd` of a register of weights with a broadcast 4-byte group of an
 //! activation row then advances eight dot products, and each weight block is
@@ -14,7 +12,7 @@
 //! same f32 operations, so a result never depends on the batch, the tiling or
 //! the CPU.
 
-use candle_core::quantized::k_quants::{BlockQ4_0, BlockQ5_0, BlockQ8_0};
+use candle_core::quantized::k_quants::BlockQ8_0;
 use half::f16;
 use rayon::prelude::*;
 
@@ -26,74 +24,20 @@ struct RawQ8 {
     qs: [i8; 32],
 }
 
-#[repr(C)]
-struct RawQ5 {
-    d: f16,
-    qh: [u8; 4],
-    qs: [u8; 16],
-}
-
-#[repr(C)]
-struct RawQ4 {
-    d: f16,
-    qs: [u8; 16],
-}
-
 const _: () = assert!(std::mem::size_of::<RawQ8>() == std::mem::size_of::<BlockQ8_0>());
-const _: () = assert!(std::mem::size_of::<RawQ5>() == std::mem::size_of::<BlockQ5_0>());
-const _: () = assert!(std::mem::size_of::<RawQ4>() == std::mem::size_of::<BlockQ4_0>());
 
 fn raw8(b: &[BlockQ8_0]) -> &[RawQ8] {
     // SAFETY: identical `repr(C)` layouts of plain data (size checked above).
     unsafe { std::slice::from_raw_parts(b.as_ptr() as *const RawQ8, b.len()) }
 }
 
-/// One row's Q8_0 blocks as (scale, values), whatever the source type.
+/// Q8_0 blocks as (scale, values).
 pub struct Q8Blocks(Vec<RawQ8>);
 
 impl Q8Blocks {
     /// Q8_0 blocks as they are.
     pub fn from_q8_0(xs: &[BlockQ8_0]) -> Self {
         Q8Blocks(raw8(xs).to_vec())
-    }
-
-    /// Widens Q5_0 blocks to Q8_0 values exactly.
-    pub fn from_q5_0(xs: &[BlockQ5_0]) -> Self {
-        // SAFETY: identical `repr(C)` layouts (size checked above).
-        let xs = unsafe { std::slice::from_raw_parts(xs.as_ptr() as *const RawQ5, xs.len()) };
-        Q8Blocks(
-            xs.iter()
-                .map(|b| {
-                    let qh = u32::from_le_bytes(b.qh);
-                    let mut qs = [0i8; 32];
-                    for j in 0..16 {
-                        let lo = (b.qs[j] & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
-                        let hi = (b.qs[j] >> 4) | ((((qh >> (j + 16)) & 1) as u8) << 4);
-                        qs[j] = lo as i8 - 16;
-                        qs[j + 16] = hi as i8 - 16;
-                    }
-                    RawQ8 { d: b.d, qs }
-                })
-                .collect(),
-        )
-    }
-
-    /// Widens Q4_0 blocks to Q8_0 values exactly.
-    pub fn from_q4_0(xs: &[BlockQ4_0]) -> Self {
-        // SAFETY: identical `repr(C)` layouts (size checked above).
-        let xs = unsafe { std::slice::from_raw_parts(xs.as_ptr() as *const RawQ4, xs.len()) };
-        Q8Blocks(
-            xs.iter()
-                .map(|b| {
-                    let mut qs = [0i8; 32];
-                    for j in 0..16 {
-                        qs[j] = (b.qs[j] & 0x0F) as i8 - 8;
-                        qs[j + 16] = (b.qs[j] >> 4) as i8 - 8;
-                    }
-                    RawQ8 { d: b.d, qs }
-                })
-                .collect(),
-        )
     }
 
     /// Dequantizes (the ggml formula `q · d`); the tests' reference.
@@ -487,23 +431,19 @@ mod tests {
     }
 
     #[test]
-    fn widening_and_packing_are_exact_and_every_path_agrees() {
+    fn packing_is_exact_and_every_path_agrees() {
         let (rows, cols) = (11, 896);
         let bpr = cols / 32;
         let w: Vec<f32> = (0..rows * cols)
             .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
             .collect();
-        let q5: Vec<BlockQ5_0> = blocks(&w);
-        let wide = Q8Blocks::from_q5_0(&q5);
+        let q8: Vec<BlockQ8_0> = blocks(&w);
+        let wide = Q8Blocks::from_q8_0(&q8);
         let mut a = vec![0f32; rows * cols];
         let mut b = vec![0f32; rows * cols];
-        BlockQ5_0::to_float(&q5, &mut a);
+        BlockQ8_0::to_float(&q8, &mut a);
         wide.to_f32(&mut b);
-        assert_eq!(a, b, "Q5_0 widening must be exact");
-        let q4: Vec<BlockQ4_0> = blocks(&w);
-        BlockQ4_0::to_float(&q4, &mut a);
-        Q8Blocks::from_q4_0(&q4).to_f32(&mut b);
-        assert_eq!(a, b, "Q4_0 widening must be exact");
+        assert_eq!(a, b, "Q8_0 blocks as read");
 
         let packed = pack_q8(&wide, rows, bpr);
         let deq = |r: usize| {
@@ -513,7 +453,7 @@ mod tests {
         };
         for r in 0..rows {
             let mut want = vec![0f32; cols];
-            BlockQ5_0::to_float(&q5[r * bpr..(r + 1) * bpr], &mut want);
+            BlockQ8_0::to_float(&q8[r * bpr..(r + 1) * bpr], &mut want);
             assert_eq!(deq(r), want, "row {r} through the packed layout");
         }
 

@@ -2,7 +2,7 @@
 //! batched against one episode-arm at a time.
 
 use anyhow::Result;
-use clap::Args;
+use clap::{Args, ValueEnum};
 
 use statebench::backend::shared::SharedBackend;
 use statebench::backend::{Backend, ModelIdentity};
@@ -73,8 +73,16 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
     let id = engine.model_id()?;
     let device = engine.model().device.info();
     println!(
-        "setup: model {} | {} | {} threads | f32 activations and KV cache | {} {}",
-        id.name, id.format, a.model.threads, device.name, device.hardware
+        "setup: model {} | {} | weights {} | {} threads | f32 activations and KV cache | {} {}",
+        id.name,
+        id.format,
+        a.model
+            .weights
+            .to_possible_value()
+            .map_or_else(String::new, |v| v.get_name().to_string()),
+        a.model.threads,
+        device.name,
+        device.hardware
     );
     let b = bench::engine(
         engine,

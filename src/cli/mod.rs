@@ -17,7 +17,7 @@ use statebench::backend::http_client::{OpenAiBackend, OpenAiOptions};
 use statebench::backend::shared::SharedBackend;
 use statebench::backend::{Backend, ModelIdentity};
 use statebench::engine::device::DeviceChoice;
-use statebench::engine::{gib, EngineOptions, DEFAULT_MODEL};
+use statebench::engine::{gib, EngineOptions, WeightLayout, DEFAULT_MODEL};
 
 /// statebench: how strongly should task state act on an LLM agent?
 #[derive(Parser)]
@@ -90,6 +90,12 @@ pub struct ModelArgs {
     /// depend on it.
     #[arg(long, default_value_t = EngineOptions::DEFAULT_PREFILL_CHUNK as u64, value_parser = clap::value_parser!(u64).range(1..))]
     pub prefill_chunk: u64,
+    /// How Q4_0, Q5_0, Q4_K and Q6_K weights are held in memory: widened
+    /// once at load (faster from a few rows a batch up) or at the file's own
+    /// bits (its size in memory, faster at batch 1). Results are
+    /// bit-identical either way.
+    #[arg(long, value_enum, default_value_t = WeightLayout::default())]
+    pub weights: WeightLayout,
 }
 
 impl ModelArgs {
@@ -106,6 +112,7 @@ impl ModelArgs {
             kv_budget_bytes: gib(self.kv_budget_gib),
             special_tokens_in_content: self.special_tokens_in_content,
             prefill_chunk: usize::try_from(self.prefill_chunk).unwrap_or(usize::MAX),
+            weights: self.weights,
             ..EngineOptions::default()
         };
         Ok((spec, opts))

@@ -13,6 +13,7 @@ use tokenizers::Tokenizer;
 
 use super::device::{Device, HostWeight};
 use super::model::{Arch, Attention, Config, DecoderLayer, Linear, Mlp, Model};
+use super::WeightLayout;
 use crate::backend::BackendError;
 
 /// Everything read from a model's files.
@@ -37,13 +38,17 @@ pub struct Loaded<D: Device> {
 
 /// Loads a model onto `device` from a GGUF file, a safetensors directory, or
 /// a hub id.
-pub fn load<D: Device>(spec: &str, device: D) -> Result<Loaded<D>, BackendError> {
+pub fn load<D: Device>(
+    spec: &str,
+    device: D,
+    layout: WeightLayout,
+) -> Result<Loaded<D>, BackendError> {
     let path = Path::new(spec);
     if path.is_dir() {
         return load_safetensors_dir(path, spec, device);
     }
     if path.is_file() {
-        return load_gguf(path, device);
+        return load_gguf(path, device, layout);
     }
     if looks_like_hub_id(spec) {
         let dir = resolve_hub_id(spec)?;
@@ -393,6 +398,7 @@ fn build_model<D: Device>(
 
 struct GgufSource {
     path: PathBuf,
+    layout: WeightLayout,
     content: gguf_file::Content,
     map: memmap2::Mmap,
 }
@@ -442,7 +448,10 @@ impl TensorSource for GgufSource {
             ));
         }
         Matrix::from_ggml(dtype, rows, cols, &self.map[start..end])
-            .map(HostWeight::Matrix)
+            .map(|m| match self.layout {
+                WeightLayout::Widened => HostWeight::Matrix(m.widen()),
+                WeightLayout::Native => HostWeight::Matrix(m),
+            })
             .map_err(|e| match e {
                 statebench_kernels::MatrixError::UnsupportedType(t) => {
                     unsupported(&self.path, format!("tensor {name} has quant type {t}"))
@@ -524,7 +533,11 @@ fn gguf_config(content: &gguf_file::Content, path: &Path) -> Result<Config, Back
     })
 }
 
-fn load_gguf<D: Device>(path: &Path, device: D) -> Result<Loaded<D>, BackendError> {
+fn load_gguf<D: Device>(
+    path: &Path,
+    device: D,
+    layout: WeightLayout,
+) -> Result<Loaded<D>, BackendError> {
     super::known::verify(path)?;
     let file = File::open(path).map_err(|e| io_err(path, e))?;
     let mut reader = std::io::BufReader::new(&file);
@@ -560,6 +573,7 @@ fn load_gguf<D: Device>(path: &Path, device: D) -> Result<Loaded<D>, BackendErro
     let format = format!("gguf ({})", Vec::from_iter(types).join(", "));
     let src = GgufSource {
         path: path.to_path_buf(),
+        layout,
         content,
         map,
     };
