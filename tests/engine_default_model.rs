@@ -250,6 +250,17 @@ fn invariance_e_weights_at_file_bits_equal_widened_weights() {
         ..EngineOptions::default()
     };
     let mut native = Engine::load(&path.to_string_lossy(), opts).expect("loads");
+    // At the file's bits the matrices take exactly the file's bytes.
+    let mut file = std::fs::File::open(&path).expect("open");
+    let gguf = candle_core::quantized::gguf_file::Content::read(&mut file).expect("gguf");
+    let file_bytes: usize = gguf
+        .tensor_infos
+        .values()
+        .filter(|t| t.shape.dims().len() == 2)
+        .map(|t| t.shape.elem_count() / t.ggml_dtype.block_size() * t.ggml_dtype.type_size())
+        .sum();
+    assert_eq!(native.model().weight_bytes(), file_bytes);
+    assert!(widened.model().weight_bytes() > file_bytes * 5 / 4);
     let text = widened
         .render(
             &[Message::new(Role::User, "Book order 17 for ACME.")],

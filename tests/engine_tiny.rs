@@ -11,7 +11,7 @@ use engine_common::*;
 use statebench::backend::{Backend, BackendError, ChatRequest, Message, Role};
 use statebench::engine::device::candle::Candle;
 use statebench::engine::device::Device;
-use statebench::engine::{Engine, EngineOptions};
+use statebench::engine::{Engine, EngineOptions, Quantize};
 
 /// Max abs difference allowed against transformers' f32 logits.
 const TOLERANCE: f32 = 1e-4;
@@ -342,9 +342,49 @@ fn write_checkpoint(dir: &Path, qwen3: bool, dt: Dt, round_to: Dt, tied: bool) {
     }
 }
 
-fn logits_of(dir: &Path, tokens: &[u32]) -> Vec<f32> {
-    let engine = load(dir);
-    cold_logits(&engine, tokens)
+/// Bytes of the checkpoint's matrices (2-D tensors) as stored.
+fn matrix_bytes(dir: &Path) -> usize {
+    let buf = std::fs::read(dir.join("model.safetensors")).expect("read");
+    let st = safetensors::SafeTensors::deserialize(&buf).expect("parse");
+    st.tensors()
+        .iter()
+        .filter(|(_, v)| v.shape().len() == 2)
+        .map(|(_, v)| v.data().len())
+        .sum()
+}
+
+#[test]
+fn float_weights_quantized_to_q8_0_at_load_are_their_own_arithmetic() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    write_checkpoint(tmp.path(), false, Dt::Bf16, Dt::Bf16, true);
+    let exact = load(tmp.path());
+    let opts = EngineOptions {
+        quantize: Some(Quantize::Q8_0),
+        ..EngineOptions::default()
+    };
+    let mut q = Engine::load(&tmp.path().to_string_lossy(), opts).expect("loads");
+    // 34 bytes per 32 weights against bf16's 64 (plus the last group's rows).
+    assert!(q.model().weight_bytes() * 100 < exact.model().weight_bytes() * 56);
+    let tokens = [5u32, 17, 42, 99, 250, 7];
+    let (a, b) = (cold_logits(&exact, &tokens), cold_logits(&q, &tokens));
+    assert_ne!(a, b, "quantized weights give other logits");
+    let spread =
+        a.iter().fold(f32::MIN, |m, &x| m.max(x)) - a.iter().fold(f32::MAX, |m, &x| m.min(x));
+    assert!(
+        max_abs_diff(&a, &b) < 0.05 * spread,
+        "{} of {spread}",
+        max_abs_diff(&a, &b)
+    );
+    let (ia, ib) = (exact.model_id().expect("id"), q.model_id().expect("id"));
+    assert!(ib.arithmetic.contains("Q8_0") && !ia.arithmetic.contains("Q8_0"));
+    assert!(ib.format.contains("Q8_0"));
+    // The integer kernels keep a request's tokens independent of its batch.
+    let target = ChatRequest::greedy(vec![Message::new(Role::User, "abc")], 8);
+    let others: Vec<ChatRequest> = (0..5)
+        .map(|i| ChatRequest::greedy(vec![Message::new(Role::User, "x".repeat(i + 1))], 6))
+        .collect();
+    let alone = run_alone(&mut q, target.clone());
+    assert_eq!(run_batched(&mut q, target, &others).tokens, alone.tokens);
 }
 
 #[test]
@@ -356,7 +396,13 @@ fn safetensors_dtypes_and_tied_heads_load_to_the_same_model() {
             for (dt, tied) in [(Dt::F32, true), (round_to, true), (round_to, false)] {
                 let tmp = tempfile::tempdir().expect("tempdir");
                 write_checkpoint(tmp.path(), qwen3, dt, round_to, tied);
-                let l = logits_of(tmp.path(), &tokens);
+                let engine = load(tmp.path());
+                assert_eq!(
+                    engine.model().weight_bytes(),
+                    matrix_bytes(tmp.path()),
+                    "{dt:?}: the weights take their file's bytes"
+                );
+                let l = cold_logits(&engine, &tokens);
                 assert!(l.iter().all(|x| x.is_finite()));
                 results.push(((dt, tied), l));
             }

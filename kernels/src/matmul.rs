@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use crate::kq::{unpack_k_row, K8};
 use crate::native::{pack_q4_0, pack_q4k, pack_q5_0, pack_q6k, Q4Kx8, Q4x8, Q5x8, Q6Kx8, Stored};
-use crate::ops::dot_f32;
+use crate::ops::{dot, Bf16, Float};
 use crate::q8::{pack_q8, unpack_q8_row, Activations, Packed, Q8Blocks, Q8Row, Q8x8};
 
 /// Why a weight matrix could not be built.
@@ -38,6 +38,10 @@ impl std::error::Error for MatrixError {}
 pub enum WeightData {
     /// Plain f32.
     F32(Vec<f32>),
+    /// bf16, widened to f32 in registers.
+    Bf16(Vec<Bf16>),
+    /// f16, widened to f32 in registers.
+    F16(Vec<half::f16>),
     /// GGML Q4_1.
     Q4_1(Vec<BlockQ4_1>),
     /// GGML Q5_1.
@@ -98,6 +102,38 @@ impl Matrix {
         })
     }
 
+    /// A bf16 matrix from row-major bits, kept at 16 bits a weight.
+    pub fn from_bf16(rows: usize, cols: usize, bits: Vec<u16>) -> Result<Self, MatrixError> {
+        Self::floats(rows, cols, bits.len(), || {
+            WeightData::Bf16(bits.into_iter().map(Bf16).collect())
+        })
+    }
+
+    /// An f16 matrix from row-major bits, kept at 16 bits a weight.
+    pub fn from_f16(rows: usize, cols: usize, bits: Vec<u16>) -> Result<Self, MatrixError> {
+        Self::floats(rows, cols, bits.len(), || {
+            WeightData::F16(bits.into_iter().map(half::f16::from_bits).collect())
+        })
+    }
+
+    fn floats(
+        rows: usize,
+        cols: usize,
+        n: usize,
+        data: impl FnOnce() -> WeightData,
+    ) -> Result<Self, MatrixError> {
+        if n != rows * cols {
+            return Err(MatrixError::BadShape(format!(
+                "{n} values for {rows}x{cols}"
+            )));
+        }
+        Ok(Self {
+            rows,
+            cols,
+            data: data(),
+        })
+    }
+
     /// A matrix from raw GGML bytes of type `dtype` (rows of `cols` elements).
     pub fn from_ggml(
         dtype: GgmlDType,
@@ -127,16 +163,16 @@ impl Matrix {
                         .collect(),
                 )
             }
-            GgmlDType::F16 => WeightData::F32(
+            GgmlDType::F16 => WeightData::F16(
                 bytes
                     .chunks_exact(2)
-                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
                     .collect(),
             ),
-            GgmlDType::BF16 => WeightData::F32(
+            GgmlDType::BF16 => WeightData::Bf16(
                 bytes
                     .chunks_exact(2)
-                    .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+                    .map(|c| Bf16(u16::from_le_bytes([c[0], c[1]])))
                     .collect(),
             ),
             GgmlDType::Q4_0 => {
@@ -157,13 +193,16 @@ impl Matrix {
             GgmlDType::Q6K => WeightData::Q6K(pack_q6k(&blocks_from_bytes(bytes, nb)?, rows, bpr)),
             other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
         };
-        if let WeightData::F32(v) = &data {
-            if v.len() != rows * cols {
-                return Err(MatrixError::BadShape(format!(
-                    "{} values for {rows}x{cols}",
-                    v.len()
-                )));
-            }
+        let floats = match &data {
+            WeightData::F32(v) => Some(v.len()),
+            WeightData::Bf16(v) => Some(v.len()),
+            WeightData::F16(v) => Some(v.len()),
+            _ => None,
+        };
+        if let Some(n) = floats.filter(|&n| n != rows * cols) {
+            return Err(MatrixError::BadShape(format!(
+                "{n} values for {rows}x{cols}"
+            )));
         }
         Ok(Self { rows, cols, data })
     }
@@ -227,6 +266,39 @@ impl Matrix {
         Self { rows, cols, data }
     }
 
+    /// Float weights (f32, bf16, f16) quantized to ggml's Q8_0 (blocks of
+    /// 32 with one f16 scale, ggml's rounding), read by the integer kernels;
+    /// other matrices are returned as they are. Results change with it: a
+    /// different arithmetic from the float weights'.
+    pub fn to_q8_0(self) -> Result<Self, MatrixError> {
+        if !matches!(
+            self.data,
+            WeightData::F32(_) | WeightData::Bf16(_) | WeightData::F16(_)
+        ) {
+            return Ok(self);
+        }
+        Self::quantize(GgmlDType::Q8_0, self.rows, self.cols, &self.to_f32())
+    }
+
+    /// Bytes the weights take in memory.
+    pub fn bytes(&self) -> usize {
+        use std::mem::size_of_val;
+        match &self.data {
+            WeightData::F32(w) => size_of_val(&w[..]),
+            WeightData::Bf16(w) => size_of_val(&w[..]),
+            WeightData::F16(w) => size_of_val(&w[..]),
+            WeightData::Q4_1(w) => size_of_val(&w[..]),
+            WeightData::Q5_1(w) => size_of_val(&w[..]),
+            WeightData::Q8_0(w) => size_of_val(&w[..]),
+            WeightData::K(w) => size_of_val(&w[..]),
+            WeightData::Q4_0(w) => size_of_val(&w[..]),
+            WeightData::Q5_0(w) => size_of_val(&w[..]),
+            WeightData::Q4K(w) => size_of_val(&w[..]),
+            WeightData::Q6K(w) => size_of_val(&w[..]),
+            WeightData::Q5K(w) => size_of_val(&w[..]),
+        }
+    }
+
     /// Output features.
     pub fn rows(&self) -> usize {
         self.rows
@@ -241,6 +313,8 @@ impl Matrix {
     pub fn type_name(&self) -> &'static str {
         match &self.data {
             WeightData::F32(_) => "F32",
+            WeightData::Bf16(_) => "BF16",
+            WeightData::F16(_) => "F16",
             WeightData::Q4_1(_) => "Q4_1",
             WeightData::Q5_1(_) => "Q5_1",
             WeightData::Q8_0(_) => "Q8_0",
@@ -262,6 +336,8 @@ impl Matrix {
         }
         match &self.data {
             WeightData::F32(w) => out[..c].copy_from_slice(&w[r * c..(r + 1) * c]),
+            WeightData::Bf16(w) => float_row(&w[r * c..(r + 1) * c], out),
+            WeightData::F16(w) => float_row(&w[r * c..(r + 1) * c], out),
             WeightData::Q4_1(w) => deq(w, r, c, out),
             WeightData::Q5_1(w) => deq(w, r, c, out),
             WeightData::Q8_0(w) => unpack_q8_row(w, c / 32, r, &mut out[..c]),
@@ -288,7 +364,9 @@ impl Matrix {
         assert_eq!(x.len(), n * self.cols, "matmul input length");
         assert_eq!(y.len(), n * self.rows, "matmul output length");
         match &self.data {
-            WeightData::F32(w) => matmul_f32(w, self.rows, self.cols, x, n, y),
+            WeightData::F32(w) => matmul_float(w, self.rows, self.cols, x, n, y),
+            WeightData::Bf16(w) => matmul_float(w, self.rows, self.cols, x, n, y),
+            WeightData::F16(w) => matmul_float(w, self.rows, self.cols, x, n, y),
             WeightData::Q4_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q5_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q8_0(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
@@ -329,14 +407,22 @@ impl OutPtr {
     }
 }
 
-fn matmul_f32(w: &[f32], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+fn float_row<E: Float>(w: &[E], out: &mut [f32]) {
+    for (o, v) in out.iter_mut().zip(w) {
+        *o = v.f32();
+    }
+}
+
+/// Float weights, each row's elements widened to f32 in registers as the dot
+/// product reads them.
+fn matmul_float<E: Float>(w: &[E], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
     let out = OutPtr(y.as_mut_ptr());
     let tasks = rows.div_ceil(ROWS_PER_TASK);
     (0..tasks).into_par_iter().for_each(|t| {
         for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
             let wr = &w[r * cols..(r + 1) * cols];
             for b in 0..n {
-                let v = dot_f32(wr, &x[b * cols..(b + 1) * cols]);
+                let v = dot(wr, &x[b * cols..(b + 1) * cols]);
                 // SAFETY: `b * rows + r < n * rows == y.len()`, and only the task
                 // owning row `r` writes it.
                 unsafe { *out.at(b * rows + r) = v };
@@ -365,7 +451,7 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
                 let wr = &w[r * bpr..(r + 1) * bpr];
                 for b in tile..(tile + ROW_TILE).min(n) {
                     let v = T::vec_dot(cols, wr, &xq[b * xbpr..(b + 1) * xbpr]);
-                    // SAFETY: as in `matmul_f32`.
+                    // SAFETY: as in `matmul_float`.
                     unsafe { *out.at(b * rows + r) = v };
                 }
             }
@@ -458,6 +544,50 @@ mod tests {
             m.matmul(&x[b * cols..(b + 1) * cols], 1, &mut y1);
             assert_eq!(y1, y[b * rows..(b + 1) * rows]);
         }
+    }
+
+    #[test]
+    fn half_precision_weights_equal_their_f32_widening() {
+        let (rows, cols, n) = (37, 200, 5);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 97) as f32 / 37.0 - 1.3)
+            .collect();
+        let x: Vec<f32> = (0..n * cols)
+            .map(|i| ((i * 31) % 13) as f32 / 13.0 - 0.5)
+            .collect();
+        let bf: Vec<u16> = w
+            .iter()
+            .map(|v| half::bf16::from_f32(*v).to_bits())
+            .collect();
+        let hf: Vec<u16> = w
+            .iter()
+            .map(|v| half::f16::from_f32(*v).to_bits())
+            .collect();
+        for (name, m) in [
+            ("bf16", Matrix::from_bf16(rows, cols, bf).unwrap()),
+            ("f16", Matrix::from_f16(rows, cols, hf).unwrap()),
+        ] {
+            assert_eq!(m.bytes(), rows * cols * 2, "{name} keeps 16 bits a weight");
+            let wide = Matrix::from_f32(rows, cols, m.to_f32()).unwrap();
+            let (mut a, mut b) = (vec![0f32; n * rows], vec![0f32; n * rows]);
+            m.matmul(&x, n, &mut a);
+            wide.matmul(&x, n, &mut b);
+            assert_eq!(a, b, "{name}: widened in registers vs at load");
+        }
+        assert!(Matrix::from_bf16(rows, cols, vec![0; 3]).is_err());
+
+        // Quantized at load: ggml's Q8_0 of the same values, packed.
+        let cols = 192;
+        let w = &w[..rows * cols];
+        let bf: Vec<u16> = w
+            .iter()
+            .map(|v| half::bf16::from_f32(*v).to_bits())
+            .collect();
+        let m = Matrix::from_bf16(rows, cols, bf).unwrap();
+        let f = m.to_f32();
+        let q = m.to_q8_0().unwrap();
+        let want = Matrix::quantize(GgmlDType::Q8_0, rows, cols, &f).unwrap();
+        assert_eq!((q.type_name(), q.to_f32()), ("Q8_0", want.to_f32()));
     }
 
     #[test]

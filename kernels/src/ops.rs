@@ -1,19 +1,71 @@
 //! Element-wise and per-row operations: dot product, RMSNorm, RoPE, SwiGLU.
 
 /// Lanes of the fixed-order f32 dot product; wide enough for AVX-512 to vectorise.
-const LANES: usize = 16;
+pub const LANES: usize = 16;
 
 /// Dot product of two equal-length f32 slices with a fixed summation order:
 /// sixteen interleaved partial sums, then a fixed pairwise tree, then the tail.
 #[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    dot(a, b)
+}
+
+/// A weight element that widens to f32 exactly.
+pub trait Float: Copy + Send + Sync {
+    /// The value as f32 (exact).
+    fn f32(self) -> f32;
+    /// Sixteen values as f32 (exact).
+    #[inline]
+    fn lanes(v: &[Self]) -> [f32; LANES] {
+        std::array::from_fn(|l| v[l].f32())
+    }
+}
+
+impl Float for f32 {
+    #[inline]
+    fn f32(self) -> f32 {
+        self
+    }
+}
+
+/// bf16 bits: the top half of the f32's, so widening is a shift.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(transparent)]
+pub struct Bf16(pub u16);
+
+impl Float for Bf16 {
+    #[inline]
+    fn f32(self) -> f32 {
+        f32::from_bits((self.0 as u32) << 16)
+    }
+}
+
+impl Float for half::f16 {
+    #[inline]
+    fn f32(self) -> f32 {
+        self.to_f32()
+    }
+    #[inline]
+    fn lanes(v: &[Self]) -> [f32; LANES] {
+        use half::slice::HalfFloatSliceExt;
+        let mut out = [0f32; LANES];
+        v[..LANES].convert_to_f32_slice(&mut out);
+        out
+    }
+}
+
+/// [`dot_f32`] with the weights `a` stored as `E` and widened in registers:
+/// the same operations in the same order, so the same bits as widening `a`
+/// to f32 first.
+#[inline]
+pub fn dot<E: Float>(a: &[E], b: &[f32]) -> f32 {
     debug_assert_eq!(a.len(), b.len());
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0f32; LANES];
     let chunks = n / LANES;
     for c in 0..chunks {
-        let xa = &a[c * LANES..c * LANES + LANES];
+        let xa = E::lanes(&a[c * LANES..c * LANES + LANES]);
         let xb = &b[c * LANES..c * LANES + LANES];
         for l in 0..LANES {
             acc[l] = xa[l].mul_add(xb[l], acc[l]);
@@ -28,7 +80,7 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
     }
     let mut sum = acc[0];
     for i in chunks * LANES..n {
-        sum = a[i].mul_add(b[i], sum);
+        sum = a[i].f32().mul_add(b[i], sum);
     }
     sum
 }

@@ -17,7 +17,7 @@ use statebench::backend::http_client::{OpenAiBackend, OpenAiOptions};
 use statebench::backend::shared::SharedBackend;
 use statebench::backend::{Backend, ModelIdentity};
 use statebench::engine::device::DeviceChoice;
-use statebench::engine::{gib, EngineOptions, WeightLayout, DEFAULT_MODEL};
+use statebench::engine::{gib, EngineOptions, Quantize, WeightLayout, DEFAULT_MODEL};
 
 /// statebench: how strongly should task state act on an LLM agent?
 #[derive(Parser)]
@@ -96,6 +96,11 @@ pub struct ModelArgs {
     /// bit-identical either way.
     #[arg(long, value_enum, default_value_t = WeightLayout::default())]
     pub weights: WeightLayout,
+    /// Quantize float (f32, bf16, f16) weight matrices at load, for speed
+    /// over exactness: results change, and manifests record it in the
+    /// model's format and arithmetic.
+    #[arg(long, value_enum)]
+    pub quantize: Option<Quantize>,
 }
 
 impl ModelArgs {
@@ -113,6 +118,7 @@ impl ModelArgs {
             special_tokens_in_content: self.special_tokens_in_content,
             prefill_chunk: usize::try_from(self.prefill_chunk).unwrap_or(usize::MAX),
             weights: self.weights,
+            quantize: self.quantize,
             ..EngineOptions::default()
         };
         Ok((spec, opts))

@@ -59,6 +59,26 @@ pub struct EngineOptions {
     pub prefill_chunk: usize,
     /// How quantized weights are held in memory (results are the same).
     pub weights: WeightLayout,
+    /// Float weights quantized at load (results change: its own arithmetic).
+    pub quantize: Option<Quantize>,
+}
+
+/// A quantization of float (f32, bf16, f16) weight matrices at load.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Quantize {
+    /// ggml's Q8_0: blocks of 32 with one f16 scale, about 8.5 bits a
+    /// weight, read by the integer kernels.
+    #[value(name = "q8_0")]
+    Q8_0,
+}
+
+impl Quantize {
+    /// How manifests name it (in the model's format and arithmetic).
+    pub fn describe(self) -> &'static str {
+        match self {
+            Quantize::Q8_0 => "float weights quantized to Q8_0 at load (ggml rounding)",
+        }
+    }
 }
 
 /// How Q4_0, Q5_0, Q4_K and Q6_K weights are held in memory. The kernels
@@ -94,6 +114,7 @@ impl Default for EngineOptions {
             special_tokens_in_content: false,
             prefill_chunk: Self::DEFAULT_PREFILL_CHUNK,
             weights: WeightLayout::default(),
+            quantize: None,
         }
     }
 }
@@ -108,6 +129,7 @@ struct Origin {
     name: String,
     source: String,
     format: String,
+    quantize: Option<Quantize>,
     files: Vec<PathBuf>,
     sha: OnceLock<String>,
 }
@@ -174,7 +196,7 @@ impl Engine<Cpu> {
 impl<D: Device> Engine<D> {
     /// Loads a model onto `device`.
     pub fn load_on(device: D, spec: &str, opts: EngineOptions) -> Result<Self, BackendError> {
-        let mut loaded = weights::load(spec, device, opts.weights)?;
+        let mut loaded = weights::load(spec, device, opts.weights, opts.quantize)?;
         if let Some(max) = opts.max_context {
             loaded.model.cap_context(max)?;
         }
@@ -217,6 +239,7 @@ impl<D: Device> Engine<D> {
                 name: loaded.name,
                 source: spec.to_string(),
                 format: loaded.format,
+                quantize: opts.quantize,
                 files: loaded.files,
                 sha: OnceLock::new(),
             },
@@ -475,8 +498,14 @@ impl<D: Device> Backend for Engine<D> {
             source: o.source.clone(),
             weights_sha256,
             architecture: self.model.cfg.arch.as_str().to_string(),
-            format: o.format.clone(),
-            arithmetic: d.arithmetic,
+            format: match o.quantize {
+                Some(q) => format!("{}; {}", o.format, q.describe()),
+                None => o.format.clone(),
+            },
+            arithmetic: match o.quantize {
+                Some(q) => format!("{}; {}", d.arithmetic, q.describe()),
+                None => d.arithmetic,
+            },
             device,
         })
     }

@@ -13,7 +13,7 @@ use tokenizers::Tokenizer;
 
 use super::device::{Device, HostWeight};
 use super::model::{Arch, Attention, Config, DecoderLayer, Linear, Mlp, Model};
-use super::WeightLayout;
+use super::{Quantize, WeightLayout};
 use crate::backend::BackendError;
 
 /// Everything read from a model's files.
@@ -42,17 +42,19 @@ pub fn load<D: Device>(
     spec: &str,
     device: D,
     layout: WeightLayout,
+    quantize: Option<Quantize>,
 ) -> Result<Loaded<D>, BackendError> {
     let path = Path::new(spec);
+    let hold = Holding { layout, quantize };
     if path.is_dir() {
-        return load_safetensors_dir(path, spec, device);
+        return load_safetensors_dir(path, spec, device, hold);
     }
     if path.is_file() {
-        return load_gguf(path, device, layout);
+        return load_gguf(path, device, hold);
     }
     if looks_like_hub_id(spec) {
         let dir = resolve_hub_id(spec)?;
-        return load_safetensors_dir(&dir, spec, device);
+        return load_safetensors_dir(&dir, spec, device, hold);
     }
     Err(BackendError::MissingFile {
         path: path.to_path_buf(),
@@ -290,8 +292,41 @@ impl Names {
     }
 }
 
+/// How weight matrices are held once read.
+#[derive(Clone, Copy)]
+struct Holding {
+    layout: WeightLayout,
+    quantize: Option<Quantize>,
+}
+
+impl Holding {
+    /// Quantizes or widens a matrix as asked, then puts it on `dev`.
+    fn weight<D: Device>(
+        self,
+        dev: &D,
+        src: &dyn TensorSource,
+        name: &str,
+        w: HostWeight,
+    ) -> Result<D::Weight, BackendError> {
+        let bad =
+            |e: statebench_kernels::MatrixError| corrupt(src.path(), format!("tensor {name}: {e}"));
+        let w = match (self.quantize, w) {
+            (Some(Quantize::Q8_0), w) => {
+                HostWeight::Matrix(w.into_matrix().and_then(Matrix::to_q8_0).map_err(bad)?)
+            }
+            (None, HostWeight::Matrix(m)) if self.layout == WeightLayout::Widened => {
+                HostWeight::Matrix(m.widen())
+            }
+            (None, w) => w,
+        };
+        dev.weight(w)
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn linear<D: Device>(
     dev: &D,
+    hold: Holding,
     src: &dyn TensorSource,
     names: &Names,
     i: usize,
@@ -318,7 +353,7 @@ fn linear<D: Device>(
         None
     };
     Ok(Linear {
-        w: dev.weight(w)?,
+        w: hold.weight(dev, src, &wname, w)?,
         b,
     })
 }
@@ -327,6 +362,7 @@ fn linear<D: Device>(
 /// (None: whatever the files hold).
 fn build_model<D: Device>(
     dev: D,
+    hold: Holding,
     src: &dyn TensorSource,
     names: &Names,
     mut cfg: Config,
@@ -342,7 +378,7 @@ fn build_model<D: Device>(
     }
     cfg.vocab = embed.rows();
     let vector = |name: String, len: usize| dev.vector(src.vector(&name, len)?);
-    let linear = |i, part, rows, cols| linear(&dev, src, names, i, part, rows, cols);
+    let linear = |i, part, rows, cols| linear(&dev, hold, src, names, i, part, rows, cols);
     let mut layers = Vec::with_capacity(cfg.layers);
     for i in 0..cfg.layers {
         let (q_norm, k_norm) = if cfg.arch == Arch::Qwen3 {
@@ -374,7 +410,10 @@ fn build_model<D: Device>(
     let norm = vector(names.norm(), h)?;
     let lm_head = match (tied, src.has(&names.head())) {
         (Some(true), _) | (None, false) => None,
-        (_, true) => Some(dev.weight(src.matrix(&names.head())?)?),
+        (_, true) => {
+            let name = names.head();
+            Some(hold.weight(&dev, src, &name, src.matrix(&name)?)?)
+        }
         (Some(false), false) => {
             return Err(corrupt(
                 src.path(),
@@ -384,7 +423,7 @@ fn build_model<D: Device>(
     };
     let rope = dev.rope_table(hd, cfg.rope_theta, cfg.context)?;
     Ok(Model {
-        embed: dev.weight(embed)?,
+        embed: hold.weight(&dev, src, &names.embed(), embed)?,
         device: dev,
         cfg,
         layers,
@@ -398,7 +437,6 @@ fn build_model<D: Device>(
 
 struct GgufSource {
     path: PathBuf,
-    layout: WeightLayout,
     content: gguf_file::Content,
     map: memmap2::Mmap,
 }
@@ -448,10 +486,7 @@ impl TensorSource for GgufSource {
             ));
         }
         Matrix::from_ggml(dtype, rows, cols, &self.map[start..end])
-            .map(|m| match self.layout {
-                WeightLayout::Widened => HostWeight::Matrix(m.widen()),
-                WeightLayout::Native => HostWeight::Matrix(m),
-            })
+            .map(HostWeight::Matrix)
             .map_err(|e| match e {
                 statebench_kernels::MatrixError::UnsupportedType(t) => {
                     unsupported(&self.path, format!("tensor {name} has quant type {t}"))
@@ -533,11 +568,7 @@ fn gguf_config(content: &gguf_file::Content, path: &Path) -> Result<Config, Back
     })
 }
 
-fn load_gguf<D: Device>(
-    path: &Path,
-    device: D,
-    layout: WeightLayout,
-) -> Result<Loaded<D>, BackendError> {
+fn load_gguf<D: Device>(path: &Path, device: D, hold: Holding) -> Result<Loaded<D>, BackendError> {
     super::known::verify(path)?;
     let file = File::open(path).map_err(|e| io_err(path, e))?;
     let mut reader = std::io::BufReader::new(&file);
@@ -573,12 +604,11 @@ fn load_gguf<D: Device>(
     let format = format!("gguf ({})", Vec::from_iter(types).join(", "));
     let src = GgufSource {
         path: path.to_path_buf(),
-        layout,
         content,
         map,
     };
     Ok(Loaded {
-        model: build_model(device, &src, &Names { gguf: true }, cfg, None)?,
+        model: build_model(device, hold, &src, &Names { gguf: true }, cfg, None)?,
         tokenizer,
         chat_template,
         name,
@@ -625,18 +655,48 @@ fn validate(cfg: &Config, path: &Path) -> Result<(), BackendError> {
 
 // ---------------------------------------------------------------- safetensors
 
-/// A safetensors tensor: its shape, and its values as bf16 bits (bf16
-/// files, kept as they are) or widened to f32 (f16 and f32 files).
-type StTensor = (Vec<usize>, StValues);
+/// A safetensors tensor: where its bytes are, not yet read.
+struct StTensor {
+    file: usize,
+    dtype: safetensors::Dtype,
+    shape: Vec<usize>,
+    bytes: std::ops::Range<usize>,
+}
 
+/// A tensor's values as stored.
 enum StValues {
     Bf16(Vec<u16>),
+    F16(Vec<u16>),
     F32(Vec<f32>),
+}
+
+impl StValues {
+    fn read(dtype: safetensors::Dtype, bytes: &[u8]) -> Self {
+        use safetensors::Dtype;
+        let halves = || {
+            bytes
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect()
+        };
+        match dtype {
+            Dtype::BF16 => StValues::Bf16(halves()),
+            Dtype::F16 => StValues::F16(halves()),
+            _ => StValues::F32(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect(),
+            ),
+        }
+    }
 }
 
 struct StSource {
     path: PathBuf,
-    // Tensors move out as the model takes them, so weights are never held twice.
+    maps: Vec<memmap2::Mmap>,
+    // Tensors move out as the model takes them, each read from its file's
+    // map and its pages then released, so a checkpoint is held once.
     tensors: std::cell::RefCell<HashMap<String, StTensor>>,
 }
 
@@ -648,11 +708,24 @@ impl TensorSource for StSource {
         self.tensors.borrow().contains_key(name)
     }
     fn matrix(&self, name: &str) -> Result<HostWeight, BackendError> {
-        let (shape, data) = self
+        let t = self
             .tensors
             .borrow_mut()
             .remove(name)
             .ok_or_else(|| corrupt(&self.path, format!("missing tensor {name}")))?;
+        let map = &self.maps[t.file];
+        let data = StValues::read(t.dtype, &map[t.bytes.clone()]);
+        // SAFETY: a read-only private map of a file nothing writes: dropped
+        // pages read back from the file if touched again.
+        unsafe {
+            map.unchecked_advise_range(
+                memmap2::UncheckedAdvice::DontNeed,
+                t.bytes.start,
+                t.bytes.len(),
+            )
+        }
+        .map_err(|e| io_err(&self.path, e))?;
+        let shape = t.shape;
         let (rows, cols) = match shape.as_slice() {
             [c] => (1, *c),
             [r, c] => (*r, *c),
@@ -672,6 +745,9 @@ impl TensorSource for StSource {
                 "{} values for a {rows}x{cols} matrix",
                 bits.len()
             ))),
+            StValues::F16(bits) => Matrix::from_f16(rows, cols, bits)
+                .map(HostWeight::Matrix)
+                .map_err(|e| bad(e.to_string())),
             StValues::F32(v) => Matrix::from_f32(rows, cols, v)
                 .map(HostWeight::Matrix)
                 .map_err(|e| bad(e.to_string())),
@@ -732,7 +808,8 @@ impl HfConfig {
     }
 }
 
-/// Reads every `*.safetensors` file of a directory, widened to f32.
+/// Reads every `*.safetensors` file of a directory (f32, bf16 and f16 kept
+/// as they are).
 fn read_safetensors(dir: &Path) -> Result<(StSource, Vec<PathBuf>, String), BackendError> {
     let mut files: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|e| io_err(dir, e))?
@@ -748,7 +825,8 @@ fn read_safetensors(dir: &Path) -> Result<(StSource, Vec<PathBuf>, String), Back
     };
     let mut tensors = HashMap::new();
     let mut dtypes = std::collections::BTreeSet::new();
-    for f in &files {
+    let mut maps = Vec::new();
+    for (i, f) in files.iter().enumerate() {
         let file = File::open(f).map_err(|e| io_err(f, e))?;
         // SAFETY: read-only map of a weight file the engine never writes.
         let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io_err(f, e))?;
@@ -756,35 +834,31 @@ fn read_safetensors(dir: &Path) -> Result<(StSource, Vec<PathBuf>, String), Back
             .map_err(|e| corrupt(f, format!("not a readable safetensors file: {e}")))?;
         for (name, view) in st.tensors() {
             use safetensors::Dtype;
-            let bytes = view.data();
-            let data = match view.dtype() {
-                Dtype::F32 => StValues::F32(
-                    bytes
-                        .chunks_exact(4)
-                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                        .collect(),
-                ),
-                Dtype::BF16 => StValues::Bf16(
-                    bytes
-                        .chunks_exact(2)
-                        .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                        .collect(),
-                ),
-                Dtype::F16 => StValues::F32(
-                    bytes
-                        .chunks_exact(2)
-                        .map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32())
-                        .collect(),
-                ),
-                other => return Err(unsupported(f, format!("tensor {name} has dtype {other:?}"))),
-            };
+            if !matches!(view.dtype(), Dtype::F32 | Dtype::BF16 | Dtype::F16) {
+                return Err(unsupported(
+                    f,
+                    format!("tensor {name} has dtype {:?}", view.dtype()),
+                ));
+            }
+            let start = view.data().as_ptr() as usize - map.as_ptr() as usize;
             dtypes.insert(format!("{:?}", view.dtype()).to_lowercase());
-            tensors.insert(name, (view.shape().to_vec(), data));
+            tensors.insert(
+                name,
+                StTensor {
+                    file: i,
+                    dtype: view.dtype(),
+                    shape: view.shape().to_vec(),
+                    bytes: start..start + view.data().len(),
+                },
+            );
         }
+        drop(st);
+        maps.push(map);
     }
     let format = format!("safetensors ({})", Vec::from_iter(dtypes).join(", "));
     let src = StSource {
         path: first,
+        maps,
         tensors: std::cell::RefCell::new(tensors),
     };
     Ok((src, files, format))
@@ -794,6 +868,7 @@ fn load_safetensors_dir<D: Device>(
     dir: &Path,
     spec: &str,
     device: D,
+    hold: Holding,
 ) -> Result<Loaded<D>, BackendError> {
     let config_path = dir.join("config.json");
     if !config_path.is_file() {
@@ -807,7 +882,14 @@ fn load_safetensors_dir<D: Device>(
     validate(&cfg, &config_path)?;
     let (src, files, format) = read_safetensors(dir)?;
     let names = Names { gguf: false };
-    let model = build_model(device, &src, &names, cfg, Some(hf.tie_word_embeddings))?;
+    let model = build_model(
+        device,
+        hold,
+        &src,
+        &names,
+        cfg,
+        Some(hf.tie_word_embeddings),
+    )?;
 
     let tok_path = dir.join("tokenizer.json");
     if !tok_path.is_file() {

@@ -115,13 +115,11 @@ impl HostWeight {
         }
     }
 
-    /// As a host matrix (bf16 widened to f32).
+    /// As a host matrix (bf16 kept at 16 bits a weight).
     pub fn into_matrix(self) -> Result<Matrix, statebench_kernels::MatrixError> {
         match self {
             HostWeight::Matrix(m) => Ok(m),
-            HostWeight::Bf16 { rows, cols, bits } => {
-                Matrix::from_f32(rows, cols, bits.into_iter().map(bf16_to_f32).collect())
-            }
+            HostWeight::Bf16 { rows, cols, bits } => Matrix::from_bf16(rows, cols, bits),
         }
     }
 }
