@@ -11,7 +11,7 @@ use rayon::prelude::*;
 
 use crate::kq::{unpack_k_row, K8};
 use crate::native::{pack_q4_0, pack_q4k, pack_q5_0, pack_q6k, Q4Kx8, Q4x8, Q5x8, Q6Kx8, Stored};
-use crate::ops::{dot, Bf16, Float};
+use crate::ops::{dots, Bf16, Float};
 use crate::q8::{pack_q8, unpack_q8_row, Activations, Packed, Q8Blocks, Q8Row, Q8x8};
 
 /// Why a weight matrix could not be built.
@@ -413,22 +413,65 @@ fn float_row<E: Float>(w: &[E], out: &mut [f32]) {
     }
 }
 
-/// Float weights, each row's elements widened to f32 in registers as the dot
-/// product reads them.
+/// Float weights, each row's elements widened to f32 as the dot products
+/// read them, in tiles of up to four weight rows × four activation rows.
 fn matmul_float<E: Float>(w: &[E], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
     let out = OutPtr(y.as_mut_ptr());
     let tasks = rows.div_ceil(ROWS_PER_TASK);
     (0..tasks).into_par_iter().for_each(|t| {
-        for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
-            let wr = &w[r * cols..(r + 1) * cols];
-            for b in 0..n {
-                let v = dot(wr, &x[b * cols..(b + 1) * cols]);
-                // SAFETY: `b * rows + r < n * rows == y.len()`, and only the task
-                // owning row `r` writes it.
-                unsafe { *out.at(b * rows + r) = v };
+        // SAFETY: `b * rows + r < n * rows == y.len()`, and only the task
+        // owning row `r` writes it.
+        let put = |b: usize, r: usize, v: f32| unsafe { *out.at(b * rows + r) = v };
+        let task_rows = t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows);
+        for s0 in (0..n).step_by(X_SLICE) {
+            let s1 = (s0 + X_SLICE).min(n);
+            let mut r = task_rows.start;
+            while r < task_rows.end {
+                if r + 4 <= task_rows.end {
+                    float_tiles::<E, 4>(w, x, cols, r, s0..s1, &put);
+                    r += 4;
+                } else {
+                    float_tiles::<E, 1>(w, x, cols, r, s0..s1, &put);
+                    r += 1;
+                }
             }
         }
     });
+}
+
+/// Weight rows `r..r + WR` against the activation rows `bs`, four at a time
+/// and then one.
+fn float_tiles<E: Float, const WR: usize>(
+    w: &[E],
+    x: &[f32],
+    cols: usize,
+    r: usize,
+    bs: std::ops::Range<usize>,
+    put: &impl Fn(usize, usize, f32),
+) {
+    fn tile<E: Float, const WR: usize, const XR: usize>(
+        w: &[E],
+        x: &[f32],
+        cols: usize,
+        (r, b): (usize, usize),
+        put: &impl Fn(usize, usize, f32),
+    ) {
+        let ws = std::array::from_fn(|k| &w[(r + k) * cols..(r + k + 1) * cols]);
+        let xs = std::array::from_fn(|i| &x[(b + i) * cols..(b + i + 1) * cols]);
+        for (k, v) in dots::<E, WR, XR>(ws, xs).iter().enumerate() {
+            for (i, &v) in v.iter().enumerate() {
+                put(b + i, r + k, v);
+            }
+        }
+    }
+    let mut b = bs.start;
+    while b + 4 <= bs.end {
+        tile::<E, WR, 4>(w, x, cols, (r, b), put);
+        b += 4;
+    }
+    for b in b..bs.end {
+        tile::<E, WR, 1>(w, x, cols, (r, b), put);
+    }
 }
 
 /// Activation rows per tile of the generic quantized loop.

@@ -7,6 +7,7 @@ pub const LANES: usize = 16;
 /// sixteen interleaved partial sums, then a fixed pairwise tree, then the tail.
 #[inline]
 pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
+    debug_assert_eq!(a.len(), b.len());
     dot(a, b)
 }
 
@@ -14,17 +15,24 @@ pub fn dot_f32(a: &[f32], b: &[f32]) -> f32 {
 pub trait Float: Copy + Send + Sync {
     /// The value as f32 (exact).
     fn f32(self) -> f32;
-    /// Sixteen values as f32 (exact).
-    #[inline]
-    fn lanes(v: &[Self]) -> [f32; LANES] {
-        std::array::from_fn(|l| v[l].f32())
-    }
+    /// Sixteen values at `p` as f32 lanes (exact).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `p` points at sixteen values.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
 }
 
 impl Float for f32 {
     #[inline]
     fn f32(self) -> f32 {
         self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        std::arch::x86_64::_mm512_loadu_ps(p)
     }
 }
 
@@ -38,6 +46,14 @@ impl Float for Bf16 {
     fn f32(self) -> f32 {
         f32::from_bits((self.0 as u32) << 16)
     }
+    #[cfg(target_arch = "x86_64")]
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        let h = _mm256_loadu_si256(p as *const __m256i);
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
 }
 
 impl Float for half::f16 {
@@ -45,32 +61,38 @@ impl Float for half::f16 {
     fn f32(self) -> f32 {
         self.to_f32()
     }
+    #[cfg(target_arch = "x86_64")]
     #[inline]
-    fn lanes(v: &[Self]) -> [f32; LANES] {
-        use half::slice::HalfFloatSliceExt;
-        let mut out = [0f32; LANES];
-        v[..LANES].convert_to_f32_slice(&mut out);
-        out
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+        use std::arch::x86_64::*;
+        _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
     }
 }
 
-/// [`dot_f32`] with the weights `a` stored as `E` and widened in registers:
-/// the same operations in the same order, so the same bits as widening `a`
-/// to f32 first.
+/// [`dot_f32`] with the weights `a` stored as `E` and widened to f32 as they
+/// are read: the same operations in the same order, so the same bits as
+/// widening `a` first.
 #[inline]
 pub fn dot<E: Float>(a: &[E], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
     let n = a.len().min(b.len());
     let (a, b) = (&a[..n], &b[..n]);
     let mut acc = [0f32; LANES];
     let chunks = n / LANES;
     for c in 0..chunks {
-        let xa = E::lanes(&a[c * LANES..c * LANES + LANES]);
+        let xa = &a[c * LANES..c * LANES + LANES];
         let xb = &b[c * LANES..c * LANES + LANES];
         for l in 0..LANES {
-            acc[l] = xa[l].mul_add(xb[l], acc[l]);
+            acc[l] = xa[l].f32().mul_add(xb[l], acc[l]);
         }
     }
+    finish(acc, &a[chunks * LANES..], &b[chunks * LANES..])
+}
+
+/// The end of [`dot`]: the lanes summed by a fixed pairwise tree, then the
+/// tail one element at a time.
+#[inline]
+fn finish<E: Float>(mut acc: [f32; LANES], a: &[E], b: &[f32]) -> f32 {
     let mut width = LANES;
     while width > 1 {
         width /= 2;
@@ -79,10 +101,66 @@ pub fn dot<E: Float>(a: &[E], b: &[f32]) -> f32 {
         }
     }
     let mut sum = acc[0];
-    for i in chunks * LANES..n {
-        sum = a[i].f32().mul_add(b[i], sum);
+    for (x, y) in a.iter().zip(b) {
+        sum = x.f32().mul_add(*y, sum);
     }
     sum
+}
+
+/// [`dot`] of `WR` weight rows with `XR` activation rows at once (each
+/// weight widened once for all of them, `WR · XR` independent sums in
+/// flight); every result has [`dot`]'s bits.
+#[inline]
+pub fn dots<E: Float, const WR: usize, const XR: usize>(
+    ws: [&[E]; WR],
+    xs: [&[f32]; XR],
+) -> [[f32; XR]; WR] {
+    let n = ws[0].len();
+    assert!(
+        ws.iter().all(|w| w.len() == n) && xs.iter().all(|x| x.len() == n),
+        "row lengths"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if avx512() {
+        // SAFETY: AVX-512F was detected; the lengths were checked.
+        return unsafe { dots_avx512(ws, xs) };
+    }
+    ws.map(|w| xs.map(|x| dot(w, x)))
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512() -> bool {
+    use std::sync::OnceLock;
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| is_x86_feature_detected!("avx512f"))
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn dots_avx512<E: Float, const WR: usize, const XR: usize>(
+    ws: [&[E]; WR],
+    xs: [&[f32]; XR],
+) -> [[f32; XR]; WR] {
+    use std::arch::x86_64::*;
+    let n = ws[0].len();
+    let chunks = n / LANES;
+    let mut acc = [[_mm512_setzero_ps(); XR]; WR];
+    for c in 0..chunks {
+        let x: [__m512; XR] =
+            std::array::from_fn(|r| _mm512_loadu_ps(xs[r].as_ptr().add(c * LANES)));
+        for (k, w) in ws.iter().enumerate() {
+            let w = E::load16(w.as_ptr().add(c * LANES));
+            for r in 0..XR {
+                acc[k][r] = _mm512_fmadd_ps(w, x[r], acc[k][r]);
+            }
+        }
+    }
+    std::array::from_fn(|k| {
+        std::array::from_fn(|r| {
+            let lanes = std::mem::transmute::<__m512, [f32; LANES]>(acc[k][r]);
+            finish(lanes, &ws[k][chunks * LANES..], &xs[r][chunks * LANES..])
+        })
+    })
 }
 
 /// `e^x` to about 1 ulp (Cephes polynomial), branch-free so loops over it
@@ -195,6 +273,36 @@ pub fn rope_neox(x: &mut [f32], n_heads: usize, pos: usize, table: &RopeTable) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn wide_path_equals_the_scalar_order() {
+        for n in [5usize, 16, 200, 203] {
+            let w: Vec<f32> = (0..n).map(|i| ((i * 37) % 29) as f32 / 7.0 - 2.0).collect();
+            let xs: Vec<Vec<f32>> = (0..3)
+                .map(|r| {
+                    (0..n)
+                        .map(|i| ((i * 13 + r) % 17) as f32 / 5.0 - 1.7)
+                        .collect()
+                })
+                .collect();
+            let x = [&xs[0][..], &xs[1][..], &xs[2][..]];
+            let bf: Vec<Bf16> = w
+                .iter()
+                .map(|v| Bf16(half::bf16::from_f32(*v).to_bits()))
+                .collect();
+            let hf: Vec<half::f16> = w.iter().map(|v| half::f16::from_f32(*v)).collect();
+            let w2: Vec<f32> = w.iter().rev().copied().collect();
+            assert_eq!(
+                dots([&w, &w2], x),
+                [&w, &w2].map(|w| x.map(|x| dot(w, x))),
+                "f32, {n}"
+            );
+            assert_eq!(dots([&bf], x), [x.map(|x| dot(&bf, x))], "bf16, {n}");
+            assert_eq!(dots([&hf], x), [x.map(|x| dot(&hf, x))], "f16, {n}");
+            let wide: Vec<f32> = bf.iter().map(|v| v.f32()).collect();
+            assert_eq!(dots([&bf], x), dots([&wide], x), "bf16 widened first, {n}");
+        }
+    }
 
     #[test]
     fn exp_approx_is_accurate() {
