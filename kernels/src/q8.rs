@@ -198,6 +198,15 @@ impl Activations {
 /// `d = amax / 127`, `q = round(x / d)` (computed as `x · (1 / d)`).
 pub fn quantize_block(x: &[f32]) -> (f16, [i8; 32]) {
     let x: &[f32; 32] = x.try_into().expect("a block of 32 values");
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() == Simd::Vnni {
+        // SAFETY: the VNNI level implies AVX-512F, BW and VL.
+        return unsafe { quantize_block_avx512(x) };
+    }
+    quantize_block_scalar(x)
+}
+
+fn quantize_block_scalar(x: &[f32; 32]) -> (f16, [i8; 32]) {
     let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
@@ -205,6 +214,39 @@ pub fn quantize_block(x: &[f32]) -> (f16, [i8; 32]) {
         f16::from_f32(d),
         std::array::from_fn(|j| (x[j] * id).round() as i8),
     )
+}
+
+/// [`quantize_block_scalar`] in two registers. The maximum of finite values
+/// does not depend on its order; rounding half away from zero is
+/// `trunc(t + copysign(0.49999997, t))`, which equals `t.round()` for every
+/// f32 of magnitude up to 128 (checked exhaustively: 2,248,146,946 values).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn quantize_block_avx512(x: &[f32; 32]) -> (f16, [i8; 32]) {
+    use std::arch::x86_64::*;
+    let abs = |v: __m512| {
+        _mm512_castsi512_ps(_mm512_and_si512(
+            _mm512_castps_si512(v),
+            _mm512_set1_epi32(0x7FFF_FFFF),
+        ))
+    };
+    let a = _mm512_loadu_ps(x.as_ptr());
+    let b = _mm512_loadu_ps(x.as_ptr().add(16));
+    let amax = _mm512_reduce_max_ps(_mm512_max_ps(abs(a), abs(b))).max(0.0);
+    let d = amax / 127.0;
+    let id = _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+    let half = _mm512_set1_epi32(0.5f32.to_bits() as i32 - 1);
+    let sign = _mm512_set1_epi32(i32::MIN);
+    let q = |v: __m512| {
+        let t = _mm512_mul_ps(v, id);
+        let h = _mm512_or_si512(half, _mm512_and_si512(_mm512_castps_si512(t), sign));
+        _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(
+            t,
+            _mm512_castsi512_ps(h),
+        )))
+    };
+    let out = std::mem::transmute::<[__m128i; 2], [i8; 32]>([q(a), q(b)]);
+    (f16::from_f32(d), out)
 }
 
 /// Weights stored eight rows interleaved: the group kernels of each
@@ -414,6 +456,33 @@ mod tests {
         let mut b: Vec<T> = (0..v.len() / 32).map(|_| T::zeros()).collect();
         T::from_float(v, &mut b);
         b
+    }
+
+    #[test]
+    fn both_quantizations_agree() {
+        let mut blocks: Vec<[f32; 32]> = vec![[0.0; 32], [-0.0; 32], [1e-30; 32]];
+        // Values that land on and beside every .5 after scaling.
+        for k in 0..256 {
+            let t = (k as f32 - 128.0) + 0.5;
+            let mut b = [0f32; 32];
+            b[0] = 127.0;
+            b[1] = t;
+            b[2] = f32::from_bits(t.to_bits() + 1);
+            b[3] = f32::from_bits(t.to_bits() - 1);
+            b[4] = -t;
+            blocks.push(b);
+        }
+        for s in 0..2000u32 {
+            blocks.push(std::array::from_fn(|j| {
+                let v = (s.wrapping_mul(2654435761) ^ (j as u32).wrapping_mul(40503)) % 20001;
+                (v as f32 / 1000.0 - 10.0) * (1 + s % 7) as f32
+            }));
+        }
+        for b in &blocks {
+            let (d, q) = quantize_block(b);
+            let (d2, q2) = quantize_block_scalar(b);
+            assert_eq!((d.to_bits(), q), (d2.to_bits(), q2), "{b:?}");
+        }
     }
 
     #[test]
