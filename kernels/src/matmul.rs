@@ -148,6 +148,12 @@ impl Matrix {
             )));
         }
         let (nb, bpr) = (rows * cols / bs, cols / bs);
+        let halves = || {
+            bytes
+                .chunks_exact(2)
+                .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                .collect()
+        };
         let data = match dtype {
             GgmlDType::F32 => {
                 if bytes.len() != rows * cols * 4 {
@@ -163,18 +169,8 @@ impl Matrix {
                         .collect(),
                 )
             }
-            GgmlDType::F16 => WeightData::F16(
-                bytes
-                    .chunks_exact(2)
-                    .map(|c| half::f16::from_le_bytes([c[0], c[1]]))
-                    .collect(),
-            ),
-            GgmlDType::BF16 => WeightData::Bf16(
-                bytes
-                    .chunks_exact(2)
-                    .map(|c| Bf16(u16::from_le_bytes([c[0], c[1]])))
-                    .collect(),
-            ),
+            GgmlDType::F16 => return Self::from_f16(rows, cols, halves()),
+            GgmlDType::BF16 => return Self::from_bf16(rows, cols, halves()),
             GgmlDType::Q4_0 => {
                 WeightData::Q4_0(pack_q4_0(&blocks_from_bytes(bytes, nb)?, rows, bpr))
             }
@@ -193,17 +189,6 @@ impl Matrix {
             GgmlDType::Q6K => WeightData::Q6K(pack_q6k(&blocks_from_bytes(bytes, nb)?, rows, bpr)),
             other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
         };
-        let floats = match &data {
-            WeightData::F32(v) => Some(v.len()),
-            WeightData::Bf16(v) => Some(v.len()),
-            WeightData::F16(v) => Some(v.len()),
-            _ => None,
-        };
-        if let Some(n) = floats.filter(|&n| n != rows * cols) {
-            return Err(MatrixError::BadShape(format!(
-                "{n} values for {rows}x{cols}"
-            )));
-        }
         Ok(Self { rows, cols, data })
     }
 

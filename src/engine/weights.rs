@@ -5,8 +5,8 @@ use std::collections::HashMap;
 use std::fs::File;
 use std::path::{Path, PathBuf};
 
-use candle_core::quantized::gguf_file;
 use candle_core::quantized::tokenizer::TokenizerFromGguf;
+use candle_core::quantized::{gguf_file, GgmlDType};
 use serde::Deserialize;
 use statebench_kernels::Matrix;
 use tokenizers::Tokenizer;
@@ -663,35 +663,6 @@ struct StTensor {
     bytes: std::ops::Range<usize>,
 }
 
-/// A tensor's values as stored.
-enum StValues {
-    Bf16(Vec<u16>),
-    F16(Vec<u16>),
-    F32(Vec<f32>),
-}
-
-impl StValues {
-    fn read(dtype: safetensors::Dtype, bytes: &[u8]) -> Self {
-        use safetensors::Dtype;
-        let halves = || {
-            bytes
-                .chunks_exact(2)
-                .map(|c| u16::from_le_bytes([c[0], c[1]]))
-                .collect()
-        };
-        match dtype {
-            Dtype::BF16 => StValues::Bf16(halves()),
-            Dtype::F16 => StValues::F16(halves()),
-            _ => StValues::F32(
-                bytes
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect(),
-            ),
-        }
-    }
-}
-
 struct StSource {
     path: PathBuf,
     maps: Vec<memmap2::Mmap>,
@@ -713,8 +684,46 @@ impl TensorSource for StSource {
             .borrow_mut()
             .remove(name)
             .ok_or_else(|| corrupt(&self.path, format!("missing tensor {name}")))?;
+        let (rows, cols) = match t.shape.as_slice() {
+            [c] => (1, *c),
+            [r, c] => (*r, *c),
+            s => {
+                return Err(corrupt(
+                    &self.path,
+                    format!("tensor {name} has shape {s:?}"),
+                ))
+            }
+        };
         let map = &self.maps[t.file];
-        let data = StValues::read(t.dtype, &map[t.bytes.clone()]);
+        let bytes = &map[t.bytes.clone()];
+        let bad = |e: String| corrupt(&self.path, format!("tensor {name}: {e}"));
+        // bf16 stays bits (a GPU takes them as they are); f16 and f32 are
+        // read as the GGUF path reads them.
+        let weight = match t.dtype {
+            safetensors::Dtype::BF16 => {
+                let bits: Vec<u16> = bytes
+                    .chunks_exact(2)
+                    .map(|c| u16::from_le_bytes([c[0], c[1]]))
+                    .collect();
+                if bits.len() != rows * cols {
+                    return Err(bad(format!(
+                        "{} values for a {rows}x{cols} matrix",
+                        bits.len()
+                    )));
+                }
+                HostWeight::Bf16 { rows, cols, bits }
+            }
+            dtype => {
+                let dtype = if dtype == safetensors::Dtype::F16 {
+                    GgmlDType::F16
+                } else {
+                    GgmlDType::F32
+                };
+                HostWeight::Matrix(
+                    Matrix::from_ggml(dtype, rows, cols, bytes).map_err(|e| bad(e.to_string()))?,
+                )
+            }
+        };
         // SAFETY: a read-only private map of a file nothing writes: dropped
         // pages read back from the file if touched again.
         unsafe {
@@ -725,33 +734,7 @@ impl TensorSource for StSource {
             )
         }
         .map_err(|e| io_err(&self.path, e))?;
-        let shape = t.shape;
-        let (rows, cols) = match shape.as_slice() {
-            [c] => (1, *c),
-            [r, c] => (*r, *c),
-            s => {
-                return Err(corrupt(
-                    &self.path,
-                    format!("tensor {name} has shape {s:?}"),
-                ))
-            }
-        };
-        let bad = |e: String| corrupt(&self.path, format!("tensor {name}: {e}"));
-        match data {
-            StValues::Bf16(bits) if bits.len() == rows * cols => {
-                Ok(HostWeight::Bf16 { rows, cols, bits })
-            }
-            StValues::Bf16(bits) => Err(bad(format!(
-                "{} values for a {rows}x{cols} matrix",
-                bits.len()
-            ))),
-            StValues::F16(bits) => Matrix::from_f16(rows, cols, bits)
-                .map(HostWeight::Matrix)
-                .map_err(|e| bad(e.to_string())),
-            StValues::F32(v) => Matrix::from_f32(rows, cols, v)
-                .map(HostWeight::Matrix)
-                .map_err(|e| bad(e.to_string())),
-        }
+        Ok(weight)
     }
 }
 
