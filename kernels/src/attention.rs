@@ -52,6 +52,48 @@ pub fn attend(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
+    let group = q.len() / head_dim;
+    assert!(
+        kt.len() >= len.div_ceil(KEY_BLOCK) * key_block_len(n_kv_heads, head_dim)
+            && v.len() >= len * n_kv_heads * head_dim
+            && out.len() == q.len()
+            && kvh < n_kv_heads
+            && group * head_dim == q.len(),
+        "attention operands of their shapes"
+    );
+    #[cfg(target_arch = "x86_64")]
+    if crate::ops::avx512() && len > 0 {
+        // SAFETY: AVX-512F was detected; the shapes were checked above.
+        match head_dim {
+            64 => {
+                return unsafe {
+                    wide::attend::<64, 4>(q, kt, v, len, kvh, n_kv_heads, scores, out)
+                }
+            }
+            128 => {
+                return unsafe {
+                    wide::attend::<128, 8>(q, kt, v, len, kvh, n_kv_heads, scores, out)
+                }
+            }
+            _ => {}
+        }
+    }
+    attend_scalar(q, kt, v, len, kvh, n_kv_heads, head_dim, scores, out)
+}
+
+/// [`attend`] one element at a time: the arithmetic every path performs.
+#[allow(clippy::too_many_arguments)]
+fn attend_scalar(
+    q: &[f32],
+    kt: &[f32],
+    v: &[f32],
+    len: usize,
+    kvh: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) {
     const L: usize = KEY_BLOCK;
     let group = q.len() / head_dim;
     let kv_dim = n_kv_heads * head_dim;
@@ -162,6 +204,186 @@ fn weighted_values<const HD: usize, const G: usize>(
     }
 }
 
+/// [`attend_scalar`] in AVX-512 registers, sixteen positions (scores) or
+/// sixteen head dimensions (values) a register: each lane performs the scalar
+/// path's operations in its order. Query heads go through the key block a few
+/// at a time and the value rows several heads at a time, so each key or value
+/// vector loaded serves several heads.
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use super::{key_block_len, KEY_BLOCK as L};
+    use crate::ops::exp_approx16;
+    use std::arch::x86_64::*;
+
+    /// `V` = `HD / 16` registers a head.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; the operands have the shapes [`super::attend`]
+    /// checks, and `len > 0`.
+    #[allow(clippy::too_many_arguments)]
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn attend<const HD: usize, const V: usize>(
+        q: &[f32],
+        kt: &[f32],
+        v: &[f32],
+        len: usize,
+        kvh: usize,
+        n_kv_heads: usize,
+        scores: &mut Vec<f32>,
+        out: &mut [f32],
+    ) {
+        let group = q.len() / HD;
+        let scale = 1.0 / (HD as f32).sqrt();
+        let blocks = len.div_ceil(L);
+        let per = key_block_len(n_kv_heads, HD);
+        let padded = blocks * L;
+        scores.clear();
+        scores.resize(group * padded, 0.0);
+        let s = scores.as_mut_ptr();
+        for b in 0..blocks {
+            let kb = kt.as_ptr().add(b * per + kvh * HD * L);
+            let at = |g: usize| s.add(g * padded + b * L);
+            let mut g = 0;
+            while g + 4 <= group {
+                block_scores::<HD, 4>(q, g, kb, scale, at(g), padded);
+                g += 4;
+            }
+            match group - g {
+                3 => block_scores::<HD, 3>(q, g, kb, scale, at(g), padded),
+                2 => block_scores::<HD, 2>(q, g, kb, scale, at(g), padded),
+                1 => block_scores::<HD, 1>(q, g, kb, scale, at(g), padded),
+                _ => {}
+            }
+        }
+        for g in 0..group {
+            softmax(s.add(g * padded), len, blocks);
+        }
+        let vp = v.as_ptr().add(kvh * HD);
+        let kv_dim = n_kv_heads * HD;
+        let mut g = 0;
+        while g + 4 <= group {
+            weighted::<V, 4>(
+                s.add(g * padded),
+                padded,
+                vp,
+                kv_dim,
+                len,
+                out.as_mut_ptr().add(g * HD),
+            );
+            g += 4;
+        }
+        let (p, o) = (s.add(g * padded), out.as_mut_ptr().add(g * HD));
+        match group - g {
+            3 => weighted::<V, 3>(p, padded, vp, kv_dim, len, o),
+            2 => weighted::<V, 2>(p, padded, vp, kv_dim, len, o),
+            1 => weighted::<V, 1>(p, padded, vp, kv_dim, len, o),
+            _ => {}
+        }
+    }
+
+    /// Scores of heads `g..g + H` for one key block, written at `at` (head
+    /// `g`'s), `padded` apart: dimension `d` goes to partial sum `d % 4`,
+    /// then `((a0 + a1) + (a2 + a3)) · scale`.
+    #[inline(always)]
+    unsafe fn block_scores<const HD: usize, const H: usize>(
+        q: &[f32],
+        g: usize,
+        kb: *const f32,
+        scale: f32,
+        at: *mut f32,
+        padded: usize,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); 4]; H];
+        let q = q.as_ptr().add(g * HD);
+        for d in (0..HD).step_by(4) {
+            for j in 0..4 {
+                let kd = _mm512_loadu_ps(kb.add((d + j) * L));
+                for (h, a) in acc.iter_mut().enumerate() {
+                    a[j] = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(h * HD + d + j)), kd, a[j]);
+                }
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            let sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
+            _mm512_storeu_ps(
+                at.add(h * padded),
+                _mm512_mul_ps(sum, _mm512_set1_ps(scale)),
+            );
+        }
+    }
+
+    /// One head's softmax in place over positions `0..len` of `blocks`
+    /// blocks (the padding becomes zero): maximum, `exp_approx(x − max)`,
+    /// sixteen lane sums over blocks then a fixed tree, times `1 / sum`.
+    #[inline(always)]
+    unsafe fn softmax(s: *mut f32, len: usize, blocks: usize) {
+        // Maximum of the scores (order-free; NaN is passed over as
+        // `f32::max` does).
+        let full = len / L;
+        let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+        for b in 0..full {
+            m = _mm512_max_ps(_mm512_loadu_ps(s.add(b * L)), m);
+        }
+        let mut max = _mm512_reduce_max_ps(m);
+        for t in full * L..len {
+            max = max.max(*s.add(t));
+        }
+        let mut lanes = _mm512_setzero_ps();
+        for b in 0..blocks {
+            let live = (len - b * L).min(L);
+            let keep: __mmask16 = if live == L { !0 } else { (1u16 << live) - 1 };
+            let x = _mm512_sub_ps(_mm512_loadu_ps(s.add(b * L)), _mm512_set1_ps(max));
+            let e = _mm512_maskz_mov_ps(keep, exp_approx16(x));
+            _mm512_storeu_ps(s.add(b * L), e);
+            lanes = _mm512_add_ps(lanes, e);
+        }
+        let mut lanes = std::mem::transmute::<__m512, [f32; L]>(lanes);
+        let mut width = L;
+        while width > 1 {
+            width /= 2;
+            for l in 0..width {
+                lanes[l] += lanes[l + width];
+            }
+        }
+        let inv = _mm512_set1_ps(1.0 / lanes[0]);
+        for b in 0..blocks {
+            _mm512_storeu_ps(
+                s.add(b * L),
+                _mm512_mul_ps(_mm512_loadu_ps(s.add(b * L)), inv),
+            );
+        }
+    }
+
+    /// `out[h] = Σ_t p[h][t] · v[t]` for heads `0..H` (probabilities `padded`
+    /// apart), positions in order, each value row loaded once for all.
+    #[inline(always)]
+    unsafe fn weighted<const V: usize, const H: usize>(
+        p: *const f32,
+        padded: usize,
+        v: *const f32,
+        kv_dim: usize,
+        len: usize,
+        out: *mut f32,
+    ) {
+        let mut acc = [[_mm512_setzero_ps(); V]; H];
+        for t in 0..len {
+            let row = v.add(t * kv_dim);
+            let vt: [__m512; V] = std::array::from_fn(|c| _mm512_loadu_ps(row.add(16 * c)));
+            for (h, a) in acc.iter_mut().enumerate() {
+                let w = _mm512_set1_ps(*p.add(h * padded + t));
+                for c in 0..V {
+                    a[c] = _mm512_fmadd_ps(w, vt[c], a[c]);
+                }
+            }
+        }
+        for (h, a) in acc.iter().enumerate() {
+            for (c, x) in a.iter().enumerate() {
+                _mm512_storeu_ps(out.add(h * V * 16 + 16 * c), *x);
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -253,6 +475,34 @@ mod tests {
                     &mut again,
                 );
                 assert_eq!(out, again, "len {len}");
+            }
+        }
+    }
+
+    #[test]
+    fn wide_path_equals_the_scalar_order() {
+        let val = |i: usize| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5;
+        for (nkv, hd, group) in [(2, 64, 7), (2, 64, 5), (1, 128, 3), (4, 128, 1), (1, 64, 2)] {
+            for len in [1, 15, 16, 17, 40, 100] {
+                let mut kt = Vec::new();
+                for t in 0..len {
+                    let k: Vec<f32> = (0..nkv * hd).map(|i| val(t * 131 + i) * 3.0).collect();
+                    push_key(&mut kt, t, &k, nkv, hd);
+                }
+                let v: Vec<f32> = (0..len * nkv * hd).map(|i| val(i * 71 + 5)).collect();
+                let q: Vec<f32> = (0..group * hd).map(|i| val(i * 3 + 1) * 2.0).collect();
+                for kvh in 0..nkv {
+                    let mut wide = vec![0f32; group * hd];
+                    let mut scalar = vec![0f32; group * hd];
+                    attend(&q, &kt, &v, len, kvh, nkv, hd, &mut Vec::new(), &mut wide);
+                    attend_scalar(&q, &kt, &v, len, kvh, nkv, hd, &mut Vec::new(), &mut scalar);
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&wide),
+                        bits(&scalar),
+                        "hd {hd} group {group} len {len}"
+                    );
+                }
             }
         }
     }

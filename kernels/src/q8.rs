@@ -217,9 +217,7 @@ fn quantize_block_scalar(x: &[f32; 32]) -> (f16, [i8; 32]) {
 }
 
 /// [`quantize_block_scalar`] in two registers. The maximum of finite values
-/// does not depend on its order; rounding half away from zero is
-/// `trunc(t + copysign(0.49999997, t))`, which equals `t.round()` for every
-/// f32 of magnitude up to 128 (checked exhaustively: 2,248,146,946 values).
+/// does not depend on its order; rounding is [`crate::ops::round_small`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
 unsafe fn quantize_block_avx512(x: &[f32; 32]) -> (f16, [i8; 32]) {
@@ -235,16 +233,8 @@ unsafe fn quantize_block_avx512(x: &[f32; 32]) -> (f16, [i8; 32]) {
     let amax = _mm512_reduce_max_ps(_mm512_max_ps(abs(a), abs(b))).max(0.0);
     let d = amax / 127.0;
     let id = _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-    let half = _mm512_set1_epi32(0.5f32.to_bits() as i32 - 1);
-    let sign = _mm512_set1_epi32(i32::MIN);
-    let q = |v: __m512| {
-        let t = _mm512_mul_ps(v, id);
-        let h = _mm512_or_si512(half, _mm512_and_si512(_mm512_castps_si512(t), sign));
-        _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(_mm512_add_ps(
-            t,
-            _mm512_castsi512_ps(h),
-        )))
-    };
+    // |x · id| ≤ 127 (plus rounding), within `round_small`'s range.
+    let q = |v: __m512| _mm512_cvtepi32_epi8(crate::ops::round_small(_mm512_mul_ps(v, id)));
     let out = std::mem::transmute::<[__m128i; 2], [i8; 32]>([q(a), q(b)]);
     (f16::from_f32(d), out)
 }
