@@ -1,7 +1,9 @@
 //! Kernel benchmarks: the default model's projection shapes (Q5_0 MLP up,
 //! Q4_K / Q6_K MLP down, Q8_0 output head) at batch 1, 4 and 16, each with
-//! its weights at the file's bits and widened at load, and one decode step of
-//! the default model when it is present.
+//! its weights at the file's bits and widened at load; the MLP shapes at
+//! batch 16, 64 and 512 on AMX tiles and on the vector kernels side by side
+//! (where the CPU has AMX); attention of one row over 256 and 2,048
+//! positions; and one decode step of the default model when it is present.
 
 use candle_core::quantized::GgmlDType;
 use criterion::{criterion_group, criterion_main, Criterion};
@@ -39,6 +41,64 @@ fn matmul(c: &mut Criterion) {
     // The MLP down projection, which the default file stores as Q4_K / Q6_K.
     projection(c, GgmlDType::Q4K, 896, 4864, "q4_k");
     projection(c, GgmlDType::Q6K, 896, 4864, "q6_k");
+}
+
+/// Prefill-sized batches with the AMX kernels on and off (the same bits).
+fn tiles(c: &mut Criterion) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !statebench_kernels::amx::available() {
+            eprintln!("no AMX tiles on this CPU; skipping the tile benchmarks");
+            return;
+        }
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(2)
+            .build()
+            .expect("pool");
+        for (dtype, rows, cols, name) in [
+            (GgmlDType::Q5_0, 4864, 896, "q5_0"),
+            (GgmlDType::Q4K, 896, 4864, "q4_k"),
+        ] {
+            let w: Vec<f32> = (0..rows * cols)
+                .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
+                .collect();
+            let m = Matrix::quantize(dtype, rows, cols, &w)
+                .expect("quantize")
+                .widen();
+            for n in [16usize, 64, 512] {
+                let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
+                let mut y = vec![0f32; n * rows];
+                for (kernels, on) in [("amx", true), ("vector", false)] {
+                    c.bench_function(&format!("{name} {rows}x{cols} batch {n} {kernels}"), |b| {
+                        statebench_kernels::amx::set_enabled(on);
+                        b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)));
+                        statebench_kernels::amx::set_enabled(true);
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// One query row (seven heads sharing a KV head, as in the default model)
+/// over a cache of 256 and 2,048 positions.
+fn attention(c: &mut Criterion) {
+    use statebench_kernels::attention::{attend, push_key};
+    let (n_kv, hd, group) = (2, 64, 7);
+    let val = |i: usize| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5;
+    for len in [256usize, 2048] {
+        let mut kt = Vec::new();
+        for t in 0..len {
+            let k: Vec<f32> = (0..n_kv * hd).map(|i| val(t * 131 + i)).collect();
+            push_key(&mut kt, t, &k, n_kv, hd);
+        }
+        let v: Vec<f32> = (0..len * n_kv * hd).map(|i| val(i * 3 + 7)).collect();
+        let q: Vec<f32> = (0..group * hd).map(|i| val(i * 5 + 1)).collect();
+        let (mut scores, mut out) = (Vec::new(), vec![0f32; group * hd]);
+        c.bench_function(&format!("attention, one row over {len} positions"), |b| {
+            b.iter(|| attend(&q, &kt, &v, len, 0, n_kv, hd, &mut scores, &mut out))
+        });
+    }
 }
 
 fn big_matmul(c: &mut Criterion) {
@@ -79,6 +139,6 @@ fn decode_step(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10);
-    targets = matmul, big_matmul, decode_step
+    targets = matmul, tiles, attention, big_matmul, decode_step
 }
 criterion_main!(benches);

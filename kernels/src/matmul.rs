@@ -392,6 +392,19 @@ impl OutPtr {
     }
 }
 
+/// Writes `v[r][8 h + k]` to row `8 (g + h) + k` of output row `b0 + r`
+/// (output rows of `rows` elements), the elements that exist.
+fn write_tile<const W: usize>(out: OutPtr, rows: usize, b0: usize, g: usize, v: &[[f32; W]]) {
+    let m = W.min(rows - 8 * g);
+    for (r, vr) in v.iter().enumerate() {
+        // SAFETY: callers pass `b0 + r` below the batch and `g` below the
+        // groups, so the elements are inside the output; only the task
+        // owning groups `g..` writes them.
+        let dst = unsafe { std::slice::from_raw_parts_mut(out.at((b0 + r) * rows + 8 * g), m) };
+        dst.copy_from_slice(&vr[..m]);
+    }
+}
+
 fn float_row<E: Float>(w: &[E], out: &mut [f32]) {
     for (o, v) in out.iter_mut().zip(w) {
         *o = v.f32();
@@ -504,46 +517,45 @@ fn matmul_packed<S: Stored>(w: &[S], rows: usize, cols: usize, x: &[f32], n: usi
     (0..groups.div_ceil(per_task))
         .into_par_iter()
         .for_each(|t| {
-            let put = |b0: usize, g: usize, v: &[[f32; 8]]| {
-                for (r, vr) in v.iter().enumerate() {
-                    for (k, val) in vr.iter().enumerate() {
-                        let row = 8 * g + k;
-                        if row < rows {
-                            // SAFETY: `b0 + r < n` and `row < rows`, so the
-                            // index is inside `y`; only the task owning group
-                            // `g` writes its rows.
-                            unsafe { *out.at((b0 + r) * rows + row) = *val };
-                        }
-                    }
+            let put = |b0: usize, g: usize, v: &[[f32; 8]]| write_tile(out, rows, b0, g, v);
+            // Rows `b..s1` of group `g`: eight, then four, then one at a time.
+            let rest = |wg: &[S::Wide], g: usize, mut b: usize, s1: usize| {
+                while b + 8 <= s1 {
+                    let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| xrows[b + r]);
+                    put(b, g, &Packed::group(wg, &xs));
+                    b += 8;
+                }
+                if b + 4 <= s1 {
+                    let xs: [Q8Row<'_>; 4] = std::array::from_fn(|r| xrows[b + r]);
+                    put(b, g, &Packed::group(wg, &xs));
+                    b += 4;
+                }
+                while b < s1 {
+                    put(b, g, &Packed::group(wg, &[xrows[b]]));
+                    b += 1;
                 }
             };
             let task_groups = t * per_task..((t + 1) * per_task).min(groups);
             // Widen one group at a time while one slice covers the batch (its
-            // blocks then stay in L1); a longer batch widens the task's groups
-            // once for all its slices.
-            let span = if n <= X_SLICE { 1 } else { per_task };
+            // blocks then stay in L1), else the task's groups once for all
+            // its slices; on AMX the task's groups at once from sixteen rows.
+            let span = match n {
+                n if n > X_SLICE || (n >= 16 && crate::q8::amx_tiles()) => per_task,
+                _ => 1,
+            };
             for c0 in task_groups.clone().step_by(span) {
                 let c1 = (c0 + span).min(task_groups.end);
                 S::with_wide(&w[c0 * bpr..c1 * bpr], |wide| {
+                    let (amx_end, amx_groups) =
+                        crate::q8::tiles_amx(wide, wbpr, &acts, 0..n, X_SLICE, |b, g, v| {
+                            write_tile(out, rows, b, c0 + g, v)
+                        });
                     for s0 in (0..n).step_by(X_SLICE) {
                         let s1 = (s0 + X_SLICE).min(n);
                         for g in c0..c1 {
                             let wg = &wide[(g - c0) * wbpr..(g - c0 + 1) * wbpr];
-                            let mut b = s0;
-                            while b + 8 <= s1 {
-                                let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| xrows[b + r]);
-                                put(b, g, &Packed::group(wg, &xs));
-                                b += 8;
-                            }
-                            if b + 4 <= s1 {
-                                let xs: [Q8Row<'_>; 4] = std::array::from_fn(|r| xrows[b + r]);
-                                put(b, g, &Packed::group(wg, &xs));
-                                b += 4;
-                            }
-                            while b < s1 {
-                                put(b, g, &Packed::group(wg, &[xrows[b]]));
-                                b += 1;
-                            }
+                            let done = if g - c0 < amx_groups { amx_end } else { 0 };
+                            rest(wg, g, s0.max(done), s1);
                         }
                     }
                 });
@@ -621,7 +633,9 @@ mod tests {
     #[test]
     fn quantized_batches_equal_single_rows() {
         // Row and batch counts that reach every path: 2 × 8 and 4 × 4 tiles,
-        // their leftovers, single rows, and batches of several slices.
+        // their leftovers, single rows, batches of several slices, AMX tiles
+        // of two groups × sixteen rows with an odd group left (on CPUs with
+        // AMX; turned off, the vector kernels take the same batches).
         for (rows, n) in [(40, 7), (41, 13), (42, 20), (43, 150)] {
             let cols = 512;
             let w: Vec<f32> = (0..rows * cols)
@@ -644,6 +658,14 @@ mod tests {
                 let mut yw = vec![0f32; n * rows];
                 wide.matmul(&x, n, &mut yw);
                 assert_eq!(y, yw, "{dt:?}: file bits vs widened at load");
+                #[cfg(target_arch = "x86_64")]
+                {
+                    crate::amx::set_enabled(false);
+                    let mut yv = vec![0f32; n * rows];
+                    m.matmul(&x, n, &mut yv);
+                    crate::amx::set_enabled(true);
+                    assert_eq!(y, yv, "{dt:?}: AMX tiles vs vector kernels");
+                }
                 assert_eq!(m.to_f32(), wide.to_f32(), "{dt:?}: rows as read");
                 for b in 0..n {
                     let mut y1 = vec![0f32; rows];

@@ -132,6 +132,16 @@ pub struct Activations {
     qs: Vec<[i8; 32]>,
     scales: Vec<f32>,
     sums: Vec<[i32; 2]>,
+    tiles: std::sync::OnceLock<Vec<TileBlock>>,
+}
+
+/// For one tile of sixteen activation rows and one block, what the AMX
+/// kernels broadcast per row, row `r` in lane `r`: the scale and `Σx` as f32.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub struct TileBlock {
+    pub(crate) dx: [f32; 16],
+    pub(crate) sx: [f32; 16],
 }
 
 /// One quantized activation row.
@@ -180,6 +190,7 @@ impl Activations {
             qs,
             scales,
             sums,
+            tiles: std::sync::OnceLock::new(),
         }
     }
 
@@ -191,6 +202,27 @@ impl Activations {
             scales: &self.scales[r.clone()],
             sums: &self.sums[r],
         }
+    }
+
+    /// The [`TileBlock`]s of tile `t` (rows `16 t..16 t + 16`), computed for
+    /// all whole tiles on first use.
+    pub fn tile(&self, t: usize) -> &[TileBlock] {
+        let all = self.tiles.get_or_init(|| {
+            let bpr = self.bpr;
+            let mut all = Vec::with_capacity(self.scales.len() / 16);
+            for t in 0..self.scales.len() / (16 * bpr.max(1)) {
+                for i in 0..bpr {
+                    let at = |r: usize| (16 * t + r) * bpr + i;
+                    let sum = |r: usize| self.sums[at(r)];
+                    all.push(TileBlock {
+                        dx: std::array::from_fn(|r| self.scales[at(r)]),
+                        sx: std::array::from_fn(|r| (sum(r)[0] + sum(r)[1]) as f32),
+                    });
+                }
+            }
+            all
+        });
+        &all[t * self.bpr..(t + 1) * self.bpr]
     }
 }
 
@@ -241,7 +273,7 @@ unsafe fn quantize_block_avx512(x: &[f32; 32]) -> (f16, [i8; 32]) {
 
 /// Weights stored eight rows interleaved: the group kernels of each
 /// instruction set, and the dispatch between them.
-pub trait Packed: Sized + Sync {
+pub trait Packed: Sized + Sync + Tiled {
     /// The arithmetic of the SIMD kernels, one element at a time.
     fn scalar(w: &[Self], x: Q8Row<'_>) -> [f32; 8];
     /// AVX-512 VNNI kernel.
@@ -256,7 +288,6 @@ pub trait Packed: Sized + Sync {
     /// The CPU has AVX2, FMA and F16C; every row covers `w`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx2<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR];
-
     /// `out[r][k] = dot(weight row k of the group, xs[r])` for a group of
     /// eight weight rows (`w` holds its blocks) and `XR` activation rows.
     fn group<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
@@ -336,6 +367,59 @@ pub(crate) fn simd_level() -> Simd {
             _ => Simd::None,
         }
     })
+}
+
+/// Weights the AMX kernels take ([`crate::amx::Kernel`] on x86-64).
+#[cfg(target_arch = "x86_64")]
+pub use crate::amx::Kernel as Tiled;
+
+/// Weights the AMX kernels take (none off x86-64).
+#[cfg(not(target_arch = "x86_64"))]
+pub trait Tiled {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<T> Tiled for T {}
+
+/// On AMX, the whole tiles of sixteen rows of `rows` (which starts at a
+/// multiple of sixteen) against each pair of groups in `w` (groups of `bpr`
+/// blocks), `slice` rows at a time for every pair: `out(b, g, v)` takes rows
+/// `b..b + 16` of groups `g` and `g + 1` (`v[r][8 h + k]`: row `k` of group
+/// `g + h`), the same bits as [`Packed::group`]. Returns the end of the rows
+/// done and the number of groups done (an odd last group is left), or
+/// `(rows.start, 0)` where the CPU has no AMX tiles.
+pub fn tiles_amx<W: Packed>(
+    w: &[W],
+    bpr: usize,
+    acts: &Activations,
+    rows: std::ops::Range<usize>,
+    slice: usize,
+    out: impl FnMut(usize, usize, &[[f32; 16]; 16]),
+) -> (usize, usize) {
+    #[cfg(target_arch = "x86_64")]
+    if crate::amx::available() && rows.len() >= 16 && w.len() >= 2 * bpr {
+        assert!(
+            bpr <= acts.bpr
+                && rows.start.is_multiple_of(16)
+                && slice.is_multiple_of(16)
+                && rows.end * acts.bpr <= acts.scales.len(),
+            "whole tiles of activation rows covering the weights"
+        );
+        let tile = |b: usize| crate::amx::Tile {
+            qs: &acts.qs[b * acts.bpr..],
+            stride: 32 * acts.bpr,
+            blocks: &acts.tile(b / 16)[..bpr],
+        };
+        return crate::amx::products(w, bpr, tile, rows, slice, out);
+    }
+    let _ = (w, bpr, acts, slice, out);
+    (rows.start, 0)
+}
+
+/// Whether the AMX kernels run here ([`crate::amx::available`]).
+pub(crate) fn amx_tiles() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return crate::amx::available();
+    #[cfg(not(target_arch = "x86_64"))]
+    false
 }
 
 /// Bytes ahead of use to prefetch: the hardware prefetcher alone keeps too

@@ -1,0 +1,496 @@
+//! The integer block dots of [`crate::q8`] and [`crate::kq`] on AMX tiles,
+//! sixteen activation rows against sixteen weight rows at a time.
+//!
+//! One `tdpbssd` multiplies a tile of sixteen activation rows' block values
+//! (row-major, as [`crate::q8::Activations`] holds them) by a tile of two
+//! groups' weights, eight rows of four-byte column groups × sixteen weight
+//! rows ([`PairQ8`], [`PairK`]: the interleaved layout of [`Q8x8`] and [`K8`]
+//! with two groups side by side, copied once per product for all its rows).
+//! The int32 sums are exactly the integers the VNNI kernels compute, and each
+//! row then takes the same f32 operations in the same order, so a result is
+//! bit-identical whichever kernel ran it. A row of sums is one 512-bit
+//! register, so the per-block f32 work (convert, scale, one FMA) runs sixteen
+//! lanes wide with the accumulators in registers.
+//!
+//! Blocks alternate between two sets of tiles, and their sums are stored
+//! [`AHEAD`] blocks before the f32 work reads them, so tile multiplies and
+//! vector work overlap. A block's scales cannot be folded into the tile
+//! multiply, which is why one multiply covers one block of 32 columns (half
+//! of what a tile could take) and its sums pass through memory.
+//!
+//! The tile registers are used inside this module only: [`Tiles`] loads a
+//! configuration for a run of kernel calls and releases it on drop, and each
+//! `asm!` block leaves nothing in the tiles that a later one reads.
+
+use std::arch::asm;
+use std::arch::x86_64::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::OnceLock;
+
+use crate::kq::K8;
+use crate::q8::{Q8x8, TileBlock};
+
+/// Activation rows of one tile.
+pub const ROWS: usize = 16;
+
+static ENABLED: AtomicBool = AtomicBool::new(true);
+
+/// Turns the AMX kernels off or back on for this process. Results are the
+/// same bits either way; benchmarks and tests use it to run both paths in
+/// one process.
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
+}
+
+/// Whether the AMX kernels run: the CPU and OS have AMX int8 tiles for this
+/// process (Linux grants the tile state on request), `STATEBENCH_NO_AMX` and
+/// `STATEBENCH_NO_VNNI` are unset, and [`set_enabled`] did not turn them off.
+pub fn available() -> bool {
+    static YES: OnceLock<bool> = OnceLock::new();
+    ENABLED.load(Ordering::Relaxed)
+        && *YES.get_or_init(|| {
+            let off = ["STATEBENCH_NO_AMX", "STATEBENCH_NO_VNNI"]
+                .iter()
+                .any(|v| std::env::var_os(v).is_some());
+            !off && cfg!(target_os = "linux") && cpu_has_amx_int8() && request_tile_state()
+        })
+}
+
+fn cpu_has_amx_int8() -> bool {
+    if !(is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+        && is_x86_feature_detected!("avx512f")
+        && is_x86_feature_detected!("avx512vl")
+        && is_x86_feature_detected!("xsave"))
+    {
+        return false;
+    }
+    let leaf7 = __cpuid_count(7, 0);
+    let (tile, int8) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 25 & 1 == 1);
+    // XCR0 bits 17 and 18: the OS saves tile configuration and data.
+    // SAFETY: XSAVE was detected, so XGETBV is available.
+    let xcr0 = unsafe { _xgetbv(0) };
+    tile && int8 && xcr0 >> 17 & 3 == 3
+}
+
+/// Asks Linux for permission to use the tile data (`ARCH_REQ_XCOMP_PERM` for
+/// `XFEATURE_XTILEDATA`), which it grants per process.
+fn request_tile_state() -> bool {
+    #[cfg(target_os = "linux")]
+    {
+        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+        const XFEATURE_XTILEDATA: libc::c_long = 18;
+        // SAFETY: a plain system call with integer arguments.
+        unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            ) == 0
+        }
+    }
+    #[cfg(not(target_os = "linux"))]
+    false
+}
+
+/// Sixteen activation rows as the kernels read them: block values row after
+/// row (`stride` bytes apart), and per block the values broadcast per row.
+pub struct Tile<'a> {
+    pub(crate) qs: &'a [[i8; 32]],
+    pub(crate) stride: usize,
+    pub(crate) blocks: &'a [TileBlock],
+}
+
+/// Two groups' Q8 block: `qs[64 g + 32 h + 4 k + e]` is group `h`, row `k`,
+/// column `4 g + e` — the second operand of a tile multiply, eight rows of 64
+/// bytes; `d[8 h + k]` the row's scale.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub struct PairQ8 {
+    qs: [i8; 512],
+    d: [f32; 16],
+}
+
+/// Two groups' K-quant block, `qs` as in [`PairQ8`] (columns 0..16 in its
+/// first four tile rows, 16..32 in the last four); scales and offsets per
+/// row `8 h + k`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub struct PairK {
+    qs: [i8; 512],
+    s0: [f32; 16],
+    s1: [f32; 16],
+    m: [f32; 16],
+}
+
+/// The two groups' values, signed again (`q + 128` back to `q`).
+fn pair_qs(a: &[u8; 256], b: &[u8; 256]) -> [i8; 512] {
+    let mut qs = [0i8; 512];
+    for (g, row) in qs.chunks_exact_mut(64).enumerate() {
+        let (lo, hi) = row.split_at_mut(32);
+        for (dst, src) in [(lo, a), (hi, b)] {
+            for (d, s) in dst.iter_mut().zip(&src[32 * g..32 * g + 32]) {
+                *d = (s ^ 0x80) as i8;
+            }
+        }
+    }
+    qs
+}
+
+fn pair_f32(a: &[f32; 8], b: &[f32; 8]) -> [f32; 16] {
+    std::array::from_fn(|i| if i < 8 { a[i] } else { b[i - 8] })
+}
+
+impl PairQ8 {
+    fn new(a: &Q8x8, b: &Q8x8) -> Self {
+        PairQ8 {
+            qs: pair_qs(&a.qs, &b.qs),
+            d: pair_f32(&a.d.map(|d| d.to_f32()), &b.d.map(|d| d.to_f32())),
+        }
+    }
+}
+
+impl PairK {
+    fn new(a: &K8, b: &K8) -> Self {
+        PairK {
+            qs: pair_qs(&a.qs, &b.qs),
+            s0: pair_f32(&a.s0, &b.s0),
+            s1: pair_f32(&a.s1, &b.s1),
+            m: pair_f32(&a.m, &b.m),
+        }
+    }
+}
+
+/// A tile configuration (`ldtilecfg`'s 64-byte form): rows and bytes per row
+/// of each tile register.
+#[repr(C, align(64))]
+pub struct Config {
+    palette: u8,
+    start_row: u8,
+    reserved: [u8; 14],
+    colsb: [u16; 16],
+    rows: [u8; 16],
+}
+
+const fn config(shapes: [(u8, u16); 8]) -> Config {
+    let mut c = Config {
+        palette: 1,
+        start_row: 0,
+        reserved: [0; 14],
+        colsb: [0; 16],
+        rows: [0; 16],
+    };
+    let mut t = 0;
+    while t < 8 {
+        c.rows[t] = shapes[t].0;
+        c.colsb[t] = shapes[t].1;
+        t += 1;
+    }
+    c
+}
+
+/// Q8, for even and odd blocks: `tmm0`/`tmm3` sums (16 activation rows × 16
+/// int32), `tmm1`/`tmm4` activations (16 rows × 32 bytes), `tmm2`/`tmm5`
+/// weights (8 rows of four-byte groups × 16 weight rows).
+const Q8_TILES: Config = config([
+    (16, 64),
+    (16, 32),
+    (8, 64),
+    (16, 64),
+    (16, 32),
+    (8, 64),
+    (0, 0),
+    (0, 0),
+]);
+
+/// K-quants, whose half-blocks have their own scales: `tmm0`/`tmm1` sums of
+/// columns 0..16 and 16..32 for even blocks, `tmm2`/`tmm3` for odd ones;
+/// `tmm4`/`tmm5` activations of the half-blocks (16 rows × 16 bytes),
+/// `tmm6`/`tmm7` their weights (4 rows × 64 bytes).
+const K_TILES: Config = config([
+    (16, 64),
+    (16, 64),
+    (16, 64),
+    (16, 64),
+    (16, 16),
+    (16, 16),
+    (4, 64),
+    (4, 64),
+]);
+
+/// A tile configuration, loaded for a run of kernel calls (loading one costs
+/// about as much as a kernel's work on a block) and released on drop.
+pub struct Tiles(&'static Config);
+
+/// Weights with an AMX kernel: their two-group layout and the kernel.
+pub trait Kernel: Sized {
+    /// Two groups' blocks in the kernel's layout.
+    type Pair: Copy + 'static;
+    /// The kernel's block of groups `a` and `b`.
+    fn pair(a: &Self, b: &Self) -> Self::Pair;
+    /// A per-thread buffer of pairs.
+    fn pairs() -> &'static std::thread::LocalKey<std::cell::RefCell<Vec<Self::Pair>>>;
+    /// The kernel's tile configuration.
+    const TILES: &'static Config;
+    /// Two groups × sixteen rows: `out[r][8 h + k]` is weight row `k` of
+    /// group `h` with activation row `r`.
+    ///
+    /// # Safety
+    /// [`available`] returned true and `tiles` holds [`Kernel::TILES`]; `x`
+    /// covers `w`.
+    unsafe fn run(tiles: &Tiles, w: &[Self::Pair], x: &Tile<'_>, out: &mut [[f32; ROWS]; ROWS]);
+}
+
+macro_rules! kernel {
+    ($w:ty, $pair:ident, $tiles:ident, $run:ident) => {
+        impl Kernel for $w {
+            type Pair = $pair;
+            fn pair(a: &Self, b: &Self) -> $pair {
+                $pair::new(a, b)
+            }
+            fn pairs() -> &'static std::thread::LocalKey<std::cell::RefCell<Vec<$pair>>> {
+                thread_local!(static PAIRS: std::cell::RefCell<Vec<$pair>> =
+                    const { std::cell::RefCell::new(Vec::new()) });
+                &PAIRS
+            }
+            const TILES: &'static Config = &$tiles;
+            unsafe fn run(tiles: &Tiles, w: &[$pair], x: &Tile<'_>, out: &mut [[f32; ROWS]; ROWS]) {
+                debug_assert!(std::ptr::eq(tiles.0, Self::TILES));
+                $run(w, x, out)
+            }
+        }
+    };
+}
+kernel!(Q8x8, PairQ8, Q8_TILES, q8_groups);
+kernel!(K8, PairK, K_TILES, k_groups);
+
+/// The products of [`crate::q8::tiles_amx`]: `tile(b)` gives activation rows
+/// `b..b + 16`.
+pub(crate) fn products<'a, W: Kernel>(
+    w: &[W],
+    bpr: usize,
+    tile: impl Fn(usize) -> Tile<'a>,
+    rows: std::ops::Range<usize>,
+    slice: usize,
+    mut out: impl FnMut(usize, usize, &[[f32; ROWS]; ROWS]),
+) -> (usize, usize) {
+    let pairs = w.len() / (2 * bpr);
+    let end = rows.start + (rows.len() / ROWS) * ROWS;
+    W::pairs().with_borrow_mut(|p| {
+        p.clear();
+        for q in 0..pairs {
+            let (a, b) = w[2 * q * bpr..(2 * q + 2) * bpr].split_at(bpr);
+            p.extend(a.iter().zip(b).map(|(a, b)| W::pair(a, b)));
+        }
+        // SAFETY: the caller checked `available`.
+        let tiles = unsafe { Tiles::load(W::TILES) };
+        let mut v = [[0f32; ROWS]; ROWS];
+        for s0 in (rows.start..end).step_by(slice) {
+            for (q, pw) in p.chunks_exact(bpr).enumerate() {
+                for b in (s0..(s0 + slice).min(end)).step_by(ROWS) {
+                    // SAFETY: tiles of this kernel are loaded; the caller
+                    // checked that the rows cover the weights.
+                    unsafe { W::run(&tiles, pw, &tile(b), &mut v) };
+                    out(b, 2 * q, &v);
+                }
+            }
+        }
+    });
+    (end, 2 * pairs)
+}
+
+impl Tiles {
+    /// # Safety
+    /// [`available`] returned true.
+    unsafe fn load(config: &'static Config) -> Self {
+        asm!("ldtilecfg [{}]", in(reg) config, options(nostack, readonly));
+        Tiles(config)
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: a configuration was loaded by `Tiles::load`.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
+/// Sums of one block, a row of sixteen int32 per activation row.
+#[repr(C, align(64))]
+struct Sums([[i32; 16]; ROWS]);
+
+impl Sums {
+    const ZERO: Self = Sums([[0; 16]; ROWS]);
+
+    #[inline(always)]
+    unsafe fn row(&self, r: usize) -> __m512i {
+        _mm512_load_si512(self.0[r].as_ptr() as *const _)
+    }
+}
+
+/// `c[r][n] = Σ_j x_r[j] · q_n[j]` over one block's 32 columns, in the tiles
+/// named (sums, activations, weights).
+///
+/// Safety: [`Q8_TILES`] are loaded; `x` points at row 0's block with the next
+/// rows `stride` bytes apart (sixteen rows readable).
+macro_rules! block_sums {
+    ($c:literal, $a:literal, $b:literal) => {
+        |x: *const i8, stride: usize, qs: &[i8; 512], c: &mut Sums| {
+            asm!(
+                concat!("tilezero tmm", $c),
+                concat!("tileloadd tmm", $a, ", [{x} + {stride} * 1]"),
+                concat!("tileloadd tmm", $b, ", [{w} + {b64} * 1]"),
+                concat!("tdpbssd tmm", $c, ", tmm", $a, ", tmm", $b),
+                concat!("tilestored [{c} + {b64} * 1], tmm", $c),
+                x = in(reg) x,
+                stride = in(reg) stride,
+                w = in(reg) qs.as_ptr(),
+                b64 = in(reg) 64usize,
+                c = in(reg) c.0.as_mut_ptr(),
+                options(nostack),
+            )
+        }
+    };
+}
+
+/// The same over columns 0..16 and 16..32 separately, into the two sum
+/// tiles named. Safety: [`K_TILES`] are loaded; otherwise as for
+/// [`block_sums`].
+macro_rules! half_block_sums {
+    ($lo:literal, $hi:literal) => {
+        |x: *const i8, stride: usize, qs: &[i8; 512], c: &mut [Sums; 2]| {
+            let [lo, hi] = c;
+            asm!(
+                concat!("tilezero tmm", $lo),
+                concat!("tilezero tmm", $hi),
+                "tileloadd tmm4, [{x} + {stride} * 1]",
+                "tileloadd tmm5, [{x} + {stride} * 1 + 16]",
+                "tileloadd tmm6, [{w} + {b64} * 1]",
+                "tileloadd tmm7, [{w} + {b64} * 1 + 256]",
+                concat!("tdpbssd tmm", $lo, ", tmm4, tmm6"),
+                concat!("tdpbssd tmm", $hi, ", tmm5, tmm7"),
+                concat!("tilestored [{lo} + {b64} * 1], tmm", $lo),
+                concat!("tilestored [{hi} + {b64} * 1], tmm", $hi),
+                x = in(reg) x,
+                stride = in(reg) stride,
+                w = in(reg) qs.as_ptr(),
+                b64 = in(reg) 64usize,
+                lo = in(reg) lo.0.as_mut_ptr(),
+                hi = in(reg) hi.0.as_mut_ptr(),
+                options(nostack),
+            )
+        }
+    };
+}
+
+/// Runs `$body` for `r` = 0..16, unrolled so the accumulators stay in
+/// registers.
+macro_rules! each_row {
+    ($r:ident => $body:block) => {{
+        each_row!(@ $r $body; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    }};
+    (@ $r:ident $body:block; $($n:literal)*) => {
+        $({ let $r: usize = $n; $body })*
+    };
+}
+
+/// Blocks whose tiles are multiplied before the f32 work on a block's sums:
+/// those sums are then stored well before they are loaded.
+const AHEAD: usize = 3;
+
+/// Runs the tiles of block `i` (`even`/`odd` by parity, into sum buffer
+/// `i % (AHEAD + 1)`) [`AHEAD`] blocks before the f32 work `scale(i, sums)`.
+macro_rules! pipelined {
+    ($n:expr, $bufs:ident, $even:expr, $odd:expr, $scale:expr) => {{
+        let n = $n;
+        for i in 0..n + AHEAD {
+            if i >= AHEAD {
+                $scale(i - AHEAD, &$bufs[(i - AHEAD) % (AHEAD + 1)]);
+            }
+            if i < n {
+                let c = &mut $bufs[i % (AHEAD + 1)];
+                if i % 2 == 0 {
+                    $even(i, c)
+                } else {
+                    $odd(i, c)
+                }
+            }
+        }
+    }};
+}
+
+/// [`crate::q8`]'s group kernel for two groups × sixteen activation rows: per
+/// block the exact integer dot, then `acc = fma(dw · dx, s, acc)`;
+/// `out[r][8 h + k]` is weight row `k` of group `h` with activation row `r`.
+///
+/// # Safety
+/// [`available`] returned true; `x` holds sixteen rows covering `w`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn q8_groups(w: &[PairQ8], x: &Tile<'_>, out: &mut [[f32; 16]; ROWS]) {
+    let mut acc = [_mm512_setzero_ps(); ROWS];
+    let mut bufs = [const { Sums::ZERO }; AHEAD + 1];
+    let (even, odd) = (block_sums!("0", "1", "2"), block_sums!("3", "4", "5"));
+    let stride = x.stride;
+    pipelined!(
+        w.len(),
+        bufs,
+        |i: usize, c: &mut Sums| even(x.qs[i].as_ptr(), stride, &w[i].qs, c),
+        |i: usize, c: &mut Sums| odd(x.qs[i].as_ptr(), stride, &w[i].qs, c),
+        |i: usize, c: &Sums| {
+            let dw = _mm512_loadu_ps(w[i].d.as_ptr());
+            let t = x.blocks.get_unchecked(i);
+            each_row!(r => {
+                let d = _mm512_mul_ps(dw, _mm512_set1_ps(t.dx[r]));
+                acc[r] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(c.row(r)), acc[r]);
+            });
+        }
+    );
+    for (o, a) in out.iter_mut().zip(acc) {
+        _mm512_storeu_ps(o.as_mut_ptr(), a);
+    }
+}
+
+/// [`crate::kq`]'s group kernel for two groups × sixteen activation rows: per
+/// block `acc = fma(s0·dx, lo, acc)`, `acc = fma(s1·dx, hi, acc)`,
+/// `corr = fma(m·dx, Σx, corr)`; the result is `acc − corr`. The two chains
+/// never meet before that subtraction, so `corr` runs in a loop of its own.
+///
+/// # Safety
+/// [`available`] returned true; `x` holds sixteen rows covering `w`.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+unsafe fn k_groups(w: &[PairK], x: &Tile<'_>, out: &mut [[f32; 16]; ROWS]) {
+    let mut acc = [_mm512_setzero_ps(); ROWS];
+    let mut bufs = [const { [Sums::ZERO, Sums::ZERO] }; AHEAD + 1];
+    let (even, odd) = (half_block_sums!("0", "1"), half_block_sums!("2", "3"));
+    let stride = x.stride;
+    pipelined!(
+        w.len(),
+        bufs,
+        |i: usize, c: &mut [Sums; 2]| even(x.qs[i].as_ptr(), stride, &w[i].qs, c),
+        |i: usize, c: &mut [Sums; 2]| odd(x.qs[i].as_ptr(), stride, &w[i].qs, c),
+        |i: usize, c: &[Sums; 2]| {
+            let s0 = _mm512_loadu_ps(w[i].s0.as_ptr());
+            let s1 = _mm512_loadu_ps(w[i].s1.as_ptr());
+            let t = x.blocks.get_unchecked(i);
+            each_row!(r => {
+                let dx = _mm512_set1_ps(t.dx[r]);
+                let a = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(c[0].row(r)), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx), _mm512_cvtepi32_ps(c[1].row(r)), a);
+            });
+        }
+    );
+    let mut corr = [_mm512_setzero_ps(); ROWS];
+    for (i, b) in w.iter().enumerate() {
+        let m = _mm512_loadu_ps(b.m.as_ptr());
+        let t = x.blocks.get_unchecked(i);
+        each_row!(r => {
+            let dx = _mm512_set1_ps(t.dx[r]);
+            let sx = _mm512_set1_ps(t.sx[r]);
+            corr[r] = _mm512_fmadd_ps(_mm512_mul_ps(m, dx), sx, corr[r]);
+        });
+    }
+    for ((o, a), c) in out.iter_mut().zip(acc).zip(corr) {
+        _mm512_storeu_ps(o.as_mut_ptr(), _mm512_sub_ps(a, c));
+    }
+}
