@@ -1,4 +1,4 @@
-//! Causal attention of one query row over its own sequence's KV cache.
+//! Causal attention of query rows over their own sequence's KV cache.
 //!
 //! Keys are stored transposed in blocks of [`KEY_BLOCK`] positions
 //! (`[block][kv_head][dim][lane]`), so one vector instruction advances the
@@ -52,33 +52,69 @@ pub fn attend(
     scores: &mut Vec<f32>,
     out: &mut [f32],
 ) {
-    let group = q.len() / head_dim;
+    attend_rows(
+        &[q],
+        &[len],
+        kt,
+        v,
+        kvh,
+        n_kv_heads,
+        head_dim,
+        scores,
+        &mut [out],
+    );
+}
+
+/// [`attend`] for several query rows of one sequence at once (row `i` over
+/// positions `0..lens[i]`), each with exactly its own result: the rows share
+/// each key block and each run of value rows while those are in cache, so a
+/// chunk of prefill reads the cache once per few rows instead of once a row.
+#[allow(clippy::too_many_arguments)]
+pub fn attend_rows(
+    qs: &[&[f32]],
+    lens: &[usize],
+    kt: &[f32],
+    v: &[f32],
+    kvh: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+    scores: &mut Vec<f32>,
+    outs: &mut [&mut [f32]],
+) {
+    let max = lens.iter().copied().max().unwrap_or(0);
+    let group = qs.first().map_or(0, |q| q.len() / head_dim.max(1));
     assert!(
-        kt.len() >= len.div_ceil(KEY_BLOCK) * key_block_len(n_kv_heads, head_dim)
-            && v.len() >= len * n_kv_heads * head_dim
-            && out.len() == q.len()
-            && kvh < n_kv_heads
-            && group * head_dim == q.len(),
+        qs.len() == lens.len()
+            && outs.len() == lens.len()
+            && kt.len() >= max.div_ceil(KEY_BLOCK) * key_block_len(n_kv_heads, head_dim)
+            && v.len() >= max * n_kv_heads * head_dim
+            && qs
+                .iter()
+                .zip(outs.iter())
+                .all(|(q, o)| q.len() == group * head_dim && o.len() == q.len())
+            && kvh < n_kv_heads,
         "attention operands of their shapes"
     );
     #[cfg(target_arch = "x86_64")]
-    if crate::ops::avx512() && len > 0 {
+    if crate::ops::avx512() && lens.iter().all(|&l| l > 0) {
         // SAFETY: AVX-512F was detected; the shapes were checked above.
         match head_dim {
             64 => {
                 return unsafe {
-                    wide::attend::<64, 4>(q, kt, v, len, kvh, n_kv_heads, scores, out)
+                    wide::attend::<64, 4>(qs, lens, kt, v, kvh, n_kv_heads, scores, outs)
                 }
             }
             128 => {
                 return unsafe {
-                    wide::attend::<128, 8>(q, kt, v, len, kvh, n_kv_heads, scores, out)
+                    wide::attend::<128, 8>(qs, lens, kt, v, kvh, n_kv_heads, scores, outs)
                 }
             }
             _ => {}
         }
     }
-    attend_scalar(q, kt, v, len, kvh, n_kv_heads, head_dim, scores, out)
+    for ((q, &len), out) in qs.iter().zip(lens).zip(outs.iter_mut()) {
+        attend_scalar(q, kt, v, len, kvh, n_kv_heads, head_dim, scores, out);
+    }
 }
 
 /// [`attend`] one element at a time: the arithmetic every path performs.
@@ -206,78 +242,108 @@ fn weighted_values<const HD: usize, const G: usize>(
 
 /// [`attend_scalar`] in AVX-512 registers, sixteen positions (scores) or
 /// sixteen head dimensions (values) a register: each lane performs the scalar
-/// path's operations in its order. Query heads go through the key block a few
-/// at a time and the value rows several heads at a time, so each key or value
-/// vector loaded serves several heads.
+/// path's operations in its order. Up to eight query heads go through a key
+/// block together, and through a run of value rows 32 dimensions at a time,
+/// so each key or value vector loaded serves every head; rows of one sequence
+/// take each key block and each run of value rows in turn while it is in L1.
 #[cfg(target_arch = "x86_64")]
 mod wide {
     use super::{key_block_len, KEY_BLOCK as L};
     use crate::ops::exp_approx16;
     use std::arch::x86_64::*;
 
+    /// Positions of values a pass of [`weighted`] covers for every row
+    /// (their value rows, 16 KB, stay in L1 from one row to the next).
+    const VALUE_RUN: usize = 64;
+
     /// `V` = `HD / 16` registers a head.
     ///
     /// # Safety
-    /// The CPU has AVX-512F; the operands have the shapes [`super::attend`]
-    /// checks, and `len > 0`.
+    /// The CPU has AVX-512F; the operands have the shapes
+    /// [`super::attend_rows`] checks, and every length is positive.
     #[allow(clippy::too_many_arguments)]
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn attend<const HD: usize, const V: usize>(
-        q: &[f32],
+        qs: &[&[f32]],
+        lens: &[usize],
         kt: &[f32],
         v: &[f32],
-        len: usize,
         kvh: usize,
         n_kv_heads: usize,
         scores: &mut Vec<f32>,
-        out: &mut [f32],
+        outs: &mut [&mut [f32]],
     ) {
-        let group = q.len() / HD;
+        let group = qs[0].len() / HD;
         let scale = 1.0 / (HD as f32).sqrt();
-        let blocks = len.div_ceil(L);
+        let max = lens.iter().copied().max().unwrap_or(0);
         let per = key_block_len(n_kv_heads, HD);
-        let padded = blocks * L;
+        // Row r's head g: scores at `(r · group + g) · padded`.
+        let padded = max.div_ceil(L) * L;
         scores.clear();
-        scores.resize(group * padded, 0.0);
+        scores.resize(qs.len() * group * padded, 0.0);
         let s = scores.as_mut_ptr();
-        for b in 0..blocks {
+        for b in 0..max.div_ceil(L) {
             let kb = kt.as_ptr().add(b * per + kvh * HD * L);
-            let at = |g: usize| s.add(g * padded + b * L);
-            let mut g = 0;
-            while g + 4 <= group {
-                block_scores::<HD, 4>(q, g, kb, scale, at(g), padded);
-                g += 4;
-            }
-            match group - g {
-                3 => block_scores::<HD, 3>(q, g, kb, scale, at(g), padded),
-                2 => block_scores::<HD, 2>(q, g, kb, scale, at(g), padded),
-                1 => block_scores::<HD, 1>(q, g, kb, scale, at(g), padded),
-                _ => {}
+            for (r, q) in qs.iter().enumerate() {
+                if b * L >= lens[r] {
+                    continue;
+                }
+                let at = |g: usize| s.add((r * group + g) * padded + b * L);
+                for g in (0..group).step_by(8) {
+                    match group - g {
+                        1 => block_scores::<HD, 1>(q, g, kb, scale, at(g), padded),
+                        2 => block_scores::<HD, 2>(q, g, kb, scale, at(g), padded),
+                        3 => block_scores::<HD, 3>(q, g, kb, scale, at(g), padded),
+                        4 => block_scores::<HD, 4>(q, g, kb, scale, at(g), padded),
+                        5 => block_scores::<HD, 5>(q, g, kb, scale, at(g), padded),
+                        6 => block_scores::<HD, 6>(q, g, kb, scale, at(g), padded),
+                        7 => block_scores::<HD, 7>(q, g, kb, scale, at(g), padded),
+                        _ => block_scores::<HD, 8>(q, g, kb, scale, at(g), padded),
+                    }
+                }
             }
         }
-        for g in 0..group {
-            softmax(s.add(g * padded), len, blocks);
+        for (r, &len) in lens.iter().enumerate() {
+            for g in 0..group {
+                softmax(s.add((r * group + g) * padded), len, len.div_ceil(L));
+            }
+        }
+        // The outputs hold the value sums between runs of positions.
+        for o in outs.iter_mut() {
+            o.fill(0.0);
         }
         let vp = v.as_ptr().add(kvh * HD);
         let kv_dim = n_kv_heads * HD;
-        let mut g = 0;
-        while g + 4 <= group {
-            weighted::<V, 4>(
-                s.add(g * padded),
-                padded,
-                vp,
-                kv_dim,
-                len,
-                out.as_mut_ptr().add(g * HD),
-            );
-            g += 4;
-        }
-        let (p, o) = (s.add(g * padded), out.as_mut_ptr().add(g * HD));
-        match group - g {
-            3 => weighted::<V, 3>(p, padded, vp, kv_dim, len, o),
-            2 => weighted::<V, 2>(p, padded, vp, kv_dim, len, o),
-            1 => weighted::<V, 1>(p, padded, vp, kv_dim, len, o),
-            _ => {}
+        for t0 in (0..max).step_by(VALUE_RUN) {
+            for c in (0..V).step_by(2) {
+                for (r, o) in outs.iter_mut().enumerate() {
+                    let ts = t0..(t0 + VALUE_RUN).min(lens[r]);
+                    if ts.is_empty() {
+                        continue;
+                    }
+                    for g in (0..group).step_by(8) {
+                        let run = Run {
+                            p: s.add((r * group + g) * padded),
+                            padded,
+                            v: vp.add(16 * c),
+                            kv_dim,
+                            ts: ts.clone(),
+                            out: o.as_mut_ptr().add(g * HD + 16 * c),
+                            hd: HD,
+                        };
+                        match group - g {
+                            1 => weighted::<1>(run),
+                            2 => weighted::<2>(run),
+                            3 => weighted::<3>(run),
+                            4 => weighted::<4>(run),
+                            5 => weighted::<5>(run),
+                            6 => weighted::<6>(run),
+                            7 => weighted::<7>(run),
+                            _ => weighted::<8>(run),
+                        }
+                    }
+                }
+            }
         }
     }
 
@@ -354,32 +420,50 @@ mod wide {
         }
     }
 
-    /// `out[h] = Σ_t p[h][t] · v[t]` for heads `0..H` (probabilities `padded`
-    /// apart), positions in order, each value row loaded once for all.
-    #[inline(always)]
-    unsafe fn weighted<const V: usize, const H: usize>(
+    /// A run of positions `ts` of 32 value dimensions for a few heads:
+    /// probabilities at `p` (heads `padded` apart), value rows at `v` (`kv_dim`
+    /// apart), sums at `out` (heads `hd` apart).
+    struct Run {
         p: *const f32,
         padded: usize,
         v: *const f32,
         kv_dim: usize,
-        len: usize,
+        ts: std::ops::Range<usize>,
         out: *mut f32,
+        hd: usize,
+    }
+
+    /// `out[h] += Σ_t p[h][t] · v[t]` over the run's positions in order, for
+    /// heads `0..H`.
+    #[inline(always)]
+    unsafe fn weighted<const H: usize>(
+        Run {
+            p,
+            padded,
+            v,
+            kv_dim,
+            ts,
+            out,
+            hd,
+        }: Run,
     ) {
-        let mut acc = [[_mm512_setzero_ps(); V]; H];
-        for t in 0..len {
+        let mut acc: [[__m512; 2]; H] = std::array::from_fn(|h| {
+            let o = out.add(h * hd);
+            [_mm512_loadu_ps(o), _mm512_loadu_ps(o.add(16))]
+        });
+        for t in ts {
             let row = v.add(t * kv_dim);
-            let vt: [__m512; V] = std::array::from_fn(|c| _mm512_loadu_ps(row.add(16 * c)));
+            let vt = [_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16))];
             for (h, a) in acc.iter_mut().enumerate() {
                 let w = _mm512_set1_ps(*p.add(h * padded + t));
-                for c in 0..V {
-                    a[c] = _mm512_fmadd_ps(w, vt[c], a[c]);
-                }
+                a[0] = _mm512_fmadd_ps(w, vt[0], a[0]);
+                a[1] = _mm512_fmadd_ps(w, vt[1], a[1]);
             }
         }
         for (h, a) in acc.iter().enumerate() {
-            for (c, x) in a.iter().enumerate() {
-                _mm512_storeu_ps(out.add(h * V * 16 + 16 * c), *x);
-            }
+            let o = out.add(h * hd);
+            _mm512_storeu_ps(o, a[0]);
+            _mm512_storeu_ps(o.add(16), a[1]);
         }
     }
 }
@@ -501,6 +585,66 @@ mod tests {
                         bits(&wide),
                         bits(&scalar),
                         "hd {hd} group {group} len {len}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rows_together_equal_rows_alone() {
+        let val = |i: usize| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5;
+        for (nkv, hd, group) in [(2, 64, 7), (1, 128, 3), (2, 32, 2), (1, 64, 9)] {
+            let max = 150;
+            let mut kt = Vec::new();
+            for t in 0..max {
+                let k: Vec<f32> = (0..nkv * hd).map(|i| val(t * 131 + i) * 3.0).collect();
+                push_key(&mut kt, t, &k, nkv, hd);
+            }
+            let v: Vec<f32> = (0..max * nkv * hd).map(|i| val(i * 71 + 5)).collect();
+            // A prefill chunk's consecutive positions, and lengths apart.
+            let lens = [61, 62, 63, 64, 65, 1, 150, 80];
+            let qs: Vec<Vec<f32>> = (0..lens.len())
+                .map(|r| {
+                    (0..group * hd)
+                        .map(|i| val(i * 3 + r * 17 + 1) * 2.0)
+                        .collect()
+                })
+                .collect();
+            for kvh in 0..nkv {
+                let mut together = vec![vec![0f32; group * hd]; lens.len()];
+                let q_refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+                let mut outs: Vec<&mut [f32]> =
+                    together.iter_mut().map(|o| o.as_mut_slice()).collect();
+                attend_rows(
+                    &q_refs,
+                    &lens,
+                    &kt,
+                    &v,
+                    kvh,
+                    nkv,
+                    hd,
+                    &mut Vec::new(),
+                    &mut outs,
+                );
+                for (r, &len) in lens.iter().enumerate() {
+                    let mut alone = vec![0f32; group * hd];
+                    attend_scalar(
+                        &qs[r],
+                        &kt,
+                        &v,
+                        len,
+                        kvh,
+                        nkv,
+                        hd,
+                        &mut Vec::new(),
+                        &mut alone,
+                    );
+                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(
+                        bits(&together[r]),
+                        bits(&alone),
+                        "hd {hd} group {group} row {r}"
                     );
                 }
             }

@@ -2,11 +2,18 @@
 //! rayon pool, in the arithmetic `statebench_kernels::ARITHMETIC` names.
 
 use rayon::prelude::*;
-use statebench_kernels::{attend, rms_norm, rope_neox, silu_mul, Matrix, RopeTable};
+use std::ops::Range;
+
+use statebench_kernels::attention::attend_rows;
+use statebench_kernels::{rms_norm, rope_neox, silu_mul, Matrix, RopeTable};
 
 use super::{BatchRows, Device, DeviceInfo, Heads, HostWeight};
 use crate::backend::BackendError;
 use crate::engine::kv_cache::KvCache;
+
+/// Rows of one sequence whose attention runs together (sharing each block of
+/// the cache read); results do not depend on it.
+const ROWS_TOGETHER: usize = 8;
 
 /// Activations on the CPU: `rows × width`, row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -141,29 +148,56 @@ impl Device for Cpu {
         rows: &BatchRows,
         heads: Heads,
     ) -> Activations {
-        let mut out = Activations::zeros(rows.len(), q.width);
+        let (n, kv) = (rows.len(), heads.kv);
         let layers: Vec<(&[f32], &[f32])> = caches.iter().map(|c| c.layer(layer)).collect();
-        // One task per (row, KV head): the query heads sharing that KV head.
-        let group = q.width / heads.kv;
-        out.data
-            .par_chunks_mut(group)
-            .zip(q.data.par_chunks(group))
-            .enumerate()
-            .for_each_init(Vec::new, |scores, (i, (o, qg))| {
-                let (r, kvh) = (i / heads.kv, i % heads.kv);
-                let (kt, v) = layers[rows.item[r]];
-                attend(
-                    qg,
-                    kt,
-                    v,
-                    rows.pos[r] + 1,
-                    kvh,
-                    heads.kv,
-                    heads.dim,
-                    scores,
-                    o,
-                );
+        // One task per (run of up to ROWS_TOGETHER rows of one sequence, KV
+        // head): the query heads sharing that KV head, for rows that read the
+        // same cache while it is in L1/L2. Each task's outputs are contiguous
+        // in `by_task` ([run][kv head][row][group]), copied back after.
+        let group = q.width / kv;
+        let runs: Vec<Range<usize>> = rows
+            .spans
+            .iter()
+            .flat_map(|span| {
+                (span.start..span.end)
+                    .step_by(ROWS_TOGETHER)
+                    .map(move |r| r..(r + ROWS_TOGETHER).min(span.end))
+            })
+            .collect();
+        let mut by_task = vec![0f32; n * q.width];
+        let mut tasks: Vec<(&Range<usize>, usize, &mut [f32])> =
+            Vec::with_capacity(runs.len() * kv);
+        let mut rest = by_task.as_mut_slice();
+        for run in &runs {
+            for kvh in 0..kv {
+                let (mine, more) = rest.split_at_mut(run.len() * group);
+                tasks.push((run, kvh, mine));
+                rest = more;
+            }
+        }
+        tasks
+            .par_iter_mut()
+            .for_each_init(Vec::new, |scores, (run, kvh, o)| {
+                let (kt, v) = layers[rows.item[run.start]];
+                let qs: Vec<&[f32]> = run
+                    .clone()
+                    .map(|r| &q.data[r * q.width + *kvh * group..r * q.width + (*kvh + 1) * group])
+                    .collect();
+                let lens: Vec<usize> = run.clone().map(|r| rows.pos[r] + 1).collect();
+                let mut outs: Vec<&mut [f32]> = o.chunks_exact_mut(group).collect();
+                attend_rows(&qs, &lens, kt, v, *kvh, kv, heads.dim, scores, &mut outs);
             });
+        let mut out = Activations::zeros(n, q.width);
+        let mut at = by_task.chunks_exact(group);
+        for run in &runs {
+            for kvh in 0..kv {
+                for r in run.clone() {
+                    let o = at.next().expect("one output per row and KV head");
+                    out.data[r * q.width + kvh * group..r * q.width + (kvh + 1) * group]
+                        .copy_from_slice(o);
+                }
+            }
+        }
         out
     }
 
