@@ -126,27 +126,34 @@ pub struct PairK {
 
 /// The two groups' values, signed again (`q + 128` back to `q`).
 fn pair_qs(a: &[u8; 256], b: &[u8; 256]) -> [i8; 512] {
-    let mut qs = [0i8; 512];
+    let mut qs = [0u8; 512];
     for (g, row) in qs.chunks_exact_mut(64).enumerate() {
-        let (lo, hi) = row.split_at_mut(32);
-        for (dst, src) in [(lo, a), (hi, b)] {
-            for (d, s) in dst.iter_mut().zip(&src[32 * g..32 * g + 32]) {
-                *d = (s ^ 0x80) as i8;
-            }
-        }
+        row[..32].copy_from_slice(&a[32 * g..32 * g + 32]);
+        row[32..].copy_from_slice(&b[32 * g..32 * g + 32]);
     }
-    qs
+    qs.map(|q| (q ^ 0x80) as i8)
 }
 
 fn pair_f32(a: &[f32; 8], b: &[f32; 8]) -> [f32; 16] {
-    std::array::from_fn(|i| if i < 8 { a[i] } else { b[i - 8] })
+    let mut out = [0f32; 16];
+    out[..8].copy_from_slice(a);
+    out[8..].copy_from_slice(b);
+    out
+}
+
+fn pair_f16(a: &[half::f16; 8], b: &[half::f16; 8]) -> [f32; 16] {
+    use half::slice::HalfFloatSliceExt;
+    let mut out = [0f32; 16];
+    a.convert_to_f32_slice(&mut out[..8]);
+    b.convert_to_f32_slice(&mut out[8..]);
+    out
 }
 
 impl PairQ8 {
     fn new(a: &Q8x8, b: &Q8x8) -> Self {
         PairQ8 {
             qs: pair_qs(&a.qs, &b.qs),
-            d: pair_f32(&a.d.map(|d| d.to_f32()), &b.d.map(|d| d.to_f32())),
+            d: pair_f16(&a.d, &b.d),
         }
     }
 }

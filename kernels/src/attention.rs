@@ -279,8 +279,12 @@ mod wide {
         let per = key_block_len(n_kv_heads, HD);
         // Row r's head g: scores at `(r · group + g) · padded`.
         let padded = max.div_ceil(L) * L;
-        scores.clear();
-        scores.resize(qs.len() * group * padded, 0.0);
+        // Every score read is written first (a row reads only its own
+        // blocks), so the buffer is grown but never cleared.
+        let need = qs.len() * group * padded;
+        if scores.len() < need {
+            scores.resize(need, 0.0);
+        }
         let s = scores.as_mut_ptr();
         for b in 0..max.div_ceil(L) {
             let kb = kt.as_ptr().add(b * per + kvh * HD * L);
