@@ -52,18 +52,12 @@ pub fn available() -> bool {
             let off = ["STATEBENCH_NO_AMX", "STATEBENCH_NO_VNNI"]
                 .iter()
                 .any(|v| std::env::var_os(v).is_some());
-            !off && cfg!(target_os = "linux") && cpu_has_amx_int8() && request_tile_state()
+            !off && cpu_has_amx_int8() && request_tile_state()
         })
 }
 
 fn cpu_has_amx_int8() -> bool {
-    if !(is_x86_feature_detected!("avx2")
-        && is_x86_feature_detected!("fma")
-        && is_x86_feature_detected!("f16c")
-        && is_x86_feature_detected!("avx512f")
-        && is_x86_feature_detected!("avx512vl")
-        && is_x86_feature_detected!("xsave"))
-    {
+    if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("xsave")) {
         return false;
     }
     let leaf7 = __cpuid_count(7, 0);
@@ -230,6 +224,22 @@ const K_TILES: Config = config([
 /// about as much as a kernel's work on a block) and released on drop.
 pub struct Tiles(&'static Config);
 
+impl Tiles {
+    /// # Safety
+    /// [`available`] returned true.
+    unsafe fn load(config: &'static Config) -> Self {
+        asm!("ldtilecfg [{}]", in(reg) config, options(nostack, readonly));
+        Tiles(config)
+    }
+}
+
+impl Drop for Tiles {
+    fn drop(&mut self) {
+        // SAFETY: a configuration was loaded by `Tiles::load`.
+        unsafe { asm!("tilerelease", options(nostack, nomem)) };
+    }
+}
+
 /// Weights with an AMX kernel: their two-group layout and the kernel.
 pub trait Kernel: Sized {
     /// Two groups' blocks in the kernel's layout.
@@ -305,22 +315,6 @@ pub(crate) fn products<'a, W: Kernel>(
         }
     });
     (end, 2 * pairs)
-}
-
-impl Tiles {
-    /// # Safety
-    /// [`available`] returned true.
-    unsafe fn load(config: &'static Config) -> Self {
-        asm!("ldtilecfg [{}]", in(reg) config, options(nostack, readonly));
-        Tiles(config)
-    }
-}
-
-impl Drop for Tiles {
-    fn drop(&mut self) {
-        // SAFETY: a configuration was loaded by `Tiles::load`.
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
-    }
 }
 
 /// Sums of one block, a row of sixteen int32 per activation row.
@@ -433,7 +427,7 @@ macro_rules! pipelined {
 ///
 /// # Safety
 /// [`available`] returned true; `x` holds sixteen rows covering `w`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+#[target_feature(enable = "avx512f")]
 unsafe fn q8_groups(w: &[PairQ8], x: &Tile<'_>, out: &mut [[f32; 16]; ROWS]) {
     let mut acc = [_mm512_setzero_ps(); ROWS];
     let mut bufs = [const { Sums::ZERO }; AHEAD + 1];
@@ -465,7 +459,7 @@ unsafe fn q8_groups(w: &[PairQ8], x: &Tile<'_>, out: &mut [[f32; 16]; ROWS]) {
 ///
 /// # Safety
 /// [`available`] returned true; `x` holds sixteen rows covering `w`.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512vl")]
+#[target_feature(enable = "avx512f")]
 unsafe fn k_groups(w: &[PairK], x: &Tile<'_>, out: &mut [[f32; 16]; ROWS]) {
     let mut acc = [_mm512_setzero_ps(); ROWS];
     let mut bufs = [const { [Sums::ZERO, Sums::ZERO] }; AHEAD + 1];

@@ -252,6 +252,46 @@ mod wide {
     use crate::ops::exp_approx16;
     use std::arch::x86_64::*;
 
+    /// Runs `$f` with the const `$h` set to `$n` heads, eight for more.
+    macro_rules! by_heads {
+        ($n:expr, $h:ident => $f:expr) => {
+            match $n {
+                1 => {
+                    const $h: usize = 1;
+                    $f
+                }
+                2 => {
+                    const $h: usize = 2;
+                    $f
+                }
+                3 => {
+                    const $h: usize = 3;
+                    $f
+                }
+                4 => {
+                    const $h: usize = 4;
+                    $f
+                }
+                5 => {
+                    const $h: usize = 5;
+                    $f
+                }
+                6 => {
+                    const $h: usize = 6;
+                    $f
+                }
+                7 => {
+                    const $h: usize = 7;
+                    $f
+                }
+                _ => {
+                    const $h: usize = 8;
+                    $f
+                }
+            }
+        };
+    }
+
     /// Positions of values a pass of [`weighted`] covers for every row
     /// (their value rows, 16 KB, stay in L1 from one row to the next).
     const VALUE_RUN: usize = 64;
@@ -294,16 +334,7 @@ mod wide {
                 }
                 let at = |g: usize| s.add((r * group + g) * padded + b * L);
                 for g in (0..group).step_by(8) {
-                    match group - g {
-                        1 => block_scores::<HD, 1>(q, g, kb, scale, at(g), padded),
-                        2 => block_scores::<HD, 2>(q, g, kb, scale, at(g), padded),
-                        3 => block_scores::<HD, 3>(q, g, kb, scale, at(g), padded),
-                        4 => block_scores::<HD, 4>(q, g, kb, scale, at(g), padded),
-                        5 => block_scores::<HD, 5>(q, g, kb, scale, at(g), padded),
-                        6 => block_scores::<HD, 6>(q, g, kb, scale, at(g), padded),
-                        7 => block_scores::<HD, 7>(q, g, kb, scale, at(g), padded),
-                        _ => block_scores::<HD, 8>(q, g, kb, scale, at(g), padded),
-                    }
+                    by_heads!(group - g, H => block_scores::<HD, H>(q, g, kb, scale, at(g), padded));
                 }
             }
         }
@@ -335,16 +366,7 @@ mod wide {
                             out: o.as_mut_ptr().add(g * HD + 16 * c),
                             hd: HD,
                         };
-                        match group - g {
-                            1 => weighted::<1>(run),
-                            2 => weighted::<2>(run),
-                            3 => weighted::<3>(run),
-                            4 => weighted::<4>(run),
-                            5 => weighted::<5>(run),
-                            6 => weighted::<6>(run),
-                            7 => weighted::<7>(run),
-                            _ => weighted::<8>(run),
-                        }
+                        by_heads!(group - g, H => weighted::<H>(run));
                     }
                 }
             }

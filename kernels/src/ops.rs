@@ -1,7 +1,7 @@
 //! Element-wise and per-row operations: dot product, RMSNorm, RoPE, SwiGLU.
 
 /// Lanes of the fixed-order f32 dot product; wide enough for AVX-512 to vectorise.
-pub const LANES: usize = 16;
+const LANES: usize = 16;
 
 /// Dot product of two equal-length f32 slices with a fixed summation order:
 /// sixteen interleaved partial sums, then a fixed pairwise tree, then the tail.

@@ -139,7 +139,7 @@ pub struct Activations {
 /// kernels broadcast per row, row `r` in lane `r`: the scale and `Σx` as f32.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
-pub struct TileBlock {
+pub(crate) struct TileBlock {
     pub(crate) dx: [f32; 16],
     pub(crate) sx: [f32; 16],
 }
@@ -206,7 +206,7 @@ impl Activations {
 
     /// The [`TileBlock`]s of tile `t` (rows `16 t..16 t + 16`), computed for
     /// all whole tiles on first use.
-    pub fn tile(&self, t: usize) -> &[TileBlock] {
+    pub(crate) fn tile(&self, t: usize) -> &[TileBlock] {
         let all = self.tiles.get_or_init(|| {
             let bpr = self.bpr;
             let mut all = Vec::with_capacity(self.scales.len() / 16);
@@ -288,6 +288,7 @@ pub trait Packed: Sized + Sync + Tiled {
     /// The CPU has AVX2, FMA and F16C; every row covers `w`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx2<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR];
+
     /// `out[r][k] = dot(weight row k of the group, xs[r])` for a group of
     /// eight weight rows (`w` holds its blocks) and `XR` activation rows.
     fn group<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {

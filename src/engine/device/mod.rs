@@ -126,7 +126,8 @@ impl HostWeight {
 
 /// bf16 → f32 is exact: the bf16 bits are the top half of the f32's.
 pub fn bf16_to_f32(b: u16) -> f32 {
-    f32::from_bits(u32::from(b) << 16)
+    use statebench_kernels::ops::Float;
+    statebench_kernels::ops::Bf16(b).f32()
 }
 
 /// f32 → bf16, rounded to nearest even (NaN stays NaN).
