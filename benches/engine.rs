@@ -1,8 +1,9 @@
 //! Kernel benchmarks: the default model's projection shapes (Q5_0 MLP up,
 //! Q4_K / Q6_K MLP down, Q8_0 output head) at batch 1, 4 and 16, each with
 //! its weights at the file's bits and widened at load; the MLP shapes at
-//! batch 16, 64 and 512 on AMX tiles and on the vector kernels side by side
-//! (where the CPU has AMX); attention of one row over 256 and 2,048
+//! batch 8, 16, 64 and 512, widened in groups of eight rows and in pairs of
+//! groups, each on AMX tiles and on the vector kernels side by side (where
+//! the CPU has AMX); attention of one row over 256 and 2,048
 //! positions; and one decode step of the default model when it is present.
 
 use candle_core::quantized::GgmlDType;
@@ -43,7 +44,8 @@ fn matmul(c: &mut Criterion) {
     projection(c, GgmlDType::Q6K, 896, 4864, "q6_k");
 }
 
-/// Prefill-sized batches with the AMX kernels on and off (the same bits).
+/// Decode- and prefill-sized batches, weights in groups of eight rows and
+/// in pairs of groups, with the AMX kernels on and off (the same bits).
 fn tiles(c: &mut Criterion) {
     #[cfg(target_arch = "x86_64")]
     {
@@ -62,18 +64,21 @@ fn tiles(c: &mut Criterion) {
             let w: Vec<f32> = (0..rows * cols)
                 .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
                 .collect();
-            let m = Matrix::quantize(dtype, rows, cols, &w)
-                .expect("quantize")
-                .widen();
-            for n in [16usize, 64, 512] {
+            let quantized = || Matrix::quantize(dtype, rows, cols, &w).expect("quantize");
+            let groups = quantized().widen();
+            let pairs = quantized().widen().paired();
+            for n in [8usize, 16, 64, 512] {
                 let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
                 let mut y = vec![0f32; n * rows];
-                for (kernels, on) in [("amx", true), ("vector", false)] {
-                    c.bench_function(&format!("{name} {rows}x{cols} batch {n} {kernels}"), |b| {
-                        statebench_kernels::amx::set_enabled(on);
-                        b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)));
-                        statebench_kernels::amx::set_enabled(true);
-                    });
+                for (layout, m) in [("groups", &groups), ("pairs", &pairs)] {
+                    for (kernels, on) in [("amx", true), ("vector", false)] {
+                        let id = format!("{name} {rows}x{cols} batch {n} {layout} {kernels}");
+                        c.bench_function(&id, |b| {
+                            statebench_kernels::amx::set_enabled(on);
+                            b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)));
+                            statebench_kernels::amx::set_enabled(true);
+                        });
+                    }
                 }
             }
         }

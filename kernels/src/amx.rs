@@ -4,8 +4,8 @@
 //! One `tdpbssd` multiplies a tile of sixteen activation rows' block values
 //! (row-major, as [`crate::q8::Activations`] holds them) by a tile of two
 //! groups' weights, eight rows of four-byte column groups × sixteen weight
-//! rows ([`PairQ8`], [`PairK`]: the interleaved layout of [`Q8x8`] and [`K8`]
-//! with two groups side by side, copied once per product for all its rows).
+//! rows ([`PairQ8`], [`PairK`]: two groups of the interleaved layout side by
+//! side, held that way at load or copied once per product for all its rows).
 //! The int32 sums are exactly the integers the VNNI kernels compute, and each
 //! row then takes the same f32 operations in the same order, so a result is
 //! bit-identical whichever kernel ran it. A row of sums is one 512-bit
@@ -27,8 +27,8 @@ use std::arch::x86_64::*;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
-use crate::kq::K8;
-use crate::q8::{Q8x8, TileBlock};
+use crate::pair::{PairK, PairQ8};
+use crate::q8::TileBlock;
 
 /// Activation rows of one tile.
 pub const ROWS: usize = 16;
@@ -94,73 +94,6 @@ pub struct Tile<'a> {
     pub(crate) qs: &'a [[i8; 32]],
     pub(crate) stride: usize,
     pub(crate) blocks: &'a [TileBlock],
-}
-
-/// Two groups' Q8 block: `qs[64 g + 32 h + 4 k + e]` is group `h`, row `k`,
-/// column `4 g + e` — the second operand of a tile multiply, eight rows of 64
-/// bytes; `d[8 h + k]` the row's scale.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-pub struct PairQ8 {
-    qs: [i8; 512],
-    d: [f32; 16],
-}
-
-/// Two groups' K-quant block, `qs` as in [`PairQ8`] (columns 0..16 in its
-/// first four tile rows, 16..32 in the last four); scales and offsets per
-/// row `8 h + k`.
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-pub struct PairK {
-    qs: [i8; 512],
-    s0: [f32; 16],
-    s1: [f32; 16],
-    m: [f32; 16],
-}
-
-/// The two groups' values, signed again (`q + 128` back to `q`).
-fn pair_qs(a: &[u8; 256], b: &[u8; 256]) -> [i8; 512] {
-    let mut qs = [0u8; 512];
-    for (g, row) in qs.chunks_exact_mut(64).enumerate() {
-        row[..32].copy_from_slice(&a[32 * g..32 * g + 32]);
-        row[32..].copy_from_slice(&b[32 * g..32 * g + 32]);
-    }
-    qs.map(|q| (q ^ 0x80) as i8)
-}
-
-fn pair_f32(a: &[f32; 8], b: &[f32; 8]) -> [f32; 16] {
-    let mut out = [0f32; 16];
-    out[..8].copy_from_slice(a);
-    out[8..].copy_from_slice(b);
-    out
-}
-
-fn pair_f16(a: &[half::f16; 8], b: &[half::f16; 8]) -> [f32; 16] {
-    use half::slice::HalfFloatSliceExt;
-    let mut out = [0f32; 16];
-    a.convert_to_f32_slice(&mut out[..8]);
-    b.convert_to_f32_slice(&mut out[8..]);
-    out
-}
-
-impl PairQ8 {
-    fn new(a: &Q8x8, b: &Q8x8) -> Self {
-        PairQ8 {
-            qs: pair_qs(&a.qs, &b.qs),
-            d: pair_f16(&a.d, &b.d),
-        }
-    }
-}
-
-impl PairK {
-    fn new(a: &K8, b: &K8) -> Self {
-        PairK {
-            qs: pair_qs(&a.qs, &b.qs),
-            s0: pair_f32(&a.s0, &b.s0),
-            s1: pair_f32(&a.s1, &b.s1),
-            m: pair_f32(&a.m, &b.m),
-        }
-    }
 }
 
 /// A tile configuration (`ldtilecfg`'s 64-byte form): rows and bytes per row
@@ -240,14 +173,8 @@ impl Drop for Tiles {
     }
 }
 
-/// Weights with an AMX kernel: their two-group layout and the kernel.
+/// Pair layouts ([`crate::pair`]) with an AMX kernel.
 pub trait Kernel: Sized {
-    /// Two groups' blocks in the kernel's layout.
-    type Pair: Copy + 'static;
-    /// The kernel's block of groups `a` and `b`.
-    fn pair(a: &Self, b: &Self) -> Self::Pair;
-    /// A per-thread buffer of pairs.
-    fn pairs() -> &'static std::thread::LocalKey<std::cell::RefCell<Vec<Self::Pair>>>;
     /// The kernel's tile configuration.
     const TILES: &'static Config;
     /// Two groups × sixteen rows: `out[r][8 h + k]` is weight row `k` of
@@ -256,21 +183,12 @@ pub trait Kernel: Sized {
     /// # Safety
     /// [`available`] returned true and `tiles` holds [`Kernel::TILES`]; `x`
     /// covers `w`.
-    unsafe fn run(tiles: &Tiles, w: &[Self::Pair], x: &Tile<'_>, out: &mut [[f32; ROWS]; ROWS]);
+    unsafe fn run(tiles: &Tiles, w: &[Self], x: &Tile<'_>, out: &mut [[f32; ROWS]; ROWS]);
 }
 
 macro_rules! kernel {
-    ($w:ty, $pair:ident, $tiles:ident, $run:ident) => {
-        impl Kernel for $w {
-            type Pair = $pair;
-            fn pair(a: &Self, b: &Self) -> $pair {
-                $pair::new(a, b)
-            }
-            fn pairs() -> &'static std::thread::LocalKey<std::cell::RefCell<Vec<$pair>>> {
-                thread_local!(static PAIRS: std::cell::RefCell<Vec<$pair>> =
-                    const { std::cell::RefCell::new(Vec::new()) });
-                &PAIRS
-            }
+    ($pair:ident, $tiles:ident, $run:ident) => {
+        impl Kernel for $pair {
             const TILES: &'static Config = &$tiles;
             unsafe fn run(tiles: &Tiles, w: &[$pair], x: &Tile<'_>, out: &mut [[f32; ROWS]; ROWS]) {
                 debug_assert!(std::ptr::eq(tiles.0, Self::TILES));
@@ -279,42 +197,34 @@ macro_rules! kernel {
         }
     };
 }
-kernel!(Q8x8, PairQ8, Q8_TILES, q8_groups);
-kernel!(K8, PairK, K_TILES, k_groups);
+kernel!(PairQ8, Q8_TILES, q8_groups);
+kernel!(PairK, K_TILES, k_groups);
 
 /// The products of [`crate::q8::tiles_amx`]: `tile(b)` gives activation rows
-/// `b..b + 16`.
-pub(crate) fn products<'a, W: Kernel>(
-    w: &[W],
+/// `b..b + 16`; returns the end of the whole tiles.
+pub(crate) fn products<'a, P: Kernel>(
+    pairs: &[P],
     bpr: usize,
     tile: impl Fn(usize) -> Tile<'a>,
     rows: std::ops::Range<usize>,
     slice: usize,
     mut out: impl FnMut(usize, usize, &[[f32; ROWS]; ROWS]),
-) -> (usize, usize) {
-    let pairs = w.len() / (2 * bpr);
+) -> usize {
     let end = rows.start + (rows.len() / ROWS) * ROWS;
-    W::pairs().with_borrow_mut(|p| {
-        p.clear();
-        for q in 0..pairs {
-            let (a, b) = w[2 * q * bpr..(2 * q + 2) * bpr].split_at(bpr);
-            p.extend(a.iter().zip(b).map(|(a, b)| W::pair(a, b)));
-        }
-        // SAFETY: the caller checked `available`.
-        let tiles = unsafe { Tiles::load(W::TILES) };
-        let mut v = [[0f32; ROWS]; ROWS];
-        for s0 in (rows.start..end).step_by(slice) {
-            for (q, pw) in p.chunks_exact(bpr).enumerate() {
-                for b in (s0..(s0 + slice).min(end)).step_by(ROWS) {
-                    // SAFETY: tiles of this kernel are loaded; the caller
-                    // checked that the rows cover the weights.
-                    unsafe { W::run(&tiles, pw, &tile(b), &mut v) };
-                    out(b, 2 * q, &v);
-                }
+    // SAFETY: the caller checked `available`.
+    let tiles = unsafe { Tiles::load(P::TILES) };
+    let mut v = [[0f32; ROWS]; ROWS];
+    for s0 in (rows.start..end).step_by(slice) {
+        for (q, pw) in pairs.chunks_exact(bpr).enumerate() {
+            for b in (s0..(s0 + slice).min(end)).step_by(ROWS) {
+                // SAFETY: tiles of this kernel are loaded; the caller
+                // checked that the rows cover the weights.
+                unsafe { P::run(&tiles, pw, &tile(b), &mut v) };
+                out(b, q, &v);
             }
         }
-    });
-    (end, 2 * pairs)
+    }
+    end
 }
 
 /// Sums of one block, a row of sixteen int32 per activation row.
@@ -403,13 +313,14 @@ const AHEAD: usize = 3;
 /// Runs the tiles of block `i` (`even`/`odd` by parity, into sum buffer
 /// `i % (AHEAD + 1)`) [`AHEAD`] blocks before the f32 work `scale(i, sums)`.
 macro_rules! pipelined {
-    ($n:expr, $bufs:ident, $even:expr, $odd:expr, $scale:expr) => {{
-        let n = $n;
+    ($w:expr, $bufs:ident, $even:expr, $odd:expr, $scale:expr) => {{
+        let n = $w.len();
         for i in 0..n + AHEAD {
             if i >= AHEAD {
                 $scale(i - AHEAD, &$bufs[(i - AHEAD) % (AHEAD + 1)]);
             }
             if i < n {
+                crate::q8::prefetch_ahead($w.as_ptr().wrapping_add(i));
                 let c = &mut $bufs[i % (AHEAD + 1)];
                 if i % 2 == 0 {
                     $even(i, c)
@@ -434,7 +345,7 @@ unsafe fn q8_groups(w: &[PairQ8], x: &Tile<'_>, out: &mut [[f32; 16]; ROWS]) {
     let (even, odd) = (block_sums!("0", "1", "2"), block_sums!("3", "4", "5"));
     let stride = x.stride;
     pipelined!(
-        w.len(),
+        w,
         bufs,
         |i: usize, c: &mut Sums| even(x.qs[i].as_ptr(), stride, &w[i].qs, c),
         |i: usize, c: &mut Sums| odd(x.qs[i].as_ptr(), stride, &w[i].qs, c),
@@ -466,7 +377,7 @@ unsafe fn k_groups(w: &[PairK], x: &Tile<'_>, out: &mut [[f32; 16]; ROWS]) {
     let (even, odd) = (half_block_sums!("0", "1"), half_block_sums!("2", "3"));
     let stride = x.stride;
     pipelined!(
-        w.len(),
+        w,
         bufs,
         |i: usize, c: &mut [Sums; 2]| even(x.qs[i].as_ptr(), stride, &w[i].qs, c),
         |i: usize, c: &mut [Sums; 2]| odd(x.qs[i].as_ptr(), stride, &w[i].qs, c),

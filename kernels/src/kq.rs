@@ -43,6 +43,7 @@ pub fn unpack_k_row(w: &[K8], bpr: usize, r: usize, out: &mut [f32]) {
 /// `acc = fma(s0·dx, lo, acc)`, `acc = fma(s1·dx, hi, acc)`,
 /// `corr = fma(m·dx, Σx, corr)`; the result is `acc − corr`, on every path.
 impl Packed for K8 {
+    type Pair = crate::pair::PairK;
     fn scalar(w: &[Self], x: Q8Row<'_>) -> [f32; 8] {
         let mut acc = [0f32; 8];
         let mut corr = [0f32; 8];
@@ -86,10 +87,7 @@ mod simd {
                 let mut acc = [_mm256_setzero_ps(); XR];
                 let mut corr = [_mm256_setzero_ps(); XR];
                 for (i, b) in w.iter().enumerate() {
-                    let p = (b as *const K8 as *const i8).wrapping_add(crate::q8::PREFETCH);
-                    for line in 0..6 {
-                        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line));
-                    }
+                    crate::q8::prefetch_ahead(b);
                     let s0 = _mm256_loadu_ps(b.s0.as_ptr());
                     let s1 = _mm256_loadu_ps(b.s1.as_ptr());
                     let m = _mm256_loadu_ps(b.m.as_ptr());

@@ -21,11 +21,13 @@ pub mod kq;
 pub mod matmul;
 pub mod native;
 pub mod ops;
+pub mod pair;
 pub mod q8;
 
 pub use attention::attend;
 pub use matmul::{Matrix, MatrixError, WeightData};
 pub use ops::{dot_f32, rms_norm, rope_neox, silu_mul, RopeTable};
+pub use q8::amx_tiles;
 
 /// The sources of the engine's CUDA kernels (`kernels/cuda/`), compiled at
 /// run time by NVRTC for the device at hand.

@@ -12,6 +12,7 @@ use rayon::prelude::*;
 use crate::kq::{unpack_k_row, K8};
 use crate::native::{pack_q4_0, pack_q4k, pack_q5_0, pack_q6k, Q4Kx8, Q4x8, Q5x8, Q6Kx8, Stored};
 use crate::ops::{dots, Bf16, Float};
+use crate::pair::{pair_up, Pair, PairK, PairQ8};
 use crate::q8::{pack_q8, unpack_q8_row, Activations, Packed, Q8Blocks, Q8Row, Q8x8};
 
 /// Why a weight matrix could not be built.
@@ -60,6 +61,11 @@ pub enum WeightData {
     Q6K(Vec<Q6Kx8>),
     /// GGML Q5_K.
     Q5K(Vec<BlockQ5K>),
+    /// Q8_0 (and Q4_0, Q5_0 widened) sixteen rows at a time, as the AMX
+    /// tiles read them.
+    Q8Pairs(Vec<PairQ8>),
+    /// K-quants widened, sixteen rows at a time.
+    KPairs(Vec<PairK>),
 }
 
 /// A weight matrix of `rows` output features by `cols` input features.
@@ -251,6 +257,26 @@ impl Matrix {
         Self { rows, cols, data }
     }
 
+    /// The same matrix with Q8_0 and widened K-quant weights held sixteen
+    /// rows at a time ([`crate::pair`]): the AMX tiles then multiply them
+    /// without a copy per product, and the vector kernels read the same
+    /// layout (the same bits either way). Worth it where [`crate::amx_tiles`]
+    /// holds; other matrices are returned as they are.
+    pub fn paired(self) -> Self {
+        fn all<P: Pair>(w: &[P::Group], cols: usize) -> Vec<P> {
+            let mut out = Vec::new();
+            pair_up(w, cols / 32, &mut out);
+            out
+        }
+        let (rows, cols) = (self.rows, self.cols);
+        let data = match &self.data {
+            WeightData::Q8_0(w) => WeightData::Q8Pairs(all(w, cols)),
+            WeightData::K(w) => WeightData::KPairs(all(w, cols)),
+            _ => return self,
+        };
+        Self { rows, cols, data }
+    }
+
     /// Float weights (f32, bf16, f16) quantized to ggml's Q8_0 (blocks of
     /// 32 with one f16 scale, ggml's rounding), read by the integer kernels;
     /// other matrices are returned as they are. Results change with it: a
@@ -281,6 +307,8 @@ impl Matrix {
             WeightData::Q4K(w) => size_of_val(&w[..]),
             WeightData::Q6K(w) => size_of_val(&w[..]),
             WeightData::Q5K(w) => size_of_val(&w[..]),
+            WeightData::Q8Pairs(w) => size_of_val(&w[..]),
+            WeightData::KPairs(w) => size_of_val(&w[..]),
         }
     }
 
@@ -309,6 +337,8 @@ impl Matrix {
             WeightData::Q4K(_) => "Q4_K",
             WeightData::Q6K(_) => "Q6_K",
             WeightData::Q5K(_) => "Q5_K",
+            WeightData::Q8Pairs(_) => "Q8_0 (16-row tiles)",
+            WeightData::KPairs(_) => "K-quant (widened, 16-row tiles)",
         }
     }
 
@@ -332,6 +362,8 @@ impl Matrix {
             WeightData::Q4K(w) => native_row(w, c, r, |g, k| unpack_k_row(g, g.len(), k, out)),
             WeightData::Q6K(w) => native_row(w, c, r, |g, k| unpack_k_row(g, g.len(), k, out)),
             WeightData::Q5K(w) => deq(w, r, c, out),
+            WeightData::Q8Pairs(w) => pair_row(w, c, r, out),
+            WeightData::KPairs(w) => pair_row(w, c, r, out),
         }
     }
 
@@ -361,6 +393,8 @@ impl Matrix {
             WeightData::Q4K(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
             WeightData::Q6K(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
             WeightData::Q5K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
+            WeightData::Q8Pairs(w) => matmul_pairs(w, self.rows, self.cols, x, n, y),
+            WeightData::KPairs(w) => matmul_pairs(w, self.rows, self.cols, x, n, y),
         }
     }
 }
@@ -372,6 +406,16 @@ fn native_row<S: Stored>(w: &[S], cols: usize, r: usize, unpack: impl FnOnce(&[S
     S::with_wide(&w[r / 8 * per_group..(r / 8 + 1) * per_group], |g| {
         unpack(g, r % 8)
     });
+}
+
+/// Dequantizes row `r` of weights held sixteen rows at a time.
+fn pair_row<P: Pair>(w: &[P], cols: usize, r: usize, out: &mut [f32]) {
+    let bpr = cols / 32;
+    P::row(
+        &w[r / 16 * bpr..(r / 16 + 1) * bpr],
+        r % 16,
+        &mut out[..cols],
+    );
 }
 
 /// Output rows per parallel task: enough work per task, several tasks per thread.
@@ -504,9 +548,60 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
 /// while a slice streams by.
 const X_SLICE: usize = 64;
 
+/// A kernel for a few activation rows at a time against one block of
+/// weight rows (`W` of them).
+trait Rows<const W: usize> {
+    fn rows<const XR: usize>(&self, xs: &[Q8Row<'_>; XR]) -> [[f32; W]; XR];
+}
+
+/// One group of eight interleaved rows.
+struct Group<'a, S>(&'a [S]);
+
+impl<S: Packed> Rows<8> for Group<'_, S> {
+    fn rows<const XR: usize>(&self, xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        S::group(self.0, xs)
+    }
+}
+
+/// One pair of groups, sixteen rows.
+struct Pairs<'a, P>(&'a [P]);
+
+impl<P: Pair> Rows<16> for Pairs<'_, P> {
+    fn rows<const XR: usize>(&self, xs: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR] {
+        P::group(self.0, xs)
+    }
+}
+
+/// Activation rows `b..s1` against one block of weight rows: eight, then
+/// four, then one at a time; `put(b0, v)` takes rows `b0..`.
+fn by_eights<const W: usize>(
+    k: &impl Rows<W>,
+    xrows: &[Q8Row<'_>],
+    mut b: usize,
+    s1: usize,
+    put: impl Fn(usize, &[[f32; W]]),
+) {
+    while b + 8 <= s1 {
+        let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| xrows[b + r]);
+        put(b, &k.rows(&xs));
+        b += 8;
+    }
+    if b + 4 <= s1 {
+        let xs: [Q8Row<'_>; 4] = std::array::from_fn(|r| xrows[b + r]);
+        put(b, &k.rows(&xs));
+        b += 4;
+    }
+    while b < s1 {
+        put(b, &k.rows(&[xrows[b]]));
+        b += 1;
+    }
+}
+
 /// Packed weights: each group of eight weight rows is widened once per
 /// product, and each widened block is loaded once for eight activation rows
-/// (then four, then one at a time for the rest of a slice of the batch).
+/// (then four, then one at a time for the rest of a slice of the batch); on
+/// AMX, whole tiles of sixteen rows go to the tiles, the groups paired once
+/// per product.
 fn matmul_packed<S: Stored>(w: &[S], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
     let (bpr, wbpr) = (cols / S::COLS, cols / 32);
     let acts = Activations::quantize(x, n, cols);
@@ -514,53 +609,69 @@ fn matmul_packed<S: Stored>(w: &[S], rows: usize, cols: usize, x: &[f32], n: usi
     let out = OutPtr(y.as_mut_ptr());
     let groups = rows.div_ceil(8);
     let per_task = ROWS_PER_TASK / 8;
+    let amx = n >= 16 && crate::q8::amx_tiles();
     (0..groups.div_ceil(per_task))
         .into_par_iter()
         .for_each(|t| {
-            let put = |b0: usize, g: usize, v: &[[f32; 8]]| write_tile(out, rows, b0, g, v);
-            // Rows `b..s1` of group `g`: eight, then four, then one at a time.
-            let rest = |wg: &[S::Wide], g: usize, mut b: usize, s1: usize| {
-                while b + 8 <= s1 {
-                    let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| xrows[b + r]);
-                    put(b, g, &Packed::group(wg, &xs));
-                    b += 8;
-                }
-                if b + 4 <= s1 {
-                    let xs: [Q8Row<'_>; 4] = std::array::from_fn(|r| xrows[b + r]);
-                    put(b, g, &Packed::group(wg, &xs));
-                    b += 4;
-                }
-                while b < s1 {
-                    put(b, g, &Packed::group(wg, &[xrows[b]]));
-                    b += 1;
-                }
-            };
             let task_groups = t * per_task..((t + 1) * per_task).min(groups);
             // Widen one group at a time while one slice covers the batch (its
             // blocks then stay in L1), else the task's groups once for all
             // its slices; on AMX the task's groups at once from sixteen rows.
-            let span = match n {
-                n if n > X_SLICE || (n >= 16 && crate::q8::amx_tiles()) => per_task,
-                _ => 1,
-            };
+            let span = if n > X_SLICE || amx { per_task } else { 1 };
             for c0 in task_groups.clone().step_by(span) {
                 let c1 = (c0 + span).min(task_groups.end);
                 S::with_wide(&w[c0 * bpr..c1 * bpr], |wide| {
-                    let (amx_end, amx_groups) =
-                        crate::q8::tiles_amx(wide, wbpr, &acts, 0..n, X_SLICE, |b, g, v| {
-                            write_tile(out, rows, b, c0 + g, v)
-                        });
+                    let done = if amx {
+                        <S::Wide as Packed>::Pair::buffer().with_borrow_mut(|p| {
+                            p.clear();
+                            pair_up(wide, wbpr, p);
+                            crate::q8::tiles_amx(p, wbpr, &acts, 0..n, X_SLICE, |b, q, v| {
+                                write_tile(out, rows, b, c0 + 2 * q, v)
+                            })
+                        })
+                    } else {
+                        0
+                    };
                     for s0 in (0..n).step_by(X_SLICE) {
                         let s1 = (s0 + X_SLICE).min(n);
                         for g in c0..c1 {
-                            let wg = &wide[(g - c0) * wbpr..(g - c0 + 1) * wbpr];
-                            let done = if g - c0 < amx_groups { amx_end } else { 0 };
-                            rest(wg, g, s0.max(done), s1);
+                            let wg = Group(&wide[(g - c0) * wbpr..(g - c0 + 1) * wbpr]);
+                            by_eights(&wg, &xrows, s0.max(done), s1, |b, v| {
+                                write_tile(out, rows, b, g, v)
+                            });
                         }
                     }
                 });
             }
         });
+}
+
+/// Weights held sixteen rows at a time ([`crate::pair`]): on AMX whole tiles
+/// of sixteen activation rows go to the tiles straight from the weights;
+/// the rest, or every row without AMX, to the pair kernels.
+fn matmul_pairs<P: Pair>(w: &[P], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+    let bpr = cols / 32;
+    let acts = Activations::quantize(x, n, cols);
+    let xrows: Vec<Q8Row<'_>> = (0..n).map(|b| acts.row(b)).collect();
+    let out = OutPtr(y.as_mut_ptr());
+    let pairs = rows.div_ceil(16);
+    let per_task = ROWS_PER_TASK / 16;
+    (0..pairs.div_ceil(per_task)).into_par_iter().for_each(|t| {
+        let task = t * per_task..((t + 1) * per_task).min(pairs);
+        let wt = &w[task.start * bpr..task.end * bpr];
+        let done = crate::q8::tiles_amx(wt, bpr, &acts, 0..n, X_SLICE, |b, q, v| {
+            write_tile(out, rows, b, 2 * (task.start + q), v)
+        });
+        for s0 in (0..n).step_by(X_SLICE) {
+            let s1 = (s0 + X_SLICE).min(n);
+            for q in task.clone() {
+                let wq = Pairs(&w[q * bpr..(q + 1) * bpr]);
+                by_eights(&wq, &xrows, s0.max(done), s1, |b, v| {
+                    write_tile(out, rows, b, 2 * q, v)
+                });
+            }
+        }
+    });
 }
 
 #[cfg(test)]
@@ -634,8 +745,9 @@ mod tests {
     fn quantized_batches_equal_single_rows() {
         // Row and batch counts that reach every path: 2 × 8 and 4 × 4 tiles,
         // their leftovers, single rows, batches of several slices, AMX tiles
-        // of two groups × sixteen rows with an odd group left (on CPUs with
-        // AMX; turned off, the vector kernels take the same batches).
+        // of two groups × sixteen rows with an odd group paired with an
+        // empty one (on CPUs with AMX; turned off, the vector kernels take
+        // the same batches), and weights held sixteen rows at a time.
         for (rows, n) in [(40, 7), (41, 13), (42, 20), (43, 150)] {
             let cols = 512;
             let w: Vec<f32> = (0..rows * cols)
@@ -658,15 +770,27 @@ mod tests {
                 let mut yw = vec![0f32; n * rows];
                 wide.matmul(&x, n, &mut yw);
                 assert_eq!(y, yw, "{dt:?}: file bits vs widened at load");
+                let paired = Matrix::quantize(dt, rows, cols, &w)
+                    .unwrap()
+                    .widen()
+                    .paired();
+                assert!(paired.type_name().contains("16-row tiles"), "{dt:?}");
+                let mut yp = vec![0f32; n * rows];
+                paired.matmul(&x, n, &mut yp);
+                assert_eq!(y, yp, "{dt:?}: file bits vs sixteen rows at a time");
                 #[cfg(target_arch = "x86_64")]
                 {
                     crate::amx::set_enabled(false);
                     let mut yv = vec![0f32; n * rows];
                     m.matmul(&x, n, &mut yv);
+                    let mut ypv = vec![0f32; n * rows];
+                    paired.matmul(&x, n, &mut ypv);
                     crate::amx::set_enabled(true);
                     assert_eq!(y, yv, "{dt:?}: AMX tiles vs vector kernels");
+                    assert_eq!(y, ypv, "{dt:?}: pairs without AMX tiles");
                 }
                 assert_eq!(m.to_f32(), wide.to_f32(), "{dt:?}: rows as read");
+                assert_eq!(m.to_f32(), paired.to_f32(), "{dt:?}: paired rows as read");
                 for b in 0..n {
                     let mut y1 = vec![0f32; rows];
                     m.matmul(&x[b * cols..(b + 1) * cols], 1, &mut y1);

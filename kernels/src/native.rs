@@ -97,15 +97,11 @@ fn widen_all<T: Widen>(w: &[T], out: &mut [T::Wide]) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,f16c")]
 unsafe fn widen_all_avx2<T: Widen>(w: &[T], out: &mut [T::Wide]) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
     for (b, o) in w.iter().zip(out.chunks_exact_mut(T::BLOCKS)) {
         // At batch 1 these loads are the whole cost of a product: keep more
         // of them in flight than the hardware prefetcher does (the next group
         // follows this one in memory).
-        let p = (b as *const T as *const i8).wrapping_add(crate::q8::PREFETCH);
-        for line in 0..std::mem::size_of::<T>().div_ceil(64) {
-            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line));
-        }
+        crate::q8::prefetch_ahead(b);
         b.widen_avx2(o);
     }
 }

@@ -132,13 +132,15 @@ pub struct Activations {
     qs: Vec<[i8; 32]>,
     scales: Vec<f32>,
     sums: Vec<[i32; 2]>,
-    tiles: std::sync::OnceLock<Vec<TileBlock>>,
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    tiles: Vec<TileBlock>,
 }
 
 /// For one tile of sixteen activation rows and one block, what the AMX
 /// kernels broadcast per row, row `r` in lane `r`: the scale and `Σx` as f32.
 #[repr(C, align(64))]
 #[derive(Clone, Copy)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
 pub(crate) struct TileBlock {
     pub(crate) dx: [f32; 16],
     pub(crate) sx: [f32; 16],
@@ -185,12 +187,19 @@ impl Activations {
                     m[i] = [lo, hi];
                 }
             });
+        // What the AMX kernels broadcast (x86-64 only), made with the rows,
+        // not on first use, so no task waits on another for them.
+        let tiles = if cfg!(target_arch = "x86_64") {
+            tile_blocks(bpr, &scales, &sums)
+        } else {
+            Vec::new()
+        };
         Activations {
             bpr,
             qs,
             scales,
             sums,
-            tiles: std::sync::OnceLock::new(),
+            tiles,
         }
     }
 
@@ -204,26 +213,27 @@ impl Activations {
         }
     }
 
-    /// The [`TileBlock`]s of tile `t` (rows `16 t..16 t + 16`), computed for
-    /// all whole tiles on first use.
+    /// The [`TileBlock`]s of tile `t` (rows `16 t..16 t + 16`).
+    #[cfg(target_arch = "x86_64")]
     pub(crate) fn tile(&self, t: usize) -> &[TileBlock] {
-        let all = self.tiles.get_or_init(|| {
-            let bpr = self.bpr;
-            let mut all = Vec::with_capacity(self.scales.len() / 16);
-            for t in 0..self.scales.len() / (16 * bpr.max(1)) {
-                for i in 0..bpr {
-                    let at = |r: usize| (16 * t + r) * bpr + i;
-                    let sum = |r: usize| self.sums[at(r)];
-                    all.push(TileBlock {
-                        dx: std::array::from_fn(|r| self.scales[at(r)]),
-                        sx: std::array::from_fn(|r| (sum(r)[0] + sum(r)[1]) as f32),
-                    });
-                }
-            }
-            all
-        });
-        &all[t * self.bpr..(t + 1) * self.bpr]
+        &self.tiles[t * self.bpr..(t + 1) * self.bpr]
     }
+}
+
+/// The [`TileBlock`]s of every whole tile of sixteen rows of activations
+/// (`bpr` blocks a row).
+fn tile_blocks(bpr: usize, scales: &[f32], sums: &[[i32; 2]]) -> Vec<TileBlock> {
+    let mut all = Vec::with_capacity(scales.len() / 16);
+    for t in 0..scales.len() / (16 * bpr.max(1)) {
+        for i in 0..bpr {
+            let at = |r: usize| (16 * t + r) * bpr + i;
+            all.push(TileBlock {
+                dx: std::array::from_fn(|r| scales[at(r)]),
+                sx: std::array::from_fn(|r| (sums[at(r)][0] + sums[at(r)][1]) as f32),
+            });
+        }
+    }
+    all
 }
 
 /// ggml's Q8_0 quantization of 32 values, operation for operation:
@@ -273,7 +283,9 @@ unsafe fn quantize_block_avx512(x: &[f32; 32]) -> (f16, [i8; 32]) {
 
 /// Weights stored eight rows interleaved: the group kernels of each
 /// instruction set, and the dispatch between them.
-pub trait Packed: Sized + Sync + Tiled {
+pub trait Packed: Sized + Sync {
+    /// The same weights sixteen rows at a time.
+    type Pair: crate::pair::Pair<Group = Self>;
     /// The arithmetic of the SIMD kernels, one element at a time.
     fn scalar(w: &[Self], x: Q8Row<'_>) -> [f32; 8];
     /// AVX-512 VNNI kernel.
@@ -310,6 +322,7 @@ pub trait Packed: Sized + Sync + Tiled {
 }
 
 impl Packed for Q8x8 {
+    type Pair = crate::pair::PairQ8;
     fn scalar(w: &[Self], x: Q8Row<'_>) -> [f32; 8] {
         let mut acc = [0f32; 8];
         for (i, b) in w.iter().enumerate() {
@@ -370,33 +383,22 @@ pub(crate) fn simd_level() -> Simd {
     })
 }
 
-/// Weights the AMX kernels take ([`crate::amx::Kernel`] on x86-64).
-#[cfg(target_arch = "x86_64")]
-pub use crate::amx::Kernel as Tiled;
-
-/// Weights the AMX kernels take (none off x86-64).
-#[cfg(not(target_arch = "x86_64"))]
-pub trait Tiled {}
-#[cfg(not(target_arch = "x86_64"))]
-impl<T> Tiled for T {}
-
 /// On AMX, the whole tiles of sixteen rows of `rows` (which starts at a
-/// multiple of sixteen) against each pair of groups in `w` (groups of `bpr`
-/// blocks), `slice` rows at a time for every pair: `out(b, g, v)` takes rows
-/// `b..b + 16` of groups `g` and `g + 1` (`v[r][8 h + k]`: row `k` of group
-/// `g + h`), the same bits as [`Packed::group`]. Returns the end of the rows
-/// done and the number of groups done (an odd last group is left), or
-/// `(rows.start, 0)` where the CPU has no AMX tiles.
-pub fn tiles_amx<W: Packed>(
-    w: &[W],
+/// multiple of sixteen) against each pair in `pairs` (pairs of `bpr`
+/// blocks), `slice` rows at a time for every pair: `out(b, q, v)` takes rows
+/// `b..b + 16` of pair `q` (`v[r][j]`: its row `j`), the same bits as
+/// [`crate::pair::Pair::group`]. Returns the end of the rows done:
+/// `rows.start` where the CPU has no AMX tiles or the rows fill no tile.
+pub fn tiles_amx<P: crate::pair::Pair>(
+    pairs: &[P],
     bpr: usize,
     acts: &Activations,
     rows: std::ops::Range<usize>,
     slice: usize,
     out: impl FnMut(usize, usize, &[[f32; 16]; 16]),
-) -> (usize, usize) {
+) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if crate::amx::available() && rows.len() >= 16 && w.len() >= 2 * bpr {
+    if crate::amx::available() && rows.len() >= 16 && !pairs.is_empty() {
         assert!(
             bpr <= acts.bpr
                 && rows.start.is_multiple_of(16)
@@ -409,14 +411,16 @@ pub fn tiles_amx<W: Packed>(
             stride: 32 * acts.bpr,
             blocks: &acts.tile(b / 16)[..bpr],
         };
-        return crate::amx::products(w, bpr, tile, rows, slice, out);
+        return crate::amx::products(pairs, bpr, tile, rows, slice, out);
     }
-    let _ = (w, bpr, acts, slice, out);
-    (rows.start, 0)
+    let _ = (pairs, bpr, acts, slice, out);
+    rows.start
 }
 
-/// Whether the AMX kernels run here ([`crate::amx::available`]).
-pub(crate) fn amx_tiles() -> bool {
+/// Whether the AMX kernels run here ([`crate::amx::available`]): where they
+/// do, weights held sixteen rows at a time ([`crate::pair`]) need no copy
+/// per product.
+pub fn amx_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     return crate::amx::available();
     #[cfg(not(target_arch = "x86_64"))]
@@ -427,6 +431,26 @@ pub(crate) fn amx_tiles() -> bool {
 /// few weight loads in flight at batch 1.
 #[cfg(target_arch = "x86_64")]
 pub(crate) const PREFETCH: usize = 2048;
+
+/// Asks for the lines of the `T` that lies [`PREFETCH`] bytes past `b` (a
+/// hint: an address past the data is harmless).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_ahead<T>(b: *const T) {
+    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+    static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    let dist = *D.get_or_init(|| {
+        std::env::var("PF")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(PREFETCH)
+    });
+    let p = (b as *const i8).wrapping_add(dist);
+    for line in 0..std::mem::size_of::<T>().div_ceil(64) {
+        // SAFETY: a prefetch never faults; SSE is part of x86-64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line)) };
+    }
+}
 
 /// Generates `group` for one instruction set; only the integer block dots
 /// (`$dots`) differ between them, so all give the same bits.
@@ -440,10 +464,7 @@ macro_rules! q8_group {
         ) -> [[f32; 8]; XR] {
             let mut acc = [_mm256_setzero_ps(); XR];
             for (i, b) in w.iter().enumerate() {
-                let p = (b as *const super::Q8x8 as *const i8).wrapping_add(super::PREFETCH);
-                for line in 0..5 {
-                    _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line));
-                }
+                super::prefetch_ahead(b);
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(b.d.as_ptr() as *const __m128i));
                 let $q = super::avx2::load(&b.qs);
                 for (a, xr) in acc.iter_mut().zip(x) {

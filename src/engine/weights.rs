@@ -314,8 +314,15 @@ impl Holding {
             (Some(Quantize::Q8_0), w) => {
                 HostWeight::Matrix(w.into_matrix().and_then(Matrix::to_q8_0).map_err(bad)?)
             }
+            // Where the CPU has AMX tiles, sixteen rows at a time: the tiles
+            // then take the weights as they lie.
             (None, HostWeight::Matrix(m)) if self.layout == WeightLayout::Widened => {
-                HostWeight::Matrix(m.widen())
+                let m = m.widen();
+                HostWeight::Matrix(if statebench_kernels::amx_tiles() {
+                    m.paired()
+                } else {
+                    m
+                })
             }
             (None, w) => w,
         };

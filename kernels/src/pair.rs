@@ -1,0 +1,385 @@
+//! Weights sixteen rows at a time: two groups of eight interleaved rows
+//! ([`Q8x8`], [`K8`]) side by side, values signed again — the layout the AMX
+//! tiles multiply ([`crate::amx`]).
+//!
+//! `qs[64 g + 32 h + 4 k + e]` is group `h`, row `k`, column `4 g + e`, so 64
+//! bytes hold four columns of all sixteen rows: one tile row of the second
+//! operand of a tile multiply, and one 512-bit register for a `vpdpbusd`
+//! that advances sixteen dot products at once. Matrices held this way are
+//! multiplied without a copy per product: the tiles take whole tiles of
+//! sixteen activation rows, the kernels here the rest (and every row where
+//! the tiles are off). Per output element the arithmetic is that of the
+//! groups' kernels — the same exact integer block dots, the same f32
+//! operations in the same order — so every result is the same bits.
+
+use std::cell::RefCell;
+use std::thread::LocalKey;
+
+use crate::kq::K8;
+use crate::native::Wide;
+use crate::q8::{Q8Row, Q8x8};
+
+/// Two groups' Q8 block: values as in the module docs, `d[8 h + k]` row
+/// `k` of group `h`'s scale.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub struct PairQ8 {
+    pub(crate) qs: [i8; 512],
+    pub(crate) d: [f32; 16],
+}
+
+/// Two groups' K-quant block: values as in the module docs, scales of
+/// columns 0..16 and 16..32 and the offset per row `8 h + k`.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+pub struct PairK {
+    pub(crate) qs: [i8; 512],
+    pub(crate) s0: [f32; 16],
+    pub(crate) s1: [f32; 16],
+    pub(crate) m: [f32; 16],
+}
+
+/// The two groups' values, signed again (`q + 128` back to `q`).
+fn pair_qs(a: &[u8; 256], b: &[u8; 256]) -> [i8; 512] {
+    let mut qs = [0i8; 512];
+    for (g, row) in qs.chunks_exact_mut(64).enumerate() {
+        let (lo, hi) = row.split_at_mut(32);
+        for (o, &q) in lo.iter_mut().zip(&a[32 * g..32 * g + 32]) {
+            *o = (q ^ 0x80) as i8;
+        }
+        for (o, &q) in hi.iter_mut().zip(&b[32 * g..32 * g + 32]) {
+            *o = (q ^ 0x80) as i8;
+        }
+    }
+    qs
+}
+
+fn pair_f32(a: &[f32; 8], b: &[f32; 8]) -> [f32; 16] {
+    std::array::from_fn(|j| if j < 8 { a[j] } else { b[j - 8] })
+}
+
+/// Position of row `j` (`8 h + k`), column `c` of a pair block.
+fn pair_slot(j: usize, c: usize) -> usize {
+    64 * (c / 4) + 4 * j + c % 4
+}
+
+/// The exact integer dot of row `j` of a pair block with activation values,
+/// over columns 0..16 and 16..32.
+fn pair_dots(qs: &[i8; 512], j: usize, x: &[i8; 32]) -> [i32; 2] {
+    let mut s = [0i32; 2];
+    for (c, &xv) in x.iter().enumerate() {
+        s[c / 16] += qs[pair_slot(j, c)] as i32 * xv as i32;
+    }
+    s
+}
+
+/// Weights held sixteen rows at a time, with the kernels that read them.
+pub trait Pair: Copy + Send + Sync + 'static + Tiled {
+    /// The layout of one group of eight rows.
+    type Group: Wide;
+    /// Groups `a` and `b` side by side.
+    fn new(a: &Self::Group, b: &Self::Group) -> Self;
+    /// This thread's buffer for pairs made per product.
+    fn buffer() -> &'static LocalKey<RefCell<Vec<Self>>>;
+    /// Dequantizes row `j` (`0..16`) of a pair's blocks into `out`, with the
+    /// groups' formulas.
+    fn row(w: &[Self], j: usize, out: &mut [f32]);
+    /// The arithmetic of the SIMD kernel, one element at a time.
+    fn scalar(w: &[Self], x: Q8Row<'_>) -> [f32; 16];
+    /// AVX-512 VNNI kernel.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F, BW and VNNI; every row covers `w`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn vnni<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR];
+
+    /// `out[r][j] = dot(row j of the pair, xs[r])` for `XR` activation rows.
+    fn group<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR] {
+        assert!(
+            xs.iter().all(|x| x.covers(w.len())),
+            "activation rows too short"
+        );
+        #[cfg(target_arch = "x86_64")]
+        if crate::q8::simd_level() == crate::q8::Simd::Vnni {
+            // SAFETY: the VNNI level implies AVX-512F, BW and VNNI; lengths
+            // were checked.
+            return unsafe { Self::vnni(w, xs) };
+        }
+        std::array::from_fn(|r| Self::scalar(w, xs[r]))
+    }
+}
+
+/// Pairs with an AMX kernel ([`crate::amx::Kernel`] on x86-64).
+#[cfg(target_arch = "x86_64")]
+pub use crate::amx::Kernel as Tiled;
+
+/// Pairs with an AMX kernel (none off x86-64).
+#[cfg(not(target_arch = "x86_64"))]
+pub trait Tiled {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<T> Tiled for T {}
+
+/// Appends the pairs of `groups` (groups of `bpr` blocks, group after
+/// group) to `out`, pair after pair and block by block; an odd last group
+/// is paired with an empty one.
+pub fn pair_up<P: Pair>(groups: &[P::Group], bpr: usize, out: &mut Vec<P>) {
+    let n = groups.len() / bpr.max(1);
+    out.reserve(n.div_ceil(2) * bpr);
+    for q in 0..n.div_ceil(2) {
+        let a = &groups[2 * q * bpr..(2 * q + 1) * bpr];
+        match groups.get((2 * q + 1) * bpr..(2 * q + 2) * bpr) {
+            Some(b) => out.extend(a.iter().zip(b).map(|(a, b)| P::new(a, b))),
+            None => out.extend(a.iter().map(|a| P::new(a, &<P::Group as Wide>::EMPTY))),
+        }
+    }
+}
+
+thread_local! {
+    static Q8_PAIRS: RefCell<Vec<PairQ8>> = const { RefCell::new(Vec::new()) };
+    static K_PAIRS: RefCell<Vec<PairK>> = const { RefCell::new(Vec::new()) };
+}
+
+impl Pair for PairQ8 {
+    type Group = Q8x8;
+    fn new(a: &Q8x8, b: &Q8x8) -> Self {
+        PairQ8 {
+            qs: pair_qs(&a.qs, &b.qs),
+            d: std::array::from_fn(|j| if j < 8 { a.d[j] } else { b.d[j - 8] }.to_f32()),
+        }
+    }
+    fn buffer() -> &'static LocalKey<RefCell<Vec<Self>>> {
+        &Q8_PAIRS
+    }
+    fn row(w: &[Self], j: usize, out: &mut [f32]) {
+        for (b, o) in w.iter().zip(out.chunks_exact_mut(32)) {
+            for (c, v) in o.iter_mut().enumerate() {
+                *v = b.qs[pair_slot(j, c)] as f32 * b.d[j];
+            }
+        }
+    }
+    fn scalar(w: &[Self], x: Q8Row<'_>) -> [f32; 16] {
+        let mut acc = [0f32; 16];
+        for (i, b) in w.iter().enumerate() {
+            for (j, a) in acc.iter_mut().enumerate() {
+                let [lo, hi] = pair_dots(&b.qs, j, &x.qs[i]);
+                let d = b.d[j] * x.scales[i];
+                *a = d.mul_add((lo + hi) as f32, *a);
+            }
+        }
+        acc
+    }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn vnni<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR] {
+        vnni::q8(w, xs)
+    }
+}
+
+impl Pair for PairK {
+    type Group = K8;
+    fn new(a: &K8, b: &K8) -> Self {
+        PairK {
+            qs: pair_qs(&a.qs, &b.qs),
+            s0: pair_f32(&a.s0, &b.s0),
+            s1: pair_f32(&a.s1, &b.s1),
+            m: pair_f32(&a.m, &b.m),
+        }
+    }
+    fn buffer() -> &'static LocalKey<RefCell<Vec<Self>>> {
+        &K_PAIRS
+    }
+    fn row(w: &[Self], j: usize, out: &mut [f32]) {
+        for (b, o) in w.iter().zip(out.chunks_exact_mut(32)) {
+            for (c, v) in o.iter_mut().enumerate() {
+                let s = if c < 16 { b.s0[j] } else { b.s1[j] };
+                *v = s * b.qs[pair_slot(j, c)] as f32 - b.m[j];
+            }
+        }
+    }
+    fn scalar(w: &[Self], x: Q8Row<'_>) -> [f32; 16] {
+        let mut acc = [0f32; 16];
+        let mut corr = [0f32; 16];
+        for (i, b) in w.iter().enumerate() {
+            let dx = x.scales[i];
+            let sx = (x.sums[i][0] + x.sums[i][1]) as f32;
+            for j in 0..16 {
+                let [lo, hi] = pair_dots(&b.qs, j, &x.qs[i]);
+                acc[j] = (b.s0[j] * dx).mul_add(lo as f32, acc[j]);
+                acc[j] = (b.s1[j] * dx).mul_add(hi as f32, acc[j]);
+                corr[j] = (b.m[j] * dx).mul_add(sx, corr[j]);
+            }
+        }
+        std::array::from_fn(|j| acc[j] - corr[j])
+    }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn vnni<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR] {
+        vnni::k(w, xs)
+    }
+}
+
+/// The pair kernels in 512-bit registers: per block the eight registers of
+/// four columns × sixteen rows are loaded once for all `XR` activation rows
+/// (made unsigned again for `vpdpbusd`, whose sums start from `-128 · Σx` as
+/// [`crate::q8`]'s do), then each row takes its groups' f32 operations.
+#[cfg(target_arch = "x86_64")]
+mod vnni {
+    use super::{PairK, PairQ8};
+    use crate::q8::Q8Row;
+    use std::arch::x86_64::*;
+
+    /// A block's values, unsigned (`q + 128`), four columns a register.
+    #[inline(always)]
+    unsafe fn load(qs: &[i8; 512]) -> [__m512i; 8] {
+        let flip = _mm512_set1_epi8(0x80u8 as i8);
+        std::array::from_fn(|g| {
+            _mm512_xor_si512(_mm512_load_si512(qs.as_ptr().add(64 * g) as *const _), flip)
+        })
+    }
+
+    /// The exact integer dots of sixteen rows with one activation block,
+    /// over columns 0..16 and 16..32.
+    #[inline(always)]
+    unsafe fn dots(q: &[__m512i; 8], x: &[i8; 32], s: [i32; 2]) -> (__m512i, __m512i) {
+        let group4 = |g: usize| {
+            _mm512_set1_epi32(std::ptr::read_unaligned(x.as_ptr().add(4 * g) as *const i32))
+        };
+        let mut lo = _mm512_set1_epi32(-128 * s[0]);
+        let mut hi = _mm512_set1_epi32(-128 * s[1]);
+        for g in 0..4 {
+            lo = _mm512_dpbusd_epi32(lo, q[g], group4(g));
+            hi = _mm512_dpbusd_epi32(hi, q[g + 4], group4(g + 4));
+        }
+        (lo, hi)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn q8<const XR: usize>(w: &[PairQ8], x: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR] {
+        let mut acc = [_mm512_setzero_ps(); XR];
+        for (i, b) in w.iter().enumerate() {
+            crate::q8::prefetch_ahead(b);
+            let dw = _mm512_load_ps(b.d.as_ptr());
+            let q = load(&b.qs);
+            for (a, xr) in acc.iter_mut().zip(x) {
+                let (lo, hi) = dots(&q, xr.qs.get_unchecked(i), *xr.sums.get_unchecked(i));
+                let s = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi));
+                let d = _mm512_mul_ps(dw, _mm512_set1_ps(*xr.scales.get_unchecked(i)));
+                *a = _mm512_fmadd_ps(d, s, *a);
+            }
+        }
+        acc.map(|a| std::mem::transmute::<__m512, [f32; 16]>(a))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn k<const XR: usize>(w: &[PairK], x: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR] {
+        let mut acc = [_mm512_setzero_ps(); XR];
+        let mut corr = [_mm512_setzero_ps(); XR];
+        for (i, b) in w.iter().enumerate() {
+            crate::q8::prefetch_ahead(b);
+            let s0 = _mm512_load_ps(b.s0.as_ptr());
+            let s1 = _mm512_load_ps(b.s1.as_ptr());
+            let m = _mm512_load_ps(b.m.as_ptr());
+            let q = load(&b.qs);
+            for r in 0..XR {
+                let xr = x.get_unchecked(r);
+                let s = *xr.sums.get_unchecked(i);
+                let (lo, hi) = dots(&q, xr.qs.get_unchecked(i), s);
+                let dx = _mm512_set1_ps(*xr.scales.get_unchecked(i));
+                let sx = _mm512_set1_ps((s[0] + s[1]) as f32);
+                let a = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(lo), acc[r]);
+                acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx), _mm512_cvtepi32_ps(hi), a);
+                corr[r] = _mm512_fmadd_ps(_mm512_mul_ps(m, dx), sx, corr[r]);
+            }
+        }
+        std::array::from_fn(|r| {
+            std::mem::transmute::<__m512, [f32; 16]>(_mm512_sub_ps(acc[r], corr[r]))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::kq::unpack_k_row;
+    use crate::native::{pack_q4k, pack_q5_0, Stored};
+    use crate::q8::{unpack_q8_row, Activations, Packed};
+    use candle_core::quantized::k_quants::GgmlType;
+
+    fn blocks<T: GgmlType>(v: &[f32]) -> Vec<T> {
+        let mut b: Vec<T> = (0..v.len() / T::BLCK_SIZE).map(|_| T::zeros()).collect();
+        T::from_float(v, &mut b);
+        b
+    }
+
+    /// Every row of every pair (an odd group paired with an empty one)
+    /// dequantizes as its group does, and each kernel gives the groups'
+    /// bits for one, four and eight activation rows.
+    fn agrees<G: Wide + Packed>(
+        groups: &[G],
+        rows: usize,
+        cols: usize,
+        row: fn(&[G], usize, usize, &mut [f32]),
+    ) {
+        let bpr = cols / 32;
+        let mut pairs: Vec<G::Pair> = Vec::new();
+        pair_up(groups, bpr, &mut pairs);
+        assert_eq!(pairs.len(), rows.div_ceil(16) * bpr);
+        let x: Vec<f32> = (0..8 * cols)
+            .map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0)
+            .collect();
+        let acts = Activations::quantize(&x, 8, cols);
+        let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| acts.row(r));
+        for q in 0..rows.div_ceil(16) {
+            let pw = &pairs[q * bpr..(q + 1) * bpr];
+            let eight = G::Pair::group(pw, &xs);
+            let four = G::Pair::group(pw, &[xs[0], xs[1], xs[2], xs[3]]);
+            for (r, &xr) in xs.iter().enumerate() {
+                let one = G::Pair::group(pw, &[xr]);
+                assert_eq!(one[0], eight[r], "pair {q}: one row vs eight");
+                assert_eq!(
+                    G::Pair::scalar(pw, xr),
+                    one[0],
+                    "pair {q}: scalar emulation"
+                );
+                if r < 4 {
+                    assert_eq!(four[r], eight[r], "pair {q}: four rows vs eight");
+                }
+                for h in 0..2 {
+                    let g = 2 * q + h;
+                    if 8 * g >= rows {
+                        continue;
+                    }
+                    let want = G::group(&groups[g * bpr..(g + 1) * bpr], &[xr]);
+                    assert_eq!(eight[r][8 * h..8 * h + 8], want[0], "group {g}");
+                }
+            }
+            for j in 0..16.min(rows - 16 * q) {
+                let (mut got, mut want) = (vec![0f32; cols], vec![0f32; cols]);
+                G::Pair::row(pw, j, &mut got);
+                row(groups, bpr, 16 * q + j, &mut want);
+                assert_eq!(got, want, "row {}", 16 * q + j);
+            }
+        }
+    }
+
+    #[test]
+    fn pairs_read_as_their_groups() {
+        // 40 rows: two pairs and an odd group.
+        let (rows, cols) = (40, 512);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 0.9)
+            .collect();
+        let widen = |packed: Vec<_>| {
+            let mut wide = Vec::new();
+            for g in packed.chunks(cols / 256) {
+                Stored::with_wide(g, |k: &[K8]| wide.extend_from_slice(k));
+            }
+            wide
+        };
+        let k = widen(pack_q4k(&blocks(&w), rows, cols / 256));
+        agrees(&k, rows, cols, unpack_k_row);
+        let mut q8: Vec<Q8x8> = Vec::new();
+        for g in pack_q5_0(&blocks(&w), rows, cols / 32).chunks(cols / 32) {
+            Stored::with_wide(g, |q: &[Q8x8]| q8.extend_from_slice(q));
+        }
+        agrees(&q8, rows, cols, unpack_q8_row);
+    }
+}
