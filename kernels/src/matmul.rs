@@ -12,7 +12,7 @@ use rayon::prelude::*;
 use crate::kq::{unpack_k_row, K8};
 use crate::native::{pack_q4_0, pack_q4k, pack_q5_0, pack_q6k, Q4Kx8, Q4x8, Q5x8, Q6Kx8, Stored};
 use crate::ops::{dots, Bf16, Float};
-use crate::pair::{pair_up, Pair, PairK, PairQ8};
+use crate::pair::{pair_up, pairs_of, Pair, PairK, PairQ8};
 use crate::q8::{pack_q8, unpack_q8_row, Activations, Packed, Q8Blocks, Q8Row, Q8x8};
 
 /// Why a weight matrix could not be built.
@@ -264,8 +264,9 @@ impl Matrix {
     /// holds; other matrices are returned as they are.
     pub fn paired(self) -> Self {
         fn all<P: Pair>(w: &[P::Group], cols: usize) -> Vec<P> {
-            let mut out = Vec::new();
-            pair_up(w, cols / 32, &mut out);
+            let bpr = cols / 32;
+            let mut out = vec![P::ZERO; pairs_of(w.len() / bpr) * bpr];
+            pair_up(w, bpr, &mut out);
             out
         }
         let (rows, cols) = (self.rows, self.cols);
@@ -623,7 +624,11 @@ fn matmul_packed<S: Stored>(w: &[S], rows: usize, cols: usize, x: &[f32], n: usi
                 S::with_wide(&w[c0 * bpr..c1 * bpr], |wide| {
                     let done = if amx {
                         <S::Wide as Packed>::Pair::buffer().with_borrow_mut(|p| {
-                            p.clear();
+                            let need = pairs_of(c1 - c0) * wbpr;
+                            if p.len() < need {
+                                p.resize(need, Pair::ZERO);
+                            }
+                            let p = &mut p[..need];
                             pair_up(wide, wbpr, p);
                             crate::q8::tiles_amx(p, wbpr, &acts, 0..n, X_SLICE, |b, q, v| {
                                 write_tile(out, rows, b, c0 + 2 * q, v)

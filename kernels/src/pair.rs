@@ -39,10 +39,10 @@ pub struct PairK {
     pub(crate) m: [f32; 16],
 }
 
-/// The two groups' values, signed again (`q + 128` back to `q`).
-fn pair_qs(a: &[u8; 256], b: &[u8; 256]) -> [i8; 512] {
-    let mut qs = [0i8; 512];
-    for (g, row) in qs.chunks_exact_mut(64).enumerate() {
+/// The two groups' values side by side, signed again (`q + 128` back to
+/// `q`).
+fn pair_qs(out: &mut [i8; 512], a: &[u8; 256], b: &[u8; 256]) {
+    for (g, row) in out.chunks_exact_mut(64).enumerate() {
         let (lo, hi) = row.split_at_mut(32);
         for (o, &q) in lo.iter_mut().zip(&a[32 * g..32 * g + 32]) {
             *o = (q ^ 0x80) as i8;
@@ -51,11 +51,11 @@ fn pair_qs(a: &[u8; 256], b: &[u8; 256]) -> [i8; 512] {
             *o = (q ^ 0x80) as i8;
         }
     }
-    qs
 }
 
-fn pair_f32(a: &[f32; 8], b: &[f32; 8]) -> [f32; 16] {
-    std::array::from_fn(|j| if j < 8 { a[j] } else { b[j - 8] })
+fn pair_f32(out: &mut [f32; 16], a: &[f32; 8], b: &[f32; 8]) {
+    out[..8].copy_from_slice(a);
+    out[8..].copy_from_slice(b);
 }
 
 /// Position of row `j` (`8 h + k`), column `c` of a pair block.
@@ -77,8 +77,16 @@ fn pair_dots(qs: &[i8; 512], j: usize, x: &[i8; 32]) -> [i32; 2] {
 pub trait Pair: Copy + Send + Sync + 'static + Tiled {
     /// The layout of one group of eight rows.
     type Group: Wide;
-    /// Groups `a` and `b` side by side.
-    fn new(a: &Self::Group, b: &Self::Group) -> Self;
+    /// A pair of zeros (buffer fill).
+    const ZERO: Self;
+    /// Makes `self` groups `a` and `b` side by side, one element at a time.
+    fn set_scalar(&mut self, a: &Self::Group, b: &Self::Group);
+    /// The same bytes as [`Pair::set_scalar`], in registers.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F and F16C.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn set_avx512(&mut self, a: &Self::Group, b: &Self::Group);
     /// This thread's buffer for pairs made per product.
     fn buffer() -> &'static LocalKey<RefCell<Vec<Self>>>;
     /// Dequantizes row `j` (`0..16`) of a pair's blocks into `out`, with the
@@ -119,19 +127,68 @@ pub trait Tiled {}
 #[cfg(not(target_arch = "x86_64"))]
 impl<T> Tiled for T {}
 
-/// Appends the pairs of `groups` (groups of `bpr` blocks, group after
-/// group) to `out`, pair after pair and block by block; an odd last group
-/// is paired with an empty one.
-pub fn pair_up<P: Pair>(groups: &[P::Group], bpr: usize, out: &mut Vec<P>) {
+/// Pairs of `groups` groups (an odd last group is paired with an empty one).
+pub fn pairs_of(groups: usize) -> usize {
+    groups.div_ceil(2)
+}
+
+/// Writes the pairs of `groups` (groups of `bpr` blocks, group after group)
+/// to `out`, pair after pair and block by block; `out` holds exactly their
+/// blocks. An odd last group is paired with an empty one.
+pub fn pair_up<P: Pair>(groups: &[P::Group], bpr: usize, out: &mut [P]) {
     let n = groups.len() / bpr.max(1);
-    out.reserve(n.div_ceil(2) * bpr);
-    for q in 0..n.div_ceil(2) {
+    assert_eq!(out.len(), pairs_of(n) * bpr, "blocks of the pairs");
+    #[cfg(target_arch = "x86_64")]
+    let fast = crate::ops::avx512() && is_x86_feature_detected!("f16c");
+    let empty = <P::Group as Wide>::EMPTY;
+    for (q, pq) in out.chunks_exact_mut(bpr.max(1)).enumerate() {
         let a = &groups[2 * q * bpr..(2 * q + 1) * bpr];
-        match groups.get((2 * q + 1) * bpr..(2 * q + 2) * bpr) {
-            Some(b) => out.extend(a.iter().zip(b).map(|(a, b)| P::new(a, b))),
-            None => out.extend(a.iter().map(|a| P::new(a, &<P::Group as Wide>::EMPTY))),
+        let b = groups.get((2 * q + 1) * bpr..(2 * q + 2) * bpr);
+        for (i, (o, a)) in pq.iter_mut().zip(a).enumerate() {
+            let b = b.map_or(&empty, |b| &b[i]);
+            #[cfg(target_arch = "x86_64")]
+            if fast {
+                // SAFETY: AVX-512F and F16C were detected.
+                unsafe { o.set_avx512(a, b) };
+                continue;
+            }
+            o.set_scalar(a, b);
         }
     }
+}
+
+/// The two groups' values side by side, signed again (`q + 128` back to
+/// `q`), in registers.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pair_qs_avx512(out: &mut [i8; 512], a: &[u8; 256], b: &[u8; 256]) {
+    use std::arch::x86_64::*;
+    let flip = _mm512_set1_epi8(0x80u8 as i8);
+    for g in 0..8 {
+        let lo = _mm256_loadu_si256(a.as_ptr().add(32 * g) as *const __m256i);
+        let hi = _mm256_loadu_si256(b.as_ptr().add(32 * g) as *const __m256i);
+        let both = _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi);
+        _mm512_storeu_si512(
+            out.as_mut_ptr().add(64 * g) as *mut _,
+            _mm512_xor_si512(both, flip),
+        );
+    }
+}
+
+/// Eight f32 of `a` then eight of `b`, in registers.
+///
+/// # Safety
+/// The CPU has AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn pair_f32_avx512(out: &mut [f32; 16], a: &[f32; 8], b: &[f32; 8]) {
+    use std::arch::x86_64::*;
+    let (lo, hi) = (_mm256_loadu_ps(a.as_ptr()), _mm256_loadu_ps(b.as_ptr()));
+    let both = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(lo), hi);
+    _mm512_storeu_ps(out.as_mut_ptr(), both);
 }
 
 thread_local! {
@@ -141,11 +198,24 @@ thread_local! {
 
 impl Pair for PairQ8 {
     type Group = Q8x8;
-    fn new(a: &Q8x8, b: &Q8x8) -> Self {
-        PairQ8 {
-            qs: pair_qs(&a.qs, &b.qs),
-            d: std::array::from_fn(|j| if j < 8 { a.d[j] } else { b.d[j - 8] }.to_f32()),
+    const ZERO: Self = PairQ8 {
+        qs: [0; 512],
+        d: [0.0; 16],
+    };
+    fn set_scalar(&mut self, a: &Q8x8, b: &Q8x8) {
+        pair_qs(&mut self.qs, &a.qs, &b.qs);
+        for (j, d) in self.d.iter_mut().enumerate() {
+            *d = if j < 8 { a.d[j] } else { b.d[j - 8] }.to_f32();
         }
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,f16c")]
+    unsafe fn set_avx512(&mut self, a: &Q8x8, b: &Q8x8) {
+        use std::arch::x86_64::*;
+        pair_qs_avx512(&mut self.qs, &a.qs, &b.qs);
+        let half = |d: &[half::f16; 8]| _mm256_cvtph_ps(_mm_loadu_si128(d.as_ptr() as *const _));
+        let both = _mm512_insertf32x8::<1>(_mm512_castps256_ps512(half(&a.d)), half(&b.d));
+        _mm512_storeu_ps(self.d.as_mut_ptr(), both);
     }
     fn buffer() -> &'static LocalKey<RefCell<Vec<Self>>> {
         &Q8_PAIRS
@@ -176,13 +246,25 @@ impl Pair for PairQ8 {
 
 impl Pair for PairK {
     type Group = K8;
-    fn new(a: &K8, b: &K8) -> Self {
-        PairK {
-            qs: pair_qs(&a.qs, &b.qs),
-            s0: pair_f32(&a.s0, &b.s0),
-            s1: pair_f32(&a.s1, &b.s1),
-            m: pair_f32(&a.m, &b.m),
-        }
+    const ZERO: Self = PairK {
+        qs: [0; 512],
+        s0: [0.0; 16],
+        s1: [0.0; 16],
+        m: [0.0; 16],
+    };
+    fn set_scalar(&mut self, a: &K8, b: &K8) {
+        pair_qs(&mut self.qs, &a.qs, &b.qs);
+        pair_f32(&mut self.s0, &a.s0, &b.s0);
+        pair_f32(&mut self.s1, &a.s1, &b.s1);
+        pair_f32(&mut self.m, &a.m, &b.m);
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f,f16c")]
+    unsafe fn set_avx512(&mut self, a: &K8, b: &K8) {
+        pair_qs_avx512(&mut self.qs, &a.qs, &b.qs);
+        pair_f32_avx512(&mut self.s0, &a.s0, &b.s0);
+        pair_f32_avx512(&mut self.s1, &a.s1, &b.s1);
+        pair_f32_avx512(&mut self.m, &a.m, &b.m);
     }
     fn buffer() -> &'static LocalKey<RefCell<Vec<Self>>> {
         &K_PAIRS
@@ -319,9 +401,25 @@ mod tests {
         row: fn(&[G], usize, usize, &mut [f32]),
     ) {
         let bpr = cols / 32;
-        let mut pairs: Vec<G::Pair> = Vec::new();
+        let mut pairs = vec![G::Pair::ZERO; pairs_of(rows.div_ceil(8)) * bpr];
         pair_up(groups, bpr, &mut pairs);
-        assert_eq!(pairs.len(), rows.div_ceil(16) * bpr);
+        let mut scalar = vec![G::Pair::ZERO; pairs.len()];
+        let empty = G::EMPTY;
+        for (q, pq) in scalar.chunks_exact_mut(bpr).enumerate() {
+            for (i, o) in pq.iter_mut().enumerate() {
+                let b = groups.get((2 * q + 1) * bpr + i).unwrap_or(&empty);
+                o.set_scalar(&groups[2 * q * bpr + i], b);
+            }
+        }
+        let bytes = |p: &[G::Pair]| {
+            // SAFETY: pairs are plain data (bytes, f32) with no padding.
+            unsafe { std::slice::from_raw_parts(p.as_ptr() as *const u8, std::mem::size_of_val(p)) }
+                .to_vec()
+        };
+        assert!(
+            bytes(&pairs) == bytes(&scalar),
+            "pairs made in registers and one element at a time"
+        );
         let x: Vec<f32> = (0..8 * cols)
             .map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0)
             .collect();
