@@ -310,8 +310,10 @@ macro_rules! each_row {
 /// those sums are then stored well before they are loaded.
 const AHEAD: usize = 3;
 
-/// Runs the tiles of block `i` (`even`/`odd` by parity, into sum buffer
-/// `i % (AHEAD + 1)`) [`AHEAD`] blocks before the f32 work `scale(i, sums)`.
+/// Runs the tiles of block `i` of weights `w` (`even`/`odd` by parity, into
+/// sum buffer `i % (AHEAD + 1)`) [`AHEAD`] blocks before the f32 work
+/// `scale(i, sums)`, asking for later blocks' weights as it goes (held at
+/// load, they come from memory, not from a copy in cache).
 macro_rules! pipelined {
     ($w:expr, $bufs:ident, $even:expr, $odd:expr, $scale:expr) => {{
         let n = $w.len();
