@@ -255,35 +255,14 @@ mod wide {
     /// Runs `$f` with the const `$h` set to `$n` heads, eight for more.
     macro_rules! by_heads {
         ($n:expr, $h:ident => $f:expr) => {
+            by_heads!(@ $n, $h, $f; 1 2 3 4 5 6 7)
+        };
+        (@ $n:expr, $h:ident, $f:expr; $($k:literal)*) => {
             match $n {
-                1 => {
-                    const $h: usize = 1;
+                $($k => {
+                    const $h: usize = $k;
                     $f
-                }
-                2 => {
-                    const $h: usize = 2;
-                    $f
-                }
-                3 => {
-                    const $h: usize = 3;
-                    $f
-                }
-                4 => {
-                    const $h: usize = 4;
-                    $f
-                }
-                5 => {
-                    const $h: usize = 5;
-                    $f
-                }
-                6 => {
-                    const $h: usize = 6;
-                    $f
-                }
-                7 => {
-                    const $h: usize = 7;
-                    $f
-                }
+                })*
                 _ => {
                     const $h: usize = 8;
                     $f

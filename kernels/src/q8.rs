@@ -187,9 +187,9 @@ impl Activations {
                     m[i] = [lo, hi];
                 }
             });
-        // What the AMX kernels broadcast (x86-64 only), made with the rows,
-        // not on first use, so no task waits on another for them.
-        let tiles = if cfg!(target_arch = "x86_64") {
+        // What the AMX kernels broadcast, made with the rows (not on first
+        // use, so no task waits on another for them) where they run.
+        let tiles = if amx_tiles() {
             tile_blocks(bpr, &scales, &sums)
         } else {
             Vec::new()
@@ -398,7 +398,9 @@ pub fn tiles_amx<P: crate::pair::Pair>(
     out: impl FnMut(usize, usize, &[[f32; 16]; 16]),
 ) -> usize {
     #[cfg(target_arch = "x86_64")]
-    if crate::amx::available() && rows.len() >= 16 && !pairs.is_empty() {
+    // Activations quantized while the tiles were off carry no tile data;
+    // the vector kernels then take them (the same bits).
+    if crate::amx::available() && rows.len() >= 16 && !pairs.is_empty() && !acts.tiles.is_empty() {
         assert!(
             bpr <= acts.bpr
                 && rows.start.is_multiple_of(16)
