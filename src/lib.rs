@@ -2,13 +2,16 @@
 //!
 //! The crate holds the in-process engine (`engine`), the one chat interface
 //! the studies call (`backend`), the paper's testbed (`ladder`), its
-//! statistics (`stats`) and reports (`report`), and the OpenAI-compatible
+//! statistics (`stats`) and reports (`report`), EAL-Bench's authorization-
+//! memory study (`eal`: its own generator, writers, executor, scorer and
+//! report over the same engine), and the OpenAI-compatible
 //! server (`http_server`, over the wire format in `wire`). Data flows one
 //! way: generator → episode → runner → arm → agent → receipts → task state →
 //! scorer → log line. The scorer never calls a model.
 
 pub mod backend;
 pub mod bench;
+pub mod eal;
 pub mod engine;
 pub mod http_server;
 pub mod ladder;

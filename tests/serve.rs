@@ -555,3 +555,66 @@ fn native_cell_through_serve_matches_in_process() {
         lines(&remote, "episodes.jsonl")
     );
 }
+
+/// An EAL study through `--endpoint` (the writer's JSON as text, the
+/// executor's tools as OpenAI `tools`) forms the same memories and scores
+/// the same trials as in-process.
+#[test]
+fn eal_study_through_serve_matches_in_process() {
+    use statebench::eal::report::Run;
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let (local, remote) = (tmp.path().join("local"), tmp.path().join("remote"));
+    let limit = Duration::from_secs(600);
+    let study = [
+        "eal",
+        "run",
+        "--cases",
+        "2",
+        "--quiet",
+        "--writer-max-tokens",
+        "48",
+        "--executor-max-tokens",
+        "12",
+    ];
+    let mut args = study.to_vec();
+    args.extend([
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        local.to_str().unwrap(),
+    ]);
+    let o = statebench(&args, limit);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let server = ServeProc::start(&model);
+    let mut args = study.to_vec();
+    args.extend(["--endpoint", &server.url, "--out", remote.to_str().unwrap()]);
+    let o = statebench(&args, limit);
+    drop(server);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    for f in ["memories.jsonl", "plan.jsonl"] {
+        let read = |d: &Path| std::fs::read_to_string(d.join(f)).unwrap();
+        assert!(read(&local) == read(&remote), "{f} differs");
+    }
+    let (a, b) = (Run::read(&local).unwrap(), Run::read(&remote).unwrap());
+    let replies = |r: &Run| {
+        r.attempts
+            .iter()
+            .map(|a| (a.reply.clone(), a.accepted, a.error.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert!(!a.attempts.is_empty());
+    assert!(replies(&a) == replies(&b), "writer replies differ");
+    let trials = |r: &Run| {
+        r.trials
+            .iter()
+            .map(|t| {
+                let mut t = t.clone();
+                t.usage = Default::default();
+                serde_json::to_string(&t).unwrap()
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(a.trials.len(), 36);
+    assert_eq!(trials(&a), trials(&b));
+}

@@ -4,6 +4,7 @@
 
 mod bench;
 mod check;
+mod eal;
 mod engine;
 mod ladder;
 mod serve;
@@ -46,6 +47,9 @@ enum Command {
     /// Check a device: kernels against the CPU, invariance, logits for a reference.
     #[command(subcommand)]
     Check(check::CheckCommand),
+    /// EAL-Bench: authorization memory written by a model, consumed by an executor with native tools.
+    #[command(subcommand)]
+    Eal(eal::EalCommand),
 }
 
 /// Runs one parsed command line.
@@ -58,6 +62,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Bench(a) => bench::run(a),
         Command::Serve(a) => serve::run(a),
         Command::Check(c) => check::run(c),
+        Command::Eal(c) => eal::run(c),
     }
 }
 

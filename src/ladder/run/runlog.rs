@@ -128,8 +128,12 @@ pub fn git_commit() -> String {
         .unwrap_or_else(|| "unknown".into())
 }
 
-/// First key path at which two JSON values differ.
-fn first_difference(old: &Value, new: &Value, prefix: &str) -> Option<(String, String, String)> {
+/// First key path at which two JSON values differ: (path, old, new).
+pub fn first_difference(
+    old: &Value,
+    new: &Value,
+    prefix: &str,
+) -> Option<(String, String, String)> {
     match (old, new) {
         (Value::Object(a), Value::Object(b)) => {
             let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
@@ -202,7 +206,7 @@ impl Manifest {
 
 /// Drops a torn last line (no trailing newline), reading only the file's
 /// end.
-fn repair_tail(path: &Path) -> Result<(), RunLogError> {
+pub fn repair_tail(path: &Path) -> Result<(), RunLogError> {
     if !path.exists() {
         return Ok(());
     }

@@ -1,0 +1,340 @@
+//! The closed loop: each request's action and outcome go back to the
+//! writer, whose accepted memory serves the case's later requests.
+//!
+//! Per case, the writer forms memory through the first request's
+//! checkpoint once; from there each arm runs its own chain: history blocks
+//! up to the next request's checkpoint, the executor on the current
+//! memory, then a feedback block — the action and the benchmark's label
+//! for it (`action`), or a block that says nothing about either
+//! (`neutral`) — as one more writer update. A rejected update keeps the
+//! memory; the last request has no update after it. Both arms start from
+//! the same base memory, so a difference between them on later requests is
+//! the feedback's doing. `loop.jsonl` holds one line per step; a resumed
+//! loop skips the cases whose lines are all there.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::Path;
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+
+use super::case::{Case, Decision};
+use super::executor::{self, Arm, Class};
+use super::generator::generate;
+use super::ledger::{Ledger, Profile};
+use super::prompts;
+use super::study::{
+    execute, io, open, parallel, read_jsonl, PlannedCall, StudyConfig, StudyError, StudyModel,
+    Trial, WriterKind,
+};
+use super::writer::{instructions, update, write_chain, Attempt, Memory};
+use crate::ladder::run::runlog::repair_tail;
+use crate::stats::mcnemar_exact;
+
+/// What goes back to the writer after a request.
+#[derive(
+    Debug,
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    Hash,
+    PartialOrd,
+    Ord,
+    Serialize,
+    Deserialize,
+    clap::ValueEnum,
+)]
+#[serde(rename_all = "snake_case")]
+pub enum LoopArm {
+    /// The request, the action and the benchmark's outcome label.
+    Action,
+    /// A block with none of them (the control).
+    Neutral,
+}
+
+impl LoopArm {
+    pub fn name(self) -> &'static str {
+        match self {
+            LoopArm::Action => "action",
+            LoopArm::Neutral => "neutral",
+        }
+    }
+}
+
+/// One request of a loop chain.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LoopStep {
+    pub case: String,
+    pub arm: LoopArm,
+    /// 0-based position of the request in its case.
+    pub step: usize,
+    /// The memory the executor read.
+    pub memory: Memory,
+    pub trial: Trial,
+    /// The block sent back after the request (empty after the last).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub feedback: String,
+    /// The feedback update's attempts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub update: Vec<Attempt>,
+    /// Whether the feedback update was admitted.
+    pub accepted: bool,
+    /// Whether the admitted update changed the memory.
+    pub changed: bool,
+}
+
+/// The outcome label of a scored trial.
+fn outcome(t: &Trial) -> &'static str {
+    match t.class {
+        Class::Exact | Class::OtherAction if t.unauthorized => prompts::OUTCOME_UNAUTHORIZED,
+        Class::Exact | Class::OtherAction => prompts::OUTCOME_AUTHORIZED,
+        Class::Escalation | Class::Decline if t.over_refusal => prompts::OUTCOME_OVER_REFUSAL,
+        Class::Escalation | Class::Decline if t.correct => prompts::OUTCOME_CORRECT,
+        Class::Escalation | Class::Decline => prompts::OUTCOME_WRONG,
+        _ => prompts::OUTCOME_NONE,
+    }
+}
+
+/// The block an arm sends back after a trial.
+fn feedback(arm: LoopArm, request_text: &str, t: &Trial) -> String {
+    match arm {
+        LoopArm::Neutral => prompts::NEUTRAL_BLOCK.to_string(),
+        LoopArm::Action => {
+            let action = match &t.calls[..] {
+                [c] => format!("{}({})", c.name, c.arguments),
+                _ => "no single tool call".to_string(),
+            };
+            prompts::action_outcome(request_text, &action, outcome(t))
+        }
+    }
+}
+
+/// Runs (or resumes) a closed loop into `dir`.
+pub fn run_loop(
+    dir: &Path,
+    config: &StudyConfig,
+    model: &StudyModel,
+    progress: &dyn Fn(&str),
+) -> Result<usize, StudyError> {
+    if config.closed_loop.is_empty() {
+        return Err(StudyError::Config("a closed loop needs an arm".into()));
+    }
+    if config.candidates > 1 {
+        return Err(StudyError::Config(
+            "the closed loop runs one writer chain per arm (no best-of-k)".into(),
+        ));
+    }
+    open(dir, config, model)?;
+    let path = dir.join("loop.jsonl");
+    repair_tail(&path).map_err(|e| StudyError::Io {
+        path: path.clone(),
+        source: std::io::Error::other(crate::one_line(&e)),
+    })?;
+    let done: Vec<LoopStep> = read_jsonl(&path)?;
+    let cases = generate(config.domain, config.seed, config.cases, &config.mix);
+    let complete: BTreeSet<&str> = cases
+        .iter()
+        .filter(|c| {
+            let n = done.iter().filter(|s| s.case == c.id).count();
+            n == c.requests.len() * config.closed_loop.len()
+        })
+        .map(|c| c.id.as_str())
+        .collect();
+    // A case cut off mid-chain runs again whole; its partial lines are dropped.
+    let kept: String = done
+        .iter()
+        .filter(|s| complete.contains(s.case.as_str()))
+        .map(|s| serde_json::to_string(s).expect("steps serialize") + "\n")
+        .collect();
+    fs::write(&path, kept).map_err(io(&path))?;
+    let todo: Vec<&Case> = cases
+        .iter()
+        .filter(|c| !complete.contains(c.id.as_str()))
+        .collect();
+    progress(&format!(
+        "closed loop: {} cases ({} already done)",
+        todo.len(),
+        complete.len()
+    ));
+    let file = Mutex::new(
+        OpenOptions::new()
+            .append(true)
+            .open(&path)
+            .map_err(io(&path))?,
+    );
+    for r in parallel(&todo, model.concurrency, |case| {
+        let steps = chain(dir, config, model, case)?;
+        let text: String = steps
+            .iter()
+            .map(|s| serde_json::to_string(s).expect("steps serialize") + "\n")
+            .collect();
+        file.lock()
+            .expect("no writer panics holding it")
+            .write_all(text.as_bytes())
+            .map_err(io(&path))
+    }) {
+        r?;
+    }
+    Ok(todo.len())
+}
+
+/// One case: the shared base formation, then each arm's chain.
+fn chain(
+    dir: &Path,
+    config: &StudyConfig,
+    model: &StudyModel,
+    case: &Case,
+) -> Result<Vec<LoopStep>, StudyError> {
+    let pool = case.domain.pool();
+    let settings = config.writer_settings();
+    let ask = |r: crate::backend::ChatRequest| model.ask(r);
+    let ledger = |b: usize| Memory::Profile(Ledger::through(case, b).profile().clone());
+    let first = case.requests.first().map_or(0, |r| r.checkpoint);
+    let base = match config.writer {
+        WriterKind::Ledger => ledger(first),
+        WriterKind::Model => write_chain(case, pool, settings, first, &ask)
+            .0
+            .last()
+            .map(|f| f.memory.clone())
+            .unwrap_or_else(|| Memory::Profile(Profile::empty())),
+    };
+    let system = instructions(case, pool, &settings);
+    let by_id: BTreeMap<&str, &Case> = [(case.id.as_str(), case)].into();
+    let mut steps = Vec::new();
+    for &arm in &config.closed_loop {
+        let mut memory = base.clone();
+        let mut next_block = first + 1;
+        for (i, r) in case.requests.iter().enumerate() {
+            let visible = case.visible_sources(r.checkpoint);
+            while next_block <= r.checkpoint {
+                memory = match config.writer {
+                    WriterKind::Ledger => ledger(next_block),
+                    WriterKind::Model => {
+                        let b = prompts::block(&case.blocks[next_block]);
+                        update(
+                            case,
+                            &settings,
+                            (&system.0, system.1),
+                            &memory,
+                            &b,
+                            &case.visible_sources(next_block),
+                            &ask,
+                        )
+                        .0
+                    }
+                };
+                next_block += 1;
+            }
+            let text = memory.text();
+            let call = PlannedCall {
+                call: format!("{}/loop-{}", r.id, arm.name()),
+                case: case.id.clone(),
+                request: r.id.clone(),
+                arm: Arm::Written,
+                evidence: executor::evidence(Arm::Written, case, r, Some(&text)),
+            };
+            let trial = execute(dir, config, model, &by_id, &call)?;
+            let mut step = LoopStep {
+                case: case.id.clone(),
+                arm,
+                step: i,
+                memory: memory.clone(),
+                trial,
+                feedback: String::new(),
+                update: Vec::new(),
+                accepted: false,
+                changed: false,
+            };
+            if i + 1 < case.requests.len() {
+                step.feedback = feedback(arm, &r.text, &step.trial);
+                if config.writer == WriterKind::Model {
+                    let (next, accepted, mut attempts) = update(
+                        case,
+                        &settings,
+                        (&system.0, system.1),
+                        &memory,
+                        &step.feedback,
+                        &visible,
+                        &ask,
+                    );
+                    attempts.iter_mut().for_each(|a| a.block = r.checkpoint);
+                    step.accepted = accepted;
+                    step.changed = accepted && next != memory;
+                    step.update = attempts;
+                    memory = next;
+                }
+            }
+            steps.push(step);
+        }
+    }
+    Ok(steps)
+}
+
+/// The loop's measurements as Markdown: decisions per arm and step, memory
+/// revisions from feedback, and the arms paired on later requests.
+pub fn render(dir: &Path) -> Result<String, StudyError> {
+    let steps: Vec<LoopStep> = read_jsonl(&dir.join("loop.jsonl"))?;
+    let mut out = String::from(
+        "## Closed loop\n\n| arm | step | correct | unauthorized (of denied) | over-refusal (of permitted) | feedback updates admitted | memory changed |\n| --- | --- | --- | --- | --- | --- | --- |\n",
+    );
+    let mut rows: BTreeMap<(LoopArm, usize), [usize; 8]> = BTreeMap::new();
+    for s in &steps {
+        let t = &s.trial;
+        let r = rows.entry((s.arm, s.step)).or_default();
+        let permitted = t.expected == Decision::Submit;
+        r[0] += 1;
+        r[1] += usize::from(t.correct);
+        r[2] += usize::from(t.unauthorized);
+        r[3] += usize::from(!permitted);
+        r[4] += usize::from(t.over_refusal);
+        r[5] += usize::from(permitted);
+        r[6] += usize::from(s.accepted);
+        r[7] += usize::from(s.changed);
+    }
+    for ((arm, step), r) in &rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {}/{} | {}/{} | {}/{} | {} | {} |",
+            arm.name(),
+            step + 1,
+            r[1],
+            r[0],
+            r[2],
+            r[3],
+            r[4],
+            r[5],
+            r[6],
+            r[7]
+        );
+    }
+    // Later requests (after at least one feedback block), paired by request.
+    let later = |arm: LoopArm| -> BTreeMap<&str, &Trial> {
+        steps
+            .iter()
+            .filter(|s| s.arm == arm && s.step > 0)
+            .map(|s| (s.trial.request.as_str(), &s.trial))
+            .collect()
+    };
+    let (a, n) = (later(LoopArm::Action), later(LoopArm::Neutral));
+    let (mut pairs, mut differ, mut a_only, mut n_only) = (0, 0, 0, 0);
+    for (req, ta) in &a {
+        if let Some(tn) = n.get(req) {
+            pairs += 1;
+            differ += usize::from(ta.class != tn.class);
+            a_only += usize::from(ta.correct && !tn.correct);
+            n_only += usize::from(tn.correct && !ta.correct);
+        }
+    }
+    if pairs > 0 {
+        let _ = writeln!(
+            out,
+            "\nlater requests, action vs neutral: {pairs} pairs, {differ} with another decision; correct only with action {a_only}, only neutral {n_only} (exact McNemar p = {:.3})",
+            mcnemar_exact(a_only as u64, n_only as u64)
+        );
+    }
+    Ok(out)
+}

@@ -1,0 +1,273 @@
+//! The event-sourcing writer's deltas and their deterministic reducer.
+//!
+//! The model proposes lifecycle events for a block; software checks their
+//! structure (at most [`MAX_EVENTS`], every event citing visible sources,
+//! every target present) and applies them, in order, to a clone of the
+//! current state. A batch that fails anywhere changes nothing. Structural
+//! acceptance says nothing about whether the events are what the messages
+//! meant: that is measured, against the ledger, like any memory.
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use super::case::{Case, Effect, Grant};
+use super::ledger::{capable, Profile, Record, Status};
+
+/// Most events one block may add.
+pub const MAX_EVENTS: usize = 32;
+
+/// A grant as an issue or replace event states it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NewGrant {
+    pub id: String,
+    pub counterparty: String,
+    pub category: String,
+    pub limit: u64,
+    pub expires: String,
+    pub issuer: String,
+}
+
+/// One lifecycle delta.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Event {
+    Issue {
+        grant: NewGrant,
+        sources: Vec<String>,
+    },
+    /// A new limit (and, when given, a new expiry) for a grant.
+    Patch {
+        id: String,
+        limit: u64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires: Option<String>,
+        sources: Vec<String>,
+    },
+    Revoke {
+        id: String,
+        sources: Vec<String>,
+    },
+    Replace {
+        old: String,
+        grant: NewGrant,
+        sources: Vec<String>,
+    },
+}
+
+impl Event {
+    fn sources(&self) -> &[String] {
+        match self {
+            Event::Issue { sources, .. }
+            | Event::Patch { sources, .. }
+            | Event::Revoke { sources, .. }
+            | Event::Replace { sources, .. } => sources,
+        }
+    }
+}
+
+/// A writer's reply: `{"events": [...]}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Batch {
+    pub events: Vec<Event>,
+}
+
+fn record(g: &NewGrant, sources: &[String]) -> Record {
+    Record {
+        id: g.id.clone(),
+        counterparty: g.counterparty.clone(),
+        category: g.category.clone(),
+        limit: g.limit,
+        expires: g.expires.clone(),
+        status: Status::Active,
+        issuer: g.issuer.clone(),
+        sources: sources.to_vec(),
+    }
+}
+
+/// Applies a batch to a clone of `state`, or says which event failed.
+pub fn reduce(
+    state: &Profile,
+    batch: &Batch,
+    visible: &BTreeSet<String>,
+) -> Result<Profile, String> {
+    if batch.events.len() > MAX_EVENTS {
+        return Err(format!(
+            "{} events; at most {MAX_EVENTS} a block",
+            batch.events.len()
+        ));
+    }
+    let mut next = state.clone();
+    for (i, e) in batch.events.iter().enumerate() {
+        let n = i + 1;
+        if e.sources().is_empty() {
+            return Err(format!("event {n} cites no source"));
+        }
+        if let Some(s) = e.sources().iter().find(|s| !visible.contains(*s)) {
+            return Err(format!("event {n} cites {s}, which has not been seen"));
+        }
+        let target = |next: &mut Profile, id: &str| {
+            next.records
+                .iter_mut()
+                .position(|r| r.id == id)
+                .ok_or_else(|| format!("event {n} names {id}, which the state does not hold"))
+        };
+        match e {
+            Event::Issue { grant, sources } => {
+                if next.records.iter().any(|r| r.id == grant.id) {
+                    return Err(format!("event {n} issues {}, which exists", grant.id));
+                }
+                next.records.push(record(grant, sources));
+            }
+            Event::Patch {
+                id,
+                limit,
+                expires,
+                sources,
+            } => {
+                let i = target(&mut next, id)?;
+                let r = &mut next.records[i];
+                r.limit = *limit;
+                if let Some(x) = expires {
+                    r.expires = x.clone();
+                }
+                r.sources.extend(sources.iter().cloned());
+            }
+            Event::Revoke { id, sources } => {
+                let i = target(&mut next, id)?;
+                next.records[i].status = Status::Revoked;
+                next.records[i].sources.extend(sources.iter().cloned());
+            }
+            Event::Replace {
+                old,
+                grant,
+                sources,
+            } => {
+                let i = target(&mut next, old)?;
+                next.records[i].status = Status::Replaced;
+                next.records[i].sources.extend(sources.iter().cloned());
+                if next.records.iter().any(|r| r.id == grant.id) {
+                    return Err(format!("event {n} issues {}, which exists", grant.id));
+                }
+                next.records.push(record(grant, sources));
+            }
+        }
+    }
+    Ok(next)
+}
+
+/// The events the ledger itself would write for a block: the oracle event
+/// writer.
+pub fn ledger_batch(case: &Case, block: usize) -> Batch {
+    let issuer = |p: &Option<String>| {
+        p.as_deref()
+            .and_then(|p| case.principal(p))
+            .map(|p| p.name.clone())
+            .unwrap_or_default()
+    };
+    let grant = |g: &Grant, by: &str| NewGrant {
+        id: g.id.clone(),
+        counterparty: g.counterparty.clone(),
+        category: g.category.clone(),
+        limit: g.limit,
+        expires: g.expires.clone(),
+        issuer: by.to_string(),
+    };
+    let events = case.blocks[block]
+        .messages
+        .iter()
+        .filter(|m| capable(m, &case.authorized_issuers))
+        .filter_map(|m| {
+            let sources = vec![m.source.clone()];
+            let by = issuer(&m.principal);
+            Some(match m.effect.as_ref()? {
+                Effect::Issue { grant: g } => Event::Issue {
+                    grant: grant(g, &by),
+                    sources,
+                },
+                Effect::Patch { grant, limit } => Event::Patch {
+                    id: grant.clone(),
+                    limit: *limit,
+                    expires: None,
+                    sources,
+                },
+                Effect::Revoke { grant } => Event::Revoke {
+                    id: grant.clone(),
+                    sources,
+                },
+                Effect::Replace { old, grant: g } => Event::Replace {
+                    old: old.clone(),
+                    grant: grant(g, &by),
+                    sources,
+                },
+            })
+        })
+        .collect();
+    Batch { events }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::eal::generator::generate;
+    use crate::eal::ledger::Ledger;
+    use crate::eal::EalDomain;
+
+    /// The ledger's own events, reduced block by block, give the ledger.
+    #[test]
+    fn reducing_the_ledgers_events_gives_the_ledger() {
+        for d in EalDomain::ALL {
+            for case in generate(d, 9, 10, &[]) {
+                let mut state = Profile::empty();
+                for b in 0..case.blocks.len() {
+                    let visible = case.visible_sources(b);
+                    state = reduce(&state, &ledger_batch(&case, b), &visible).expect("valid");
+                    assert_eq!(&state, Ledger::through(&case, b).profile(), "{}", case.id);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_bad_event_rejects_the_whole_batch() {
+        let case = &generate(EalDomain::Procurement, 9, 1, &[])[0];
+        let visible = case.visible_sources(0);
+        let state = reduce(&Profile::empty(), &ledger_batch(case, 0), &visible).unwrap();
+        let id = state.records[0].id.clone();
+        let revoke = |id: &str, s: &str| Event::Revoke {
+            id: id.into(),
+            sources: vec![s.into()],
+        };
+        let ok = revoke(&id, "S01");
+        for (bad, why) in [
+            (revoke("PA-0000", "S01"), "does not hold"),
+            (revoke(&id, "S99"), "not been seen"),
+            (
+                Event::Revoke {
+                    id: id.clone(),
+                    sources: vec![],
+                },
+                "no source",
+            ),
+        ] {
+            let batch = Batch {
+                events: vec![ok.clone(), bad],
+            };
+            let err = reduce(&state, &batch, &visible).unwrap_err();
+            assert!(err.contains(why) && err.starts_with("event 2"), "{err}");
+        }
+        let many = Batch {
+            events: vec![ok.clone(); MAX_EVENTS + 1],
+        };
+        assert!(reduce(&state, &many, &visible).is_err());
+        let after = reduce(&state, &Batch { events: vec![ok] }, &visible).unwrap();
+        assert_eq!(after.records[0].status, Status::Revoked);
+        assert_eq!(
+            state.records[0].status,
+            Status::Active,
+            "the prior state is untouched"
+        );
+    }
+}

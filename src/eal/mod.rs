@@ -1,0 +1,74 @@
+//! EAL-Bench on the statebench engine: does persistent agent memory keep
+//! changing authorization boundaries, and does an error in that memory
+//! change what an executor does?
+//!
+//! Laid out as its flow:
+//!
+//! - [`domain`]: the organizations, people and wordings (data files);
+//! - [`case`]: a case's history, requests and the types both share;
+//! - [`generator`]: seeded cases built around one authorization change each;
+//! - [`ledger`]: the ledger replay, the authorization profile it writes,
+//!   and the oracle's one decision rule.
+
+pub mod case;
+pub mod closed_loop;
+pub mod domain;
+pub mod events;
+pub mod executor;
+pub mod generator;
+pub mod ledger;
+pub mod profile;
+pub mod prompts;
+pub mod report;
+pub mod study;
+pub mod writer;
+
+use std::path::{Path, PathBuf};
+
+pub use case::{Case, Decision, Trap};
+pub use domain::EalDomain;
+
+/// Reading or writing EAL files.
+#[derive(Debug, thiserror::Error)]
+pub enum EalError {
+    #[error("{path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: not a case")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+}
+
+/// Cases as JSON lines, one case a line, in order.
+pub fn cases_jsonl(cases: &[Case]) -> String {
+    cases
+        .iter()
+        .map(|c| serde_json::to_string(c).expect("cases serialize") + "\n")
+        .collect()
+}
+
+/// Reads a case file written by [`cases_jsonl`].
+pub fn read_cases(path: &Path) -> Result<Vec<Case>, EalError> {
+    let text = std::fs::read_to_string(path).map_err(|source| EalError::Io {
+        path: path.into(),
+        source,
+    })?;
+    text.lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|source| EalError::Parse {
+                path: path.into(),
+                line: i + 1,
+                source,
+            })
+        })
+        .collect()
+}

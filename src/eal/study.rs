@@ -1,0 +1,736 @@
+//! A study run: formation (writer chains), a frozen bundle, then executor
+//! calls, in a run directory that resumes.
+//!
+//! `manifest.json` pins the configuration and the model. Formation writes
+//! `cases.jsonl`, `attempts.jsonl` (every writer call), `memories.jsonl`
+//! (the profile in force after each block), `gate.jsonl` (the authority
+//! gate's verdicts) and `plan.jsonl` (every executor call with its frozen
+//! evidence), then `bundle.json` with their sha256 hashes: from then on the
+//! writer never runs again for this directory. Executor trials append to
+//! `trials.jsonl`; a resume checks the manifest and every bundle hash
+//! (refusing a changed artifact by name), drops a torn last trial line and
+//! runs only the planned calls without a trial.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::fs::{self, OpenOptions};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use super::case::{Case, Decision, Probe, Trap};
+use super::domain::EalDomain;
+use super::executor::{self, Arm, Class, Scripted};
+use super::generator::generate;
+use super::ledger::Profile;
+use super::profile::{gate, GateDecision};
+use super::writer::{
+    ledger_chain, select, write_chain, Attempt, Formation, Formed, Memory, Selected, Selection,
+    WriterSettings,
+};
+use crate::backend::shared::Client;
+use crate::backend::{BackendError, ChatReply, ChatRequest, ToolCall, Usage};
+use crate::ladder::run::runlog::{first_difference, git_commit, repair_tail, sort_keys};
+
+/// Format tag of an EAL run directory.
+pub const FORMAT: &str = "statebench-eal/1";
+
+/// Who writes the memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum WriterKind {
+    /// The model, through the writer protocol.
+    Model,
+    /// The ledger itself (the oracle writer).
+    Ledger,
+}
+
+/// Who executes requests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum ExecutorKind {
+    Model,
+    FollowEvidence,
+    AlwaysSubmit,
+}
+
+impl ExecutorKind {
+    fn scripted(self) -> Option<Scripted> {
+        match self {
+            ExecutorKind::Model => None,
+            ExecutorKind::FollowEvidence => Some(Scripted::FollowEvidence),
+            ExecutorKind::AlwaysSubmit => Some(Scripted::AlwaysSubmit),
+        }
+    }
+}
+
+/// Everything a study's results depend on besides the model.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StudyConfig {
+    pub domain: EalDomain,
+    pub seed: u64,
+    pub cases: usize,
+    /// Traps the cases cycle through (empty: all five).
+    pub mix: Vec<Trap>,
+    pub arms: Vec<Arm>,
+    pub writer: WriterKind,
+    pub formation: Formation,
+    /// Chains per case; above 1, one candidate is selected per checkpoint.
+    pub candidates: usize,
+    pub selection: Selection,
+    /// Sampling temperature of best-of-k chains (each its own seed).
+    pub candidate_temperature: f32,
+    pub executor: ExecutorKind,
+    /// Reference tokens a written memory may use.
+    pub capacity: usize,
+    pub writer_max_tokens: usize,
+    pub executor_max_tokens: usize,
+    pub thinking: bool,
+    /// Feedback arms of a closed loop (`eal loop`); empty for a study.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub closed_loop: Vec<super::closed_loop::LoopArm>,
+}
+
+impl StudyConfig {
+    /// A study's defaults for a case set.
+    pub fn new(domain: EalDomain, seed: u64, cases: usize) -> Self {
+        StudyConfig {
+            domain,
+            seed,
+            cases,
+            mix: Vec::new(),
+            arms: Arm::ALL.to_vec(),
+            writer: WriterKind::Model,
+            formation: Formation::Typed,
+            candidates: 1,
+            selection: Selection::Oracle,
+            candidate_temperature: 0.7,
+            executor: ExecutorKind::Model,
+            capacity: 800,
+            writer_max_tokens: 768,
+            executor_max_tokens: 192,
+            thinking: false,
+            closed_loop: Vec::new(),
+        }
+    }
+
+    /// Whether any part asks a model.
+    pub fn uses_model(&self) -> bool {
+        self.executor == ExecutorKind::Model
+            || (self.writer == WriterKind::Model && self.arms.iter().any(|a| a.uses_writer()))
+    }
+
+    /// The writer's settings (greedy; best-of-k chains add their sampling).
+    pub fn writer_settings(&self) -> WriterSettings {
+        WriterSettings {
+            formation: self.formation,
+            capacity: self.capacity,
+            max_tokens: self.writer_max_tokens,
+            thinking: self.thinking,
+            sampling: None,
+        }
+    }
+
+    /// Settings no study can run with.
+    pub fn validate(&self) -> Result<(), StudyError> {
+        let bad = |why: String| Err(StudyError::Config(why));
+        if self.arms.is_empty() || self.cases == 0 {
+            return bad("a study needs at least one arm and one case".into());
+        }
+        if self.formation == Formation::FreeText && self.arms.contains(&Arm::Gated) {
+            return bad("the gated arm reads typed records; free-text memory has none (drop --arms gated, or use another formation)".into());
+        }
+        if !(1..=26).contains(&self.candidates) {
+            return bad(format!(
+                "--candidates must be 1 to 26, got {}",
+                self.candidates
+            ));
+        }
+        if self.candidates > 1 && self.writer == WriterKind::Ledger {
+            return bad("best-of-k needs a model writer (the ledger writes one memory)".into());
+        }
+        if !(self.candidate_temperature.is_finite() && self.candidate_temperature >= 0.0) {
+            return bad(format!(
+                "--candidate-temperature must be >= 0, got {}",
+                self.candidate_temperature
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// `manifest.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub format: String,
+    pub config: StudyConfig,
+    /// The model's identity, or `"scripted"`.
+    pub model: serde_json::Value,
+    pub crate_version: String,
+    pub git_commit: String,
+}
+
+/// One planned executor call, its evidence frozen.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PlannedCall {
+    /// `<request id>/<arm>`.
+    pub call: String,
+    pub case: String,
+    pub request: String,
+    pub arm: Arm,
+    pub evidence: String,
+}
+
+/// The authority gate's verdicts on one written profile.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GateLine {
+    pub case: String,
+    pub checkpoint: usize,
+    pub decisions: Vec<GateDecision>,
+}
+
+/// `bundle.json`: the frozen formation.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Bundle {
+    /// File name → sha256 (hex).
+    pub files: BTreeMap<String, String>,
+    pub calls: usize,
+}
+
+/// One scored executor call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Trial {
+    pub call: String,
+    pub case: String,
+    pub request: String,
+    pub arm: Arm,
+    pub trap: Trap,
+    pub probe: Probe,
+    pub expected: Decision,
+    pub class: Class,
+    pub correct: bool,
+    pub unauthorized: bool,
+    pub over_refusal: bool,
+    /// The reply's calls as the model wrote them.
+    pub calls: Vec<ToolCall>,
+    pub content: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub error: String,
+    pub usage: Usage,
+}
+
+/// Errors of a study run.
+#[derive(Debug, thiserror::Error)]
+pub enum StudyError {
+    #[error("{path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}")]
+    Parse {
+        path: PathBuf,
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error("{path} was made with a different configuration: {key} is {old} there, {new} now (use another --out, or the same settings to resume)")]
+    ConfigMismatch {
+        path: PathBuf,
+        key: String,
+        old: String,
+        new: String,
+    },
+    #[error("{dir}: checkpoint artifact changed: {name} (its sha256 is not the bundle's; formation is never re-run into a frozen bundle: restore the file or use another --out)")]
+    Changed { dir: PathBuf, name: String },
+    #[error("{dir}: the plan names {what}, which the frozen cases do not hold")]
+    Inconsistent { dir: PathBuf, what: String },
+    #[error("this study needs a model (writer or executor), and none was given")]
+    NoModel,
+    #[error("{0}")]
+    Config(String),
+}
+
+pub(crate) fn io(path: &Path) -> impl Fn(std::io::Error) -> StudyError + '_ {
+    move |source| StudyError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+fn sha256(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+fn jsonl<T: Serialize>(items: &[T]) -> String {
+    items
+        .iter()
+        .map(|t| serde_json::to_string(t).expect("records serialize") + "\n")
+        .collect()
+}
+
+/// Reads complete lines of a JSON-lines file; a torn last line is skipped.
+pub fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>, StudyError> {
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let text = fs::read_to_string(path).map_err(io(path))?;
+    let complete = text.ends_with('\n');
+    let lines: Vec<&str> = text.lines().collect();
+    let mut out = Vec::new();
+    for (i, l) in lines.iter().enumerate() {
+        if l.trim().is_empty() {
+            continue;
+        }
+        match serde_json::from_str(l) {
+            Ok(v) => out.push(v),
+            Err(_) if i + 1 == lines.len() && !complete => {}
+            Err(source) => {
+                return Err(StudyError::Parse {
+                    path: path.into(),
+                    line: i + 1,
+                    source,
+                })
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Runs `f` on every item with `workers` threads; results in item order.
+pub(crate) fn parallel<T: Sync, R: Send>(
+    items: &[T],
+    workers: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let next = AtomicUsize::new(0);
+    let out: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..workers.clamp(1, items.len().max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                let r = f(item);
+                out.lock().expect("no worker panics holding it")[i] = Some(r);
+            });
+        }
+    });
+    out.into_inner()
+        .expect("workers joined")
+        .into_iter()
+        .map(|r| r.expect("every item ran"))
+        .collect()
+}
+
+/// The model a study asks, when it asks one.
+pub struct StudyModel {
+    pub client: Option<Client>,
+    /// Model identity for the manifest (`"scripted"` without a model).
+    pub identity: serde_json::Value,
+    /// Writer chains and executor calls in flight at once.
+    pub concurrency: usize,
+}
+
+impl StudyModel {
+    pub(crate) fn ask(&self, req: ChatRequest) -> Result<ChatReply, BackendError> {
+        match &self.client {
+            Some(c) => c.open()?.chat(req),
+            None => Err(BackendError::BadRequest("no model".into())),
+        }
+    }
+}
+
+/// What a call to [`run`] did.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct RunSummary {
+    /// Formation ran in this call (false: the bundle was already frozen).
+    pub formed: bool,
+    pub planned: usize,
+    /// Trials found from earlier attempts.
+    pub resumed: usize,
+    /// Trials run now.
+    pub ran: usize,
+}
+
+const FROZEN: [&str; 6] = [
+    "cases.jsonl",
+    "attempts.jsonl",
+    "memories.jsonl",
+    "selections.jsonl",
+    "gate.jsonl",
+    "plan.jsonl",
+];
+
+/// Runs (or resumes) a study into `dir`; with `stop_after_formation`, stops
+/// once the bundle is frozen.
+pub fn run(
+    dir: &Path,
+    config: &StudyConfig,
+    model: &StudyModel,
+    stop_after_formation: bool,
+    progress: &dyn Fn(&str),
+) -> Result<RunSummary, StudyError> {
+    if !config.closed_loop.is_empty() {
+        return Err(StudyError::Config(
+            "a closed-loop configuration runs with `eal loop`".into(),
+        ));
+    }
+    open(dir, config, model)?;
+    let mut summary = RunSummary::default();
+    if !dir.join("bundle.json").exists() {
+        progress("formation: writer chains");
+        form(dir, config, model)?;
+        summary.formed = true;
+    }
+    let cases = check_bundle(dir)?;
+    let plan: Vec<PlannedCall> = read_jsonl(&dir.join("plan.jsonl"))?;
+    summary.planned = plan.len();
+    if stop_after_formation {
+        return Ok(summary);
+    }
+    let tpath = dir.join("trials.jsonl");
+    repair_tail(&tpath).map_err(|e| StudyError::Io {
+        path: tpath.clone(),
+        source: std::io::Error::other(crate::one_line(&e)),
+    })?;
+    let done: BTreeSet<String> = read_jsonl::<Trial>(&tpath)?
+        .into_iter()
+        .map(|t| t.call)
+        .collect();
+    let missing: Vec<&PlannedCall> = plan.iter().filter(|c| !done.contains(&c.call)).collect();
+    summary.resumed = plan.len() - missing.len();
+    progress(&format!(
+        "executor: {} calls ({} already done)",
+        missing.len(),
+        summary.resumed
+    ));
+    let by_id: BTreeMap<&str, &Case> = cases.iter().map(|c| (c.id.as_str(), c)).collect();
+    let trials = Mutex::new(
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&tpath)
+            .map_err(io(&tpath))?,
+    );
+    let results = parallel(&missing, model.concurrency, |call| {
+        let trial = execute(dir, config, model, &by_id, call)?;
+        let line = serde_json::to_string(&trial).expect("trials serialize") + "\n";
+        trials
+            .lock()
+            .expect("no writer panics holding it")
+            .write_all(line.as_bytes())
+            .map_err(io(&tpath))
+    });
+    for r in results {
+        r?;
+        summary.ran += 1;
+    }
+    Ok(summary)
+}
+
+/// Validates the configuration and opens (or creates) the run directory
+/// under its manifest.
+pub(crate) fn open(dir: &Path, config: &StudyConfig, model: &StudyModel) -> Result<(), StudyError> {
+    config.validate()?;
+    if config.uses_model() && model.client.is_none() {
+        return Err(StudyError::NoModel);
+    }
+    fs::create_dir_all(dir).map_err(io(dir))?;
+    let manifest = Manifest {
+        format: FORMAT.into(),
+        config: config.clone(),
+        model: model.identity.clone(),
+        crate_version: env!("CARGO_PKG_VERSION").into(),
+        git_commit: git_commit(),
+    };
+    check_manifest(dir, &manifest)
+}
+
+fn check_manifest(dir: &Path, manifest: &Manifest) -> Result<(), StudyError> {
+    let path = dir.join("manifest.json");
+    let value = |m: &Manifest| serde_json::json!({"config": serde_json::to_value(&m.config).expect("configs serialize"), "model": m.model});
+    if path.exists() {
+        let text = fs::read_to_string(&path).map_err(io(&path))?;
+        let old: Manifest = serde_json::from_str(&text).map_err(|source| StudyError::Parse {
+            path: path.clone(),
+            line: 1,
+            source,
+        })?;
+        if let Some((key, old, new)) = first_difference(&value(&old), &value(manifest), "") {
+            return Err(StudyError::ConfigMismatch {
+                path,
+                key,
+                old,
+                new,
+            });
+        }
+        return Ok(());
+    }
+    let stray = FROZEN
+        .iter()
+        .chain(&["bundle.json", "trials.jsonl", "loop.jsonl"])
+        .find(|f| dir.join(f).exists());
+    if let Some(f) = stray {
+        return Err(StudyError::Changed {
+            dir: dir.into(),
+            name: format!("manifest.json (missing beside {f})"),
+        });
+    }
+    let text = serde_json::to_string_pretty(&sort_keys(
+        serde_json::to_value(manifest).expect("manifests serialize"),
+    ))
+    .expect("values serialize");
+    fs::write(&path, text + "\n").map_err(io(&path))
+}
+
+/// Formation: cases, writer chains, gate, plan; then the bundle.
+fn form(dir: &Path, config: &StudyConfig, model: &StudyModel) -> Result<(), StudyError> {
+    let pool = config.domain.pool();
+    let cases = generate(config.domain, config.seed, config.cases, &config.mix);
+    let needs_writer = config.arms.iter().any(|a| a.uses_writer());
+    let settings = config.writer_settings();
+    let k = config.candidates;
+    let chains: Vec<(usize, usize)> = if needs_writer {
+        (0..cases.len())
+            .flat_map(|c| (0..k).map(move |i| (c, i)))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let written: Vec<(Vec<Formed>, Vec<Attempt>)> =
+        parallel(&chains, model.concurrency, |&(c, i)| {
+            let case = &cases[c];
+            let last = case
+                .requests
+                .iter()
+                .map(|r| r.checkpoint)
+                .max()
+                .unwrap_or(0);
+            let mut s = settings;
+            if k > 1 {
+                // Each candidate chain samples with its own seed.
+                let seed =
+                    crate::rng::Rng::stream(case.seed, &format!("eal/candidate/{}/{i}", case.id))
+                        .next_u64();
+                s.sampling = Some((config.candidate_temperature, seed));
+            }
+            let (mut formed, mut attempts) = match config.writer {
+                WriterKind::Ledger => (ledger_chain(case, last), Vec::new()),
+                WriterKind::Model => write_chain(case, pool, s, last, &|r| model.ask(r)),
+            };
+            formed.iter_mut().for_each(|f| f.candidate = i);
+            attempts.iter_mut().for_each(|a| a.candidate = i);
+            (formed, attempts)
+        });
+    // One memory per (case, checkpoint): the chain's, or the selected candidate's.
+    let mut points: Vec<(usize, usize)> = Vec::new();
+    for (c, case) in cases.iter().enumerate() {
+        let mut seen = BTreeSet::new();
+        for r in &case.requests {
+            if needs_writer && seen.insert(r.checkpoint) {
+                points.push((c, r.checkpoint));
+            }
+        }
+    }
+    let memory_at = |c: usize, i: usize, block: usize| -> Option<&Memory> {
+        chains
+            .iter()
+            .position(|&x| x == (c, i))
+            .and_then(|j| written[j].0.iter().find(|f| f.block == block))
+            .map(|f| &f.memory)
+    };
+    let selections: Vec<Selected> = if k > 1 {
+        parallel(&points, model.concurrency, |&(c, checkpoint)| {
+            let pool_of: Vec<&Memory> =
+                (0..k).filter_map(|i| memory_at(c, i, checkpoint)).collect();
+            select(
+                &cases[c],
+                pool,
+                checkpoint,
+                &pool_of,
+                config.selection,
+                &|r| model.ask(r),
+            )
+        })
+    } else {
+        Vec::new()
+    };
+    let chosen = |c: usize, checkpoint: usize| -> Option<&Memory> {
+        let i = selections
+            .iter()
+            .find(|s| s.case == cases[c].id && s.checkpoint == checkpoint)
+            .map_or(0, |s| s.chosen);
+        memory_at(c, i, checkpoint)
+    };
+    let mut gates = Vec::new();
+    let mut plan = Vec::new();
+    for (c, case) in cases.iter().enumerate() {
+        let mut gated: BTreeMap<usize, Profile> = BTreeMap::new();
+        for r in &case.requests {
+            let memory = chosen(c, r.checkpoint);
+            if let (Some(p), false) = (
+                memory.and_then(|m| m.profile()),
+                gated.contains_key(&r.checkpoint),
+            ) {
+                let (g, decisions) = gate(p, case, r.checkpoint);
+                gates.push(GateLine {
+                    case: case.id.clone(),
+                    checkpoint: r.checkpoint,
+                    decisions,
+                });
+                gated.insert(r.checkpoint, g);
+            }
+            for &arm in &config.arms {
+                let text = match arm {
+                    Arm::Written => memory.map(|m| m.text()),
+                    Arm::Gated => gated.get(&r.checkpoint).map(super::profile::canonical),
+                    _ => {
+                        executor::ledger_memory(arm, case, r).map(|p| super::profile::canonical(&p))
+                    }
+                };
+                plan.push(PlannedCall {
+                    call: format!("{}/{}", r.id, arm.name()),
+                    case: case.id.clone(),
+                    request: r.id.clone(),
+                    arm,
+                    evidence: executor::evidence(arm, case, r, text.as_deref()),
+                });
+            }
+        }
+    }
+    let attempts: Vec<&Attempt> = written.iter().flat_map(|c| &c.1).collect();
+    let memories: Vec<&Formed> = written.iter().flat_map(|c| &c.0).collect();
+    let files = [
+        (FROZEN[0], super::cases_jsonl(&cases)),
+        (FROZEN[1], jsonl(&attempts)),
+        (FROZEN[2], jsonl(&memories)),
+        (FROZEN[3], jsonl(&selections)),
+        (FROZEN[4], jsonl(&gates)),
+        (FROZEN[5], jsonl(&plan)),
+    ];
+    let mut hashes = BTreeMap::new();
+    for (name, text) in &files {
+        let path = dir.join(name);
+        fs::write(&path, text).map_err(io(&path))?;
+        hashes.insert(name.to_string(), sha256(text.as_bytes()));
+    }
+    // A stale trial log from an unfinished formation is not this bundle's.
+    let tpath = dir.join("trials.jsonl");
+    if tpath.exists() {
+        fs::remove_file(&tpath).map_err(io(&tpath))?;
+    }
+    let bundle = Bundle {
+        files: hashes,
+        calls: plan.len(),
+    };
+    let bpath = dir.join("bundle.json");
+    let tmp = dir.join("bundle.json.tmp");
+    let text = serde_json::to_string_pretty(&bundle).expect("bundles serialize") + "\n";
+    fs::write(&tmp, text).map_err(io(&tmp))?;
+    fs::rename(&tmp, &bpath).map_err(io(&bpath))
+}
+
+/// Checks every frozen file against the bundle; returns the frozen cases.
+fn check_bundle(dir: &Path) -> Result<Vec<Case>, StudyError> {
+    let bpath = dir.join("bundle.json");
+    let text = fs::read_to_string(&bpath).map_err(io(&bpath))?;
+    let bundle: Bundle = serde_json::from_str(&text).map_err(|source| StudyError::Parse {
+        path: bpath.clone(),
+        line: 1,
+        source,
+    })?;
+    for name in FROZEN {
+        let path = dir.join(name);
+        let ok = match (fs::read(&path), bundle.files.get(name)) {
+            (Ok(bytes), Some(h)) => &sha256(&bytes) == h,
+            _ => false,
+        };
+        if !ok {
+            return Err(StudyError::Changed {
+                dir: dir.into(),
+                name: name.into(),
+            });
+        }
+    }
+    let cpath = dir.join("cases.jsonl");
+    read_jsonl(&cpath)
+}
+
+/// Runs and scores one planned call.
+pub(crate) fn execute(
+    dir: &Path,
+    config: &StudyConfig,
+    model: &StudyModel,
+    cases: &BTreeMap<&str, &Case>,
+    call: &PlannedCall,
+) -> Result<Trial, StudyError> {
+    let inconsistent = |what: &str| StudyError::Inconsistent {
+        dir: dir.into(),
+        what: what.into(),
+    };
+    let case = cases
+        .get(call.case.as_str())
+        .ok_or_else(|| inconsistent(&call.case))?;
+    let request = case
+        .requests
+        .iter()
+        .find(|r| r.id == call.request)
+        .ok_or_else(|| inconsistent(&call.request))?;
+    let pool = case.domain.pool();
+    let chat = executor::chat(
+        case,
+        pool,
+        request,
+        call.arm,
+        &call.evidence,
+        config.executor_max_tokens,
+    );
+    let (calls, content, usage, error) = match config.executor.scripted() {
+        Some(s) => {
+            let user = &chat.messages[1].content;
+            (
+                vec![s.call(case, pool, request, user)],
+                String::new(),
+                Usage::default(),
+                String::new(),
+            )
+        }
+        None => match model.ask(chat) {
+            Ok(r) => (r.tool_calls, r.content, r.usage, String::new()),
+            Err(e) => (
+                Vec::new(),
+                String::new(),
+                Usage::default(),
+                crate::one_line(&e),
+            ),
+        },
+    };
+    let mut score = executor::score(pool, request, &calls);
+    if !error.is_empty() {
+        score.class = Class::Error;
+    }
+    Ok(Trial {
+        call: call.call.clone(),
+        case: case.id.clone(),
+        request: request.id.clone(),
+        arm: call.arm,
+        trap: case.trap,
+        probe: request.probe,
+        expected: request.expected,
+        class: score.class,
+        correct: score.correct && error.is_empty(),
+        unauthorized: score.unauthorized,
+        over_refusal: score.over_refusal,
+        calls,
+        content,
+        error,
+        usage,
+    })
+}
