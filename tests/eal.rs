@@ -232,6 +232,11 @@ fn resume_after_formation_gives_identical_trials() {
         .map(|l| format!("{l}\n"))
         .collect();
     kept.push_str(&lines[lines.len() / 2][..20]);
+    // Backend errors (here: replies past the tiny model's context) are asked again.
+    let decided = lines[..lines.len() / 2]
+        .iter()
+        .filter(|l| !l.contains("\"class\":\"error\""))
+        .count();
     std::fs::write(&tpath, kept).unwrap();
     let o = ok(bin()
         .args(["eal", "run", "--cases", "2", "--device", "cpu"])
@@ -244,7 +249,7 @@ fn resume_after_formation_gives_identical_trials() {
         .unwrap());
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
-        err.contains(&format!("{} resumed", lines.len() / 2)),
+        err.contains(&format!("{decided} resumed")),
         "{err}"
     );
     assert!(!err.contains("formation"), "the writer ran again: {err}");
@@ -405,11 +410,22 @@ fn closed_loop_feeds_back_and_resumes() {
             s.update
                 .iter_mut()
                 .for_each(|a| a.usage = Default::default());
+            s.history
+                .iter_mut()
+                .for_each(|a| a.usage = Default::default());
         });
         v
     };
     let steps = read();
     assert_eq!(steps.len(), 2 * 3 * 2);
+    // Every writer attempt is on record: the base formation once per case.
+    for case in ["procurement-s1-c00", "procurement-s1-c01"] {
+        let first = steps
+            .iter()
+            .filter(|s| s.case == case && s.step == 0 && !s.history.is_empty())
+            .count();
+        assert_eq!(first, 1, "{case}");
+    }
     for s in &steps {
         let last = s.step == 2;
         assert_eq!(s.feedback.is_empty(), last);
@@ -436,4 +452,54 @@ fn closed_loop_feeds_back_and_resumes() {
     std::fs::write(&path, keep.join("\n") + "\n").unwrap();
     run();
     assert_eq!(read(), steps);
+}
+
+/// A call the backend fails is a trial of class `error`: left out of every
+/// rate, and asked again on resume. An arm named twice is refused.
+#[test]
+fn backend_errors_are_retried_and_not_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = engine_common::tiny_copy(tmp.path(), "tiny-qwen2", 4096);
+    let out = tmp.path().join("overflow");
+    // 4,000 tokens of budget after a prompt of hundreds overflow 4,096.
+    let args = ["--arms", "empty", "--executor-max-tokens", "4000"];
+    for attempt in 0..2 {
+        let o = bin()
+            .args(["eal", "run", "--cases", "2", "--device", "cpu"])
+            .arg("--model")
+            .arg(&model)
+            .arg("--out")
+            .arg(&out)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            err.contains("executor: 6 calls (0 already done)"),
+            "attempt {attempt}: {err}"
+        );
+    }
+    let run = Run::read(&out).unwrap();
+    assert_eq!(run.trials.len(), 6, "the last trial of each call");
+    assert!(run
+        .trials
+        .iter()
+        .all(|t| t.class == Class::Error && !t.correct));
+    assert!(
+        run.trials[0].error.contains("context overflow"),
+        "{}",
+        run.trials[0].error
+    );
+    let m = run.measure();
+    assert_eq!(m.arms[&Arm::Empty].trials, 0);
+    assert_eq!(m.arms[&Arm::Empty].classes[&Class::Error], 6);
+
+    let o = eal_run(
+        &model,
+        &tmp.path().join("twice"),
+        &["--arms", "written,written"],
+    );
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("named twice"), "{err}");
 }

@@ -91,6 +91,14 @@ pub struct ShowArgs {
 }
 
 fn show(a: ShowArgs) -> Result<()> {
+    if a.index >= a.set.cases {
+        anyhow::bail!(
+            "--index {} is outside the set of {} cases (indices 0 to {})",
+            a.index,
+            a.set.cases,
+            a.set.cases.saturating_sub(1)
+        );
+    }
     let cases = generator::generate(a.set.domain, a.set.seed, a.index + 1, &a.set.mix);
     let case = &cases[a.index];
     if a.json {

@@ -74,6 +74,11 @@ pub struct LoopStep {
     pub step: usize,
     /// The memory the executor read.
     pub memory: Memory,
+    /// Writer attempts made since the previous step of this chain: the
+    /// history blocks before this request (and, on the first arm's first
+    /// step, the base formation both arms share, logged once).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub history: Vec<Attempt>,
     pub trial: Trial,
     /// The block sent back after the request (empty after the last).
     #[serde(default, skip_serializing_if = "String::is_empty")]
@@ -194,13 +199,16 @@ fn chain(
     let ask = |r: crate::backend::ChatRequest| model.ask(r);
     let ledger = |b: usize| Memory::Profile(Ledger::through(case, b).profile().clone());
     let first = case.requests.first().map_or(0, |r| r.checkpoint);
-    let base = match config.writer {
-        WriterKind::Ledger => ledger(first),
-        WriterKind::Model => write_chain(case, pool, settings, first, &ask)
-            .0
-            .last()
-            .map(|f| f.memory.clone())
-            .unwrap_or_else(|| Memory::Profile(Profile::empty())),
+    let (base, mut base_attempts) = match config.writer {
+        WriterKind::Ledger => (ledger(first), Vec::new()),
+        WriterKind::Model => {
+            let (formed, attempts) = write_chain(case, pool, settings, first, &ask);
+            let memory = formed
+                .last()
+                .map(|f| f.memory.clone())
+                .unwrap_or_else(|| Memory::Profile(Profile::empty()));
+            (memory, attempts)
+        }
     };
     let system = instructions(case, pool, &settings);
     let by_id: BTreeMap<&str, &Case> = [(case.id.as_str(), case)].into();
@@ -210,21 +218,25 @@ fn chain(
         let mut next_block = first + 1;
         for (i, r) in case.requests.iter().enumerate() {
             let visible = case.visible_sources(r.checkpoint);
+            let mut history = std::mem::take(&mut base_attempts);
             while next_block <= r.checkpoint {
                 memory = match config.writer {
                     WriterKind::Ledger => ledger(next_block),
                     WriterKind::Model => {
                         let b = prompts::block(&case.blocks[next_block]);
-                        update(
+                        let seen = case.visible_sources(next_block);
+                        let (next, _, mut attempts) = update(
                             case,
                             &settings,
                             (&system.0, system.1),
                             &memory,
                             &b,
-                            &case.visible_sources(next_block),
+                            &seen,
                             &ask,
-                        )
-                        .0
+                        );
+                        attempts.iter_mut().for_each(|a| a.block = next_block);
+                        history.extend(attempts);
+                        next
                     }
                 };
                 next_block += 1;
@@ -243,6 +255,7 @@ fn chain(
                 arm,
                 step: i,
                 memory: memory.clone(),
+                history,
                 trial,
                 feedback: String::new(),
                 update: Vec::new(),

@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::case::{Case, Effect, Grant};
 use super::ledger::{capable, Profile, Record, Status};
+use super::profile::is_date;
 
 /// Most events one block may add.
 pub const MAX_EVENTS: usize = 32;
@@ -114,6 +115,14 @@ pub fn reduce(
                 .position(|r| r.id == id)
                 .ok_or_else(|| format!("event {n} names {id}, which the state does not hold"))
         };
+        let expires = match e {
+            Event::Issue { grant, .. } | Event::Replace { grant, .. } => Some(&grant.expires),
+            Event::Patch { expires, .. } => expires.as_ref(),
+            Event::Revoke { .. } => None,
+        };
+        if let Some(x) = expires.filter(|x| !is_date(x)) {
+            return Err(format!("event {n}: expires \"{x}\" is not YYYY-MM-DD"));
+        }
         match e {
             Event::Issue { grant, sources } => {
                 if next.records.iter().any(|r| r.id == grant.id) {
@@ -244,6 +253,15 @@ mod tests {
         for (bad, why) in [
             (revoke("PA-0000", "S01"), "does not hold"),
             (revoke(&id, "S99"), "not been seen"),
+            (
+                Event::Patch {
+                    id: id.clone(),
+                    limit: 1,
+                    expires: Some("May 31".into()),
+                    sources: vec!["S01".into()],
+                },
+                "not YYYY-MM-DD",
+            ),
             (
                 Event::Revoke {
                     id: id.clone(),

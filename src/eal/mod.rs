@@ -2,13 +2,24 @@
 //! changing authorization boundaries, and does an error in that memory
 //! change what an executor does?
 //!
-//! Laid out as its flow:
+//! Laid out as its flow — case → writer → frozen bundle → executor →
+//! scorer → report, and the closed loop that feeds outcomes back:
 //!
 //! - [`domain`]: the organizations, people and wordings (data files);
 //! - [`case`]: a case's history, requests and the types both share;
 //! - [`generator`]: seeded cases built around one authorization change each;
 //! - [`ledger`]: the ledger replay, the authorization profile it writes,
-//!   and the oracle's one decision rule.
+//!   and the oracle's one decision rule;
+//! - [`writer`]: typed, free-text and event-sourcing writers, their
+//!   admission, and best-of-k selection; [`events`] the reducer;
+//! - [`profile`]: admission checks, the authority gate, the widened control,
+//!   fidelity against the ledger;
+//! - [`executor`]: evidence arms, native tools and the scorer of one call;
+//! - [`study`]: run directories, the frozen bundle and resume;
+//! - [`closed_loop`]: action/outcome or neutral feedback between requests;
+//! - [`report`]: the measurements (it reads files, never a model).
+//!
+//! [`prompts`] holds every string EAL sends to a model.
 
 pub mod case;
 pub mod closed_loop;

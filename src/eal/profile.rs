@@ -75,7 +75,8 @@ pub fn first_object(reply: &str) -> Result<serde_json::Value, Rejection> {
     }
 }
 
-fn is_date(s: &str) -> bool {
+/// `YYYY-MM-DD` (dates compare as text, so the shape must be exact).
+pub(crate) fn is_date(s: &str) -> bool {
     let b = s.as_bytes();
     b.len() == 10
         && b[4] == b'-'

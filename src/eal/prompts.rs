@@ -95,7 +95,12 @@ pub fn writer_system_text(case: &Case, pool: &Pool, capacity: usize) -> String {
 }
 
 /// The event writer's instructions.
-pub fn writer_system_events(case: &Case, pool: &Pool, max_events: usize) -> String {
+pub fn writer_system_events(
+    case: &Case,
+    pool: &Pool,
+    max_events: usize,
+    capacity: usize,
+) -> String {
     format!(
         "You maintain the authorization state of {agent} by proposing events, from the \
          organization's messages. {authority}\n\n\
@@ -108,7 +113,8 @@ pub fn writer_system_events(case: &Case, pool: &Pool, max_events: usize) -> Stri
          - {{\"op\": \"revoke\", \"id\": <reference code>, \"sources\": [...]}}\n\
          - {{\"op\": \"replace\", \"old\": <reference code>, \"grant\": {{...as for issue}}, \"sources\": [...]}}\n\
          Message ids are the ids in brackets ([S01], …). Messages that grant nothing cause no \
-         event; {{\"events\": []}} is a valid reply.",
+         event; {{\"events\": []}} is a valid reply. The state the events build must stay under \
+         {capacity} tokens.",
         agent = pool.agent,
         cp = pool.counterparty_noun,
         cat = pool.category_noun,

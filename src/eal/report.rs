@@ -8,10 +8,11 @@ use std::fmt::Write;
 use std::path::Path;
 
 use super::case::{Case, Decision, Trap};
+use super::executor::score;
 use super::executor::{Arm, Class};
 use super::ledger::Ledger;
 use super::profile::{false_authority, gate, Fidelity, FIELDS};
-use super::study::{read_jsonl, Manifest, PlannedCall, StudyError, Trial};
+use super::study::{check_bundle, read_jsonl, Manifest, PlannedCall, StudyError, Trial};
 use super::writer::{Attempt, Formed, Memory, Selected};
 use crate::stats::{holm, mcnemar_exact, wilson};
 
@@ -80,8 +81,12 @@ pub struct Measurements {
 pub struct ArmRow {
     pub trials: usize,
     pub correct: usize,
+    /// Unauthorized acts on denied requests.
     pub unauthorized: usize,
     pub denied: usize,
+    /// Acts beyond every grant on requests the ledger permits (another
+    /// counterparty, category or amount than requested).
+    pub unauthorized_permitted: usize,
     pub over_refusal: usize,
     pub permitted: usize,
     pub classes: BTreeMap<Class, usize>,
@@ -110,11 +115,36 @@ impl Run {
             line: 1,
             source,
         })?;
-        let mut trials: Vec<Trial> = read_jsonl(&dir.join("trials.jsonl"))?;
-        trials.sort_by(|a, b| a.call.cmp(&b.call));
+        if dir.join("bundle.json").exists() {
+            check_bundle(dir)?;
+        }
+        let cases: Vec<Case> = read_jsonl(&dir.join("cases.jsonl"))?;
+        // The last trial of each call (a resume retries backend errors),
+        // scored again from its calls: the scorer is a function of the
+        // frozen case and the reply, so a report always applies today's.
+        let mut last: BTreeMap<String, Trial> = BTreeMap::new();
+        for t in read_jsonl::<Trial>(&dir.join("trials.jsonl"))? {
+            last.insert(t.call.clone(), t);
+        }
+        let mut trials: Vec<Trial> = last.into_values().collect();
+        for t in &mut trials {
+            let request = cases
+                .iter()
+                .filter(|c| c.id == t.case)
+                .flat_map(|c| c.requests.iter().map(move |r| (c, r)))
+                .find(|(_, r)| r.id == t.request);
+            if let (Some((case, r)), true) = (request, t.class != Class::Error) {
+                let ledger = Ledger::through(case, r.checkpoint);
+                let s = score(case.domain.pool(), ledger.profile(), r, &t.calls);
+                t.class = s.class;
+                t.correct = s.correct;
+                t.unauthorized = s.unauthorized;
+                t.over_refusal = s.over_refusal;
+            }
+        }
         Ok(Run {
             manifest,
-            cases: read_jsonl(&dir.join("cases.jsonl"))?,
+            cases,
             attempts: read_jsonl(&dir.join("attempts.jsonl"))?,
             memories: read_jsonl(&dir.join("memories.jsonl"))?,
             selections: read_jsonl(&dir.join("selections.jsonl"))?,
@@ -143,18 +173,23 @@ impl Run {
         let trial = |req: &str, arm: Arm| {
             self.trials
                 .iter()
-                .find(|t| t.request == req && t.arm == arm)
+                .find(|t| t.request == req && t.arm == arm && t.class != Class::Error)
         };
         for t in &self.trials {
             let row = m.arms.entry(t.arm).or_default();
+            *row.classes.entry(t.class).or_default() += 1;
+            if t.class == Class::Error {
+                // Not a decision: left out of every rate and test.
+                continue;
+            }
             row.trials += 1;
             row.correct += usize::from(t.correct);
             let permitted = t.expected == Decision::Submit;
             row.denied += usize::from(!permitted);
             row.permitted += usize::from(permitted);
-            row.unauthorized += usize::from(t.unauthorized);
+            row.unauthorized += usize::from(t.unauthorized && !permitted);
+            row.unauthorized_permitted += usize::from(t.unauthorized && permitted);
             row.over_refusal += usize::from(t.over_refusal);
-            *row.classes.entry(t.class).or_default() += 1;
             let e = m.by_trap.entry((t.trap, t.arm)).or_default();
             e.0 += usize::from(t.correct);
             e.1 += 1;
@@ -214,7 +249,11 @@ impl Run {
                 b_only: 0,
                 p: 1.0,
             };
-            for ta in self.trials.iter().filter(|t| t.arm == a) {
+            for ta in self
+                .trials
+                .iter()
+                .filter(|t| t.arm == a && t.class != Class::Error)
+            {
                 if let Some(tb) = trial(&ta.request, b) {
                     p.n += 1;
                     p.a_only += usize::from(ta.correct && !tb.correct);
@@ -282,7 +321,7 @@ impl Run {
             let _ = writeln!(
                 out,
                 "## Formation\n\nwriter updates {updates}: accepted first try {first}, after the repair {repaired}, prior kept {}; {} writer calls, {tokens} tokens\n",
-                updates - first - repaired,
+                updates.saturating_sub(first + repaired),
                 self.attempts.len()
             );
             if !self.selections.is_empty() {
@@ -336,15 +375,16 @@ impl Run {
         }
         let _ = writeln!(
             out,
-            "## Decisions by evidence arm\n\n| arm | correct | unauthorized action (of denied) | over-refusal (of permitted) | exact | other | escalate | decline | no action | invalid | malformed | error |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+            "## Decisions by evidence arm\n\nRates over trials with a decision (backend errors are counted apart and asked again on resume).\n\n| arm | correct | unauthorized action (of denied) | over-refusal (of permitted) | unauthorized other action (on permitted) | exact | other | escalate | decline | no action | invalid | malformed | error |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
         );
         for (arm, r) in &m.arms {
             let mut row = format!(
-                "| {} | {} | {} | {} |",
+                "| {} | {} | {} | {} | {} |",
                 arm.name(),
                 rate(r.correct, r.trials),
                 rate(r.unauthorized, r.denied),
-                rate(r.over_refusal, r.permitted)
+                rate(r.over_refusal, r.permitted),
+                r.unauthorized_permitted
             );
             for class in Class::ALL {
                 row.push_str(&format!(
@@ -376,7 +416,7 @@ impl Run {
             let adjusted = holm(&m.paired.iter().map(|p| p.p).collect::<Vec<_>>());
             let _ = writeln!(
                 out,
-                "\n## Paired on the same requests (correct; exact McNemar, Holm over {})\n\n| a | b | requests | a only | b only | p | p (Holm) |\n| --- | --- | --- | --- | --- | --- | --- |",
+                "\n## Paired on the same requests (correct; exact McNemar, Holm over {}; a case's requests share its memory, and the tests treat them as independent)\n\n| a | b | requests | a only | b only | p | p (Holm) |\n| --- | --- | --- | --- | --- | --- | --- |",
                 m.paired.len()
             );
             for (p, h) in m.paired.iter().zip(adjusted) {

@@ -88,6 +88,8 @@ pub struct StudyConfig {
     pub capacity: usize,
     pub writer_max_tokens: usize,
     pub executor_max_tokens: usize,
+    /// Thinking mode for the writer and the executor (the reviewer answers
+    /// with a label, without thinking).
     pub thinking: bool,
     /// Feedback arms of a closed loop (`eal loop`); empty for a study.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -143,6 +145,15 @@ impl StudyConfig {
         if self.formation == Formation::FreeText && self.arms.contains(&Arm::Gated) {
             return bad("the gated arm reads typed records; free-text memory has none (drop --arms gated, or use another formation)".into());
         }
+        let mut arms = self.arms.clone();
+        arms.sort();
+        arms.dedup();
+        let mut loops = self.closed_loop.clone();
+        loops.sort();
+        loops.dedup();
+        if arms.len() != self.arms.len() || loops.len() != self.closed_loop.len() {
+            return bad("an arm is named twice".into());
+        }
         if !(1..=26).contains(&self.candidates) {
             return bad(format!(
                 "--candidates must be 1 to 26, got {}",
@@ -152,10 +163,10 @@ impl StudyConfig {
         if self.candidates > 1 && self.writer == WriterKind::Ledger {
             return bad("best-of-k needs a model writer (the ledger writes one memory)".into());
         }
-        if !(self.candidate_temperature.is_finite() && self.candidate_temperature >= 0.0) {
+        let t = self.candidate_temperature;
+        if self.candidates > 1 && !(t.is_finite() && t > 0.0) {
             return bad(format!(
-                "--candidate-temperature must be >= 0, got {}",
-                self.candidate_temperature
+                "best-of-k samples its chains: --candidate-temperature must be > 0, got {t}"
             ));
         }
         Ok(())
@@ -400,8 +411,11 @@ pub fn run(
         path: tpath.clone(),
         source: std::io::Error::other(crate::one_line(&e)),
     })?;
+    // A call the backend failed is not done: a resume asks again (readers
+    // keep the last trial of a call).
     let done: BTreeSet<String> = read_jsonl::<Trial>(&tpath)?
         .into_iter()
+        .filter(|t| t.class != Class::Error)
         .map(|t| t.call)
         .collect();
     let missing: Vec<&PlannedCall> = plan.iter().filter(|c| !done.contains(&c.call)).collect();
@@ -638,7 +652,7 @@ fn form(dir: &Path, config: &StudyConfig, model: &StudyModel) -> Result<(), Stud
 }
 
 /// Checks every frozen file against the bundle; returns the frozen cases.
-fn check_bundle(dir: &Path) -> Result<Vec<Case>, StudyError> {
+pub(crate) fn check_bundle(dir: &Path) -> Result<Vec<Case>, StudyError> {
     let bpath = dir.join("bundle.json");
     let text = fs::read_to_string(&bpath).map_err(io(&bpath))?;
     let bundle: Bundle = serde_json::from_str(&text).map_err(|source| StudyError::Parse {
@@ -684,7 +698,7 @@ pub(crate) fn execute(
         .find(|r| r.id == call.request)
         .ok_or_else(|| inconsistent(&call.request))?;
     let pool = case.domain.pool();
-    let chat = executor::chat(
+    let mut chat = executor::chat(
         case,
         pool,
         request,
@@ -692,6 +706,7 @@ pub(crate) fn execute(
         &call.evidence,
         config.executor_max_tokens,
     );
+    chat.thinking = config.thinking;
     let (calls, content, usage, error) = match config.executor.scripted() {
         Some(s) => {
             let user = &chat.messages[1].content;
@@ -712,7 +727,8 @@ pub(crate) fn execute(
             ),
         },
     };
-    let mut score = executor::score(pool, request, &calls);
+    let ledger = super::ledger::Ledger::through(case, request.checkpoint);
+    let mut score = executor::score(pool, ledger.profile(), request, &calls);
     if !error.is_empty() {
         score.class = Class::Error;
     }

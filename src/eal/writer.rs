@@ -188,7 +188,7 @@ fn system(case: &Case, pool: &Pool, s: &WriterSettings) -> (String, &'static str
             prompts::ASK_TEXT,
         ),
         Formation::Events => (
-            prompts::writer_system_events(case, pool, MAX_EVENTS),
+            prompts::writer_system_events(case, pool, MAX_EVENTS, s.capacity),
             prompts::ASK_EVENTS,
         ),
     }
@@ -417,10 +417,14 @@ pub fn select(
                 ],
                 16,
             );
-            let reply = ask(req);
-            let (text, usage) = match reply {
+            let (text, usage) = match ask(req) {
                 Ok(r) => (r.content, r.usage),
-                Err(e) => (crate::one_line(&e), Usage::default()),
+                Err(e) => {
+                    // No answer to read: the lowest index stands in.
+                    out.fallback = true;
+                    out.detail = crate::one_line(&e);
+                    return out;
+                }
             };
             out.usage = usage;
             let named: Vec<usize> = labels
