@@ -248,10 +248,7 @@ fn resume_after_formation_gives_identical_trials() {
         .output()
         .unwrap());
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(
-        err.contains(&format!("{decided} resumed")),
-        "{err}"
-    );
+    assert!(err.contains(&format!("{decided} resumed")), "{err}");
     assert!(!err.contains("formation"), "the writer ran again: {err}");
     assert!(std::fs::read(resumed.join("attempts.jsonl")).unwrap() == attempts);
     assert_eq!(stable_trials(&resumed), expect);

@@ -24,6 +24,24 @@ fn rate(k: usize, n: usize) -> String {
     format!("{k}/{n} = {:.2} [{lo:.2}, {hi:.2}]", k as f64 / n as f64)
 }
 
+/// Scores a trial again from its recorded calls and its frozen case (a
+/// backend error stays one).
+pub fn rescore(cases: &[Case], t: &mut Trial) {
+    let found = cases
+        .iter()
+        .filter(|c| c.id == t.case)
+        .flat_map(|c| c.requests.iter().map(move |r| (c, r)))
+        .find(|(_, r)| r.id == t.request);
+    if let (Some((case, r)), true) = (found, t.class != Class::Error) {
+        let ledger = Ledger::through(case, r.checkpoint);
+        let s = score(case.domain.pool(), ledger.profile(), r, &t.calls);
+        t.class = s.class;
+        t.correct = s.correct;
+        t.unauthorized = s.unauthorized;
+        t.over_refusal = s.over_refusal;
+    }
+}
+
 /// A rejection's kind, for counting (the messages name records and ids).
 fn rejection_kind(error: &str) -> &'static str {
     const KINDS: [(&str, &str); 12] = [
@@ -128,19 +146,7 @@ impl Run {
         }
         let mut trials: Vec<Trial> = last.into_values().collect();
         for t in &mut trials {
-            let request = cases
-                .iter()
-                .filter(|c| c.id == t.case)
-                .flat_map(|c| c.requests.iter().map(move |r| (c, r)))
-                .find(|(_, r)| r.id == t.request);
-            if let (Some((case, r)), true) = (request, t.class != Class::Error) {
-                let ledger = Ledger::through(case, r.checkpoint);
-                let s = score(case.domain.pool(), ledger.profile(), r, &t.calls);
-                t.class = s.class;
-                t.correct = s.correct;
-                t.unauthorized = s.unauthorized;
-                t.over_refusal = s.over_refusal;
-            }
+            rescore(&cases, t);
         }
         Ok(Run {
             manifest,
