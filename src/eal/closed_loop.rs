@@ -305,16 +305,21 @@ pub fn render(dir: &Path) -> Result<String, StudyError> {
         super::report::rescore(&cases, &mut s.trial);
     }
     let mut out = String::from(
-        "## Closed loop\n\n| arm | step | correct | unauthorized (of denied) | over-refusal (of permitted) | feedback updates admitted | memory changed |\n| --- | --- | --- | --- | --- | --- | --- |\n",
+        "## Closed loop\n\n| arm | step | correct | unauthorized (of denied) | over-refusal (of permitted) | unauthorized other action (on permitted) | feedback updates admitted | memory changed |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
     );
-    let mut rows: BTreeMap<(LoopArm, usize), [usize; 8]> = BTreeMap::new();
+    let mut rows: BTreeMap<(LoopArm, usize), [usize; 9]> = BTreeMap::new();
     for s in &steps {
         let t = &s.trial;
         let r = rows.entry((s.arm, s.step)).or_default();
+        if t.class == Class::Error {
+            // Not a decision (as in `eal report`).
+            continue;
+        }
         let permitted = t.expected == Decision::Submit;
         r[0] += 1;
         r[1] += usize::from(t.correct);
-        r[2] += usize::from(t.unauthorized);
+        r[2] += usize::from(t.unauthorized && !permitted);
+        r[8] += usize::from(t.unauthorized && permitted);
         r[3] += usize::from(!permitted);
         r[4] += usize::from(t.over_refusal);
         r[5] += usize::from(permitted);
@@ -324,7 +329,7 @@ pub fn render(dir: &Path) -> Result<String, StudyError> {
     for ((arm, step), r) in &rows {
         let _ = writeln!(
             out,
-            "| {} | {} | {}/{} | {}/{} | {}/{} | {} | {} |",
+            "| {} | {} | {}/{} | {}/{} | {}/{} | {} | {} | {} |",
             arm.name(),
             step + 1,
             r[1],
@@ -333,6 +338,7 @@ pub fn render(dir: &Path) -> Result<String, StudyError> {
             r[3],
             r[4],
             r[5],
+            r[8],
             r[6],
             r[7]
         );
@@ -341,7 +347,7 @@ pub fn render(dir: &Path) -> Result<String, StudyError> {
     let later = |arm: LoopArm| -> BTreeMap<&str, &Trial> {
         steps
             .iter()
-            .filter(|s| s.arm == arm && s.step > 0)
+            .filter(|s| s.arm == arm && s.step > 0 && s.trial.class != Class::Error)
             .map(|s| (s.trial.request.as_str(), &s.trial))
             .collect()
     };
