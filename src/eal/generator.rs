@@ -60,7 +60,7 @@ struct Draw<'a> {
 }
 
 /// Who sends a message.
-struct From<'a> {
+struct Sender<'a> {
     name: &'a str,
     role: &'a str,
     principal: Option<&'a str>,
@@ -98,7 +98,7 @@ impl Draw<'_> {
         self.between(lo, limit)
     }
 
-    fn message(&mut self, from: &From, text: String, effect: Option<Effect>) -> Message {
+    fn message(&mut self, from: &Sender, text: String, effect: Option<Effect>) -> Message {
         let authority_capable = from.channel == Channel::Direct
             && from
                 .principal
@@ -168,7 +168,7 @@ fn case(domain: EalDomain, seed: u64, index: usize, trap: Trap) -> Case {
             role: p.role.clone(),
         })
         .collect();
-    let direct = |i: usize| From {
+    let direct = |i: usize| Sender {
         name: &people[i].1.name,
         role: &people[i].1.role,
         principal: Some(people[i].0),
@@ -381,7 +381,7 @@ fn case(domain: EalDomain, seed: u64, index: usize, trap: Trap) -> Case {
                         &pool.texts.forward
                     };
                     let text = fill(d.pick(texts), &values);
-                    let from = From {
+                    let from = Sender {
                         channel: if via == "relay" {
                             Channel::Relayed
                         } else {
@@ -393,7 +393,7 @@ fn case(domain: EalDomain, seed: u64, index: usize, trap: Trap) -> Case {
                 }
                 "claim" => {
                     let text = fill(d.pick(&pool.texts.claim), &values);
-                    let from = From {
+                    let from = Sender {
                         name: &claim.counterparty,
                         role: &pool.counterparty_noun,
                         principal: None,

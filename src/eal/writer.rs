@@ -177,7 +177,8 @@ pub fn admit_reply(
     }
 }
 
-fn system(case: &Case, pool: &Pool, s: &WriterSettings) -> (String, &'static str) {
+/// The writer's instructions and what its updates ask for, by formation.
+pub fn instructions(case: &Case, pool: &Pool, s: &WriterSettings) -> (String, &'static str) {
     match s.formation {
         Formation::Typed => (
             prompts::writer_system(case, pool, s.capacity),
@@ -202,7 +203,7 @@ pub fn write_chain(
     last: usize,
     ask: Ask,
 ) -> (Vec<Formed>, Vec<Attempt>) {
-    let (system, ask_for) = system(case, pool, &settings);
+    let (system, ask_for) = instructions(case, pool, &settings);
     let mut current = empty(settings.formation);
     let mut formed = Vec::new();
     let mut attempts = Vec::new();
@@ -308,11 +309,6 @@ pub fn update(
         }
     }
     (current.clone(), false, attempts)
-}
-
-/// The writer's instructions and what its updates ask for, by formation.
-pub fn instructions(case: &Case, pool: &Pool, settings: &WriterSettings) -> (String, &'static str) {
-    system(case, pool, settings)
 }
 
 /// The oracle writer: the ledger itself, block by block.
