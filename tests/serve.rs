@@ -179,6 +179,30 @@ fn lines(dir: &Path, file: &str) -> BTreeMap<(u64, String, u64), Value> {
     out
 }
 
+/// Runs the same command line in-process (`--model`) into `dir/local` and
+/// through a fresh `statebench serve` (`--endpoint`) into `dir/remote`;
+/// both must succeed.
+fn in_process_and_served(model: &Path, dir: &Path, args: &[&str]) -> (PathBuf, PathBuf) {
+    let (local, remote) = (dir.join("local"), dir.join("remote"));
+    let limit = Duration::from_secs(600);
+    let mut a = args.to_vec();
+    a.extend([
+        "--model",
+        model.to_str().unwrap(),
+        "--out",
+        local.to_str().unwrap(),
+    ]);
+    let o = statebench(&a, limit);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let server = ServeProc::start(model);
+    let mut a = args.to_vec();
+    a.extend(["--endpoint", &server.url, "--out", remote.to_str().unwrap()]);
+    let o = statebench(&a, limit);
+    drop(server);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    (local, remote)
+}
+
 const CELL: [&str; 15] = [
     "ladder",
     "cell",
@@ -201,22 +225,7 @@ const CELL: [&str; 15] = [
 fn cell_through_serve_matches_in_process() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(tmp.path());
-    let model_s = model.to_str().unwrap();
-    let local = tmp.path().join("local");
-    let remote = tmp.path().join("remote");
-    let limit = Duration::from_secs(600);
-
-    let mut args = CELL.to_vec();
-    args.extend(["--model", model_s, "--out", local.to_str().unwrap()]);
-    let o = statebench(&args, limit);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-
-    let server = ServeProc::start(&model);
-    let mut args = CELL.to_vec();
-    args.extend(["--endpoint", &server.url, "--out", remote.to_str().unwrap()]);
-    let o = statebench(&args, limit);
-    drop(server);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (local, remote) = in_process_and_served(&model, tmp.path(), &CELL);
 
     let (a, b) = (lines(&local, "turns.jsonl"), lines(&remote, "turns.jsonl"));
     assert_eq!(a.len(), 2 * 4 * 44, "in-process turns");
@@ -508,8 +517,6 @@ fn tool_calls_through_serve_match_in_process() {
 fn native_cell_through_serve_matches_in_process() {
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(tmp.path());
-    let (local, remote) = (tmp.path().join("local"), tmp.path().join("remote"));
-    let limit = Duration::from_secs(600);
     let cell = [
         "ladder",
         "cell",
@@ -525,21 +532,7 @@ fn native_cell_through_serve_matches_in_process() {
         "native",
         "--quiet",
     ];
-    let mut args = cell.to_vec();
-    args.extend([
-        "--model",
-        model.to_str().unwrap(),
-        "--out",
-        local.to_str().unwrap(),
-    ]);
-    let o = statebench(&args, limit);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let server = ServeProc::start(&model);
-    let mut args = cell.to_vec();
-    args.extend(["--endpoint", &server.url, "--out", remote.to_str().unwrap()]);
-    let o = statebench(&args, limit);
-    drop(server);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (local, remote) = in_process_and_served(&model, tmp.path(), &cell);
     let (a, b) = (lines(&local, "turns.jsonl"), lines(&remote, "turns.jsonl"));
     assert_eq!(a.len(), 2 * 44);
     assert_eq!(a, b);
@@ -564,8 +557,6 @@ fn eal_study_through_serve_matches_in_process() {
     use statebench::eal::report::Run;
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(tmp.path());
-    let (local, remote) = (tmp.path().join("local"), tmp.path().join("remote"));
-    let limit = Duration::from_secs(600);
     let study = [
         "eal",
         "run",
@@ -577,21 +568,7 @@ fn eal_study_through_serve_matches_in_process() {
         "--executor-max-tokens",
         "12",
     ];
-    let mut args = study.to_vec();
-    args.extend([
-        "--model",
-        model.to_str().unwrap(),
-        "--out",
-        local.to_str().unwrap(),
-    ]);
-    let o = statebench(&args, limit);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let server = ServeProc::start(&model);
-    let mut args = study.to_vec();
-    args.extend(["--endpoint", &server.url, "--out", remote.to_str().unwrap()]);
-    let o = statebench(&args, limit);
-    drop(server);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let (local, remote) = in_process_and_served(&model, tmp.path(), &study);
     for f in ["memories.jsonl", "plan.jsonl"] {
         let read = |d: &Path| std::fs::read_to_string(d.join(f)).unwrap();
         assert!(read(&local) == read(&remote), "{f} differs");

@@ -114,12 +114,7 @@ fn show(a: ShowArgs) -> Result<()> {
         } else {
             format!(" {}", case.variant)
         },
-        case.authorized_issuers
-            .iter()
-            .filter_map(|i| case.principal(i))
-            .map(|p| format!("{} ({})", p.name, p.role))
-            .collect::<Vec<_>>()
-            .join(", ")
+        eal::prompts::issuers(case)
     );
     out.push_str(&eal::prompts::history(case, case.blocks.len() - 1));
     out.push('\n');

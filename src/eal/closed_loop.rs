@@ -27,8 +27,8 @@ use super::generator::generate;
 use super::ledger::{Ledger, Profile};
 use super::prompts;
 use super::study::{
-    execute, io, open, parallel, read_jsonl, Manifest, PlannedCall, StudyConfig, StudyError,
-    StudyModel, Trial, WriterKind,
+    execute, io, open, parallel, read_json, read_jsonl, Manifest, PlannedCall, StudyConfig,
+    StudyError, StudyModel, Trial, WriterKind,
 };
 use super::writer::{instructions, update, write_chain, Attempt, Memory};
 use crate::ladder::run::runlog::repair_tail;
@@ -290,13 +290,7 @@ fn chain(
 /// The loop's measurements as Markdown: decisions per arm and step, memory
 /// revisions from feedback, and the arms paired on later requests.
 pub fn render(dir: &Path) -> Result<String, StudyError> {
-    let mpath = dir.join("manifest.json");
-    let text = fs::read_to_string(&mpath).map_err(io(&mpath))?;
-    let manifest: Manifest = serde_json::from_str(&text).map_err(|source| StudyError::Parse {
-        path: mpath.clone(),
-        line: 1,
-        source,
-    })?;
+    let manifest: Manifest = read_json(&dir.join("manifest.json"))?;
     let c = &manifest.config;
     let cases = generate(c.domain, c.seed, c.cases, &c.mix);
     let mut steps: Vec<LoopStep> = read_jsonl(&dir.join("loop.jsonl"))?;

@@ -12,7 +12,7 @@ use super::executor::score;
 use super::executor::{Arm, Class};
 use super::ledger::Ledger;
 use super::profile::{false_authority, gate, Fidelity, FIELDS};
-use super::study::{check_bundle, read_jsonl, Manifest, PlannedCall, StudyError, Trial};
+use super::study::{check_bundle, read_json, read_jsonl, Manifest, PlannedCall, StudyError, Trial};
 use super::writer::{Attempt, Formed, Memory, Selected};
 use crate::stats::{holm, mcnemar_exact, wilson};
 
@@ -123,16 +123,7 @@ pub struct Run {
 
 impl Run {
     pub fn read(dir: &Path) -> Result<Run, StudyError> {
-        let mpath = dir.join("manifest.json");
-        let text = std::fs::read_to_string(&mpath).map_err(|source| StudyError::Io {
-            path: mpath.clone(),
-            source,
-        })?;
-        let manifest = serde_json::from_str(&text).map_err(|source| StudyError::Parse {
-            path: mpath,
-            line: 1,
-            source,
-        })?;
+        let manifest = read_json(&dir.join("manifest.json"))?;
         if dir.join("bundle.json").exists() {
             check_bundle(dir)?;
         }

@@ -315,6 +315,16 @@ pub fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>, S
     Ok(out)
 }
 
+/// Reads one JSON file (a manifest, a bundle).
+pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, StudyError> {
+    let text = fs::read_to_string(path).map_err(io(path))?;
+    serde_json::from_str(&text).map_err(|source| StudyError::Parse {
+        path: path.into(),
+        line: 1,
+        source,
+    })
+}
+
 /// Runs `f` on every item with `workers` threads; results in item order.
 pub(crate) fn parallel<T: Sync, R: Send>(
     items: &[T],
@@ -471,12 +481,7 @@ fn check_manifest(dir: &Path, manifest: &Manifest) -> Result<(), StudyError> {
     let path = dir.join("manifest.json");
     let value = |m: &Manifest| serde_json::json!({"config": serde_json::to_value(&m.config).expect("configs serialize"), "model": m.model});
     if path.exists() {
-        let text = fs::read_to_string(&path).map_err(io(&path))?;
-        let old: Manifest = serde_json::from_str(&text).map_err(|source| StudyError::Parse {
-            path: path.clone(),
-            line: 1,
-            source,
-        })?;
+        let old: Manifest = read_json(&path)?;
         if let Some((key, old, new)) = first_difference(&value(&old), &value(manifest), "") {
             return Err(StudyError::ConfigMismatch {
                 path,
@@ -654,12 +659,7 @@ fn form(dir: &Path, config: &StudyConfig, model: &StudyModel) -> Result<(), Stud
 /// Checks every frozen file against the bundle; returns the frozen cases.
 pub(crate) fn check_bundle(dir: &Path) -> Result<Vec<Case>, StudyError> {
     let bpath = dir.join("bundle.json");
-    let text = fs::read_to_string(&bpath).map_err(io(&bpath))?;
-    let bundle: Bundle = serde_json::from_str(&text).map_err(|source| StudyError::Parse {
-        path: bpath.clone(),
-        line: 1,
-        source,
-    })?;
+    let bundle: Bundle = read_json(&bpath)?;
     for name in FROZEN {
         let path = dir.join(name);
         let ok = match (fs::read(&path), bundle.files.get(name)) {
