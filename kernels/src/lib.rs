@@ -50,6 +50,33 @@ pub mod cuda {
          one sequential fma per k in the matrix products; 256-lane tree norms; \
          attention as a per-position online softmax";
 
+    /// The arithmetic of the same kernels run by the CUDA emulator: a run
+    /// on it never resumes as a GPU run, nor the other way round.
+    pub const EMULATED_ARITHMETIC: &str = "statebench-cuda/1 on the CUDA emulator: \
+         the same kernels compiled for the CPU; host libm for expf and the like; \
+         fma only where written (no contraction)";
+
+    /// Inline-PTX wrappers (`mma.sync`, `ldmatrix`, `cp.async`) with their
+    /// emulated branch; a kernel set that uses them puts this first.
+    pub const PTX: &str = include_str!("../cuda/ptx.cuh");
+
+    /// The CUDA emulator built with this crate (`cuda/emulator/`): the
+    /// directory holding its `libcuda.so`, `libnvrtc.so` and
+    /// `include/cuda_emulator.h`. `STATEBENCH_CUDA_EMULATOR_DIR` at run time
+    /// names another (a copy beside a moved binary).
+    pub fn emulator_dir() -> Result<std::path::PathBuf, String> {
+        if let Some(d) = std::env::var_os("STATEBENCH_CUDA_EMULATOR_DIR") {
+            return Ok(d.into());
+        }
+        match option_env!("STATEBENCH_CUDA_EMULATOR_DIR") {
+            Some(d) => Ok(d.into()),
+            None => Err(format!(
+                "the CUDA emulator was not built with this statebench: {}",
+                option_env!("STATEBENCH_CUDA_EMULATOR_ABSENT").unwrap_or("no reason recorded")
+            )),
+        }
+    }
+
     /// A kernel set's full source, as NVRTC compiles it (its errors name
     /// `<name>.cu` and the line there).
     pub fn source(name: &str, body: &str) -> String {

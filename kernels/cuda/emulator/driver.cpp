@@ -1,0 +1,599 @@
+// The emulator's CUDA driver: the entry points cudarc loads from libcuda,
+// over one emulated device whose memory is host memory and whose modules
+// are the shared objects the emulator's NVRTC builds (nvrtc.cpp).
+//
+// Every operation runs to completion when it is called, so streams and
+// events are in order by construction. "Device" allocations are 256-byte
+// aligned host blocks with poisoned redzones on both sides (checked by
+// AddressSanitizer in the kernels) and are filled with 0xff bytes, NaN as
+// f32, so a read of memory nothing wrote shows in the results. A kernel
+// that fails (a deadlock, a bad warp collective) makes the context fail
+// like a GPU's after a fault: that call and every later one return
+// CUDA_ERROR_LAUNCH_FAILED, and the first failure is printed to stderr and
+// kept for statebench_emu_last_error().
+//
+// Environment: STATEBENCH_EMULATOR_MEMORY_GIB, the device memory it
+// reports (default 2).
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+
+namespace {
+
+enum Result {
+    CUDA_SUCCESS = 0,
+    CUDA_ERROR_INVALID_VALUE = 1,
+    CUDA_ERROR_OUT_OF_MEMORY = 2,
+    CUDA_ERROR_NOT_INITIALIZED = 3,
+    CUDA_ERROR_INVALID_DEVICE = 101,
+    CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_INVALID_CONTEXT = 201,
+    CUDA_ERROR_INVALID_PTX = 218,
+    CUDA_ERROR_INVALID_HANDLE = 400,
+    CUDA_ERROR_NOT_FOUND = 500,
+    CUDA_ERROR_NOT_READY = 600,
+    CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
+    CUDA_ERROR_LAUNCH_FAILED = 719,
+    CUDA_ERROR_NOT_SUPPORTED = 801,
+};
+
+typedef unsigned long long DevPtr;
+
+struct LaunchConfig {
+    unsigned int grid[3];
+    unsigned int block[3];
+    unsigned int shared_bytes;
+};
+typedef int (*Launcher)(const LaunchConfig*, void**, char*, unsigned long);
+
+struct Module {
+    void* handle;
+};
+struct Function {
+    Launcher launch;
+    std::string name;
+};
+struct Context {
+    int refs;
+};
+struct Stream {
+    int unused;
+};
+struct Event {
+    std::chrono::steady_clock::time_point at;
+    bool recorded;
+};
+
+constexpr size_t kAlign = 256;     // cudaMalloc's alignment
+constexpr size_t kRedzone = 256;   // poisoned bytes before and after each block
+constexpr int kComputeMajor = 8;   // an sm_80 model: bf16 mma.sync, ldmatrix, cp.async
+constexpr int kComputeMinor = 0;
+const char kName[] = "statebench CUDA emulator (sm_80 model, host memory)";
+
+struct State {
+    std::mutex lock;
+    bool initialized = false;
+    // Base of each live allocation → its size.
+    std::map<uintptr_t, size_t> allocations;
+    size_t allocated = 0;
+    Context primary{0};
+    int sticky = CUDA_SUCCESS;
+    std::string last_error;
+    void (*poison)(void const volatile*, size_t) = nullptr;
+    void (*unpoison)(void const volatile*, size_t) = nullptr;
+};
+
+State& state() {
+    static State s;
+    return s;
+}
+
+thread_local Context* current = nullptr;
+
+size_t memory_bytes() {
+    const char* v = std::getenv("STATEBENCH_EMULATOR_MEMORY_GIB");
+    double gib = v && *v ? std::atof(v) : 2.0;
+    if (!(gib > 0)) gib = 2.0;
+    return static_cast<size_t>(gib * (1ull << 30));
+}
+
+// Redzones are poisoned once a module has brought AddressSanitizer in;
+// blocks made before that are poisoned then.
+void poison_redzones(State& s, uintptr_t base, size_t size) {
+    if (!s.poison) return;
+    s.poison(reinterpret_cast<void*>(base - kRedzone), kRedzone);
+    const size_t end = base + size;
+    const size_t tail = ((size + kAlign - 1) / kAlign) * kAlign - size + kRedzone;
+    s.poison(reinterpret_cast<void*>(end), tail);
+}
+
+int alloc(DevPtr* out, size_t size) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    State& s = state();
+    std::lock_guard<std::mutex> g(s.lock);
+    if (s.sticky) return s.sticky;
+    if (size == 0) return CUDA_ERROR_INVALID_VALUE;
+    if (size > memory_bytes() - s.allocated) return CUDA_ERROR_OUT_OF_MEMORY;
+    const size_t rounded = ((size + kAlign - 1) / kAlign) * kAlign;
+    void* raw = std::aligned_alloc(kAlign, rounded + 2 * kRedzone);
+    if (!raw) return CUDA_ERROR_OUT_OF_MEMORY;
+    const uintptr_t base = reinterpret_cast<uintptr_t>(raw) + kRedzone;
+    std::memset(reinterpret_cast<void*>(base), 0xff, size);
+    s.allocations[base] = size;
+    s.allocated += size;
+    poison_redzones(s, base, size);
+    *out = base;
+    return CUDA_SUCCESS;
+}
+
+int release(DevPtr ptr) {
+    State& s = state();
+    std::lock_guard<std::mutex> g(s.lock);
+    auto it = s.allocations.find(ptr);
+    if (it == s.allocations.end()) return CUDA_ERROR_INVALID_VALUE;
+    const size_t size = it->second;
+    const size_t rounded = ((size + kAlign - 1) / kAlign) * kAlign;
+    if (s.unpoison) s.unpoison(reinterpret_cast<void*>(ptr - kRedzone), rounded + 2 * kRedzone);
+    std::free(reinterpret_cast<void*>(ptr - kRedzone));
+    s.allocated -= size;
+    s.allocations.erase(it);
+    return CUDA_SUCCESS;
+}
+
+// Whether [ptr, ptr + n) lies inside one allocation.
+bool in_device(State& s, DevPtr ptr, size_t n) {
+    auto it = s.allocations.upper_bound(ptr);
+    if (it == s.allocations.begin()) return false;
+    --it;
+    return ptr >= it->first && ptr + n <= it->first + it->second && ptr + n >= ptr;
+}
+
+enum class Side { Host, Device };
+
+int copy(void* dst, Side dst_side, const void* src, Side src_side, size_t n) {
+    State& s = state();
+    {
+        std::lock_guard<std::mutex> g(s.lock);
+        if (s.sticky) return s.sticky;
+        if (n == 0) return CUDA_SUCCESS;
+        if (!dst || !src) return CUDA_ERROR_INVALID_VALUE;
+        if (dst_side == Side::Device && !in_device(s, reinterpret_cast<DevPtr>(dst), n)) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+        if (src_side == Side::Device && !in_device(s, reinterpret_cast<DevPtr>(src), n)) {
+            return CUDA_ERROR_INVALID_VALUE;
+        }
+    }
+    std::memmove(dst, src, n);
+    return CUDA_SUCCESS;
+}
+
+int set8(DevPtr dst, unsigned char v, size_t n) {
+    State& s = state();
+    {
+        std::lock_guard<std::mutex> g(s.lock);
+        if (s.sticky) return s.sticky;
+        if (!in_device(s, dst, n)) return CUDA_ERROR_INVALID_VALUE;
+    }
+    std::memset(reinterpret_cast<void*>(dst), v, n);
+    return CUDA_SUCCESS;
+}
+
+int set32(DevPtr dst, unsigned int v, size_t n) {
+    State& s = state();
+    {
+        std::lock_guard<std::mutex> g(s.lock);
+        if (s.sticky) return s.sticky;
+        if (!in_device(s, dst, 4 * n)) return CUDA_ERROR_INVALID_VALUE;
+    }
+    unsigned int* p = reinterpret_cast<unsigned int*>(dst);
+    for (size_t i = 0; i < n; ++i) p[i] = v;
+    return CUDA_SUCCESS;
+}
+
+int sticky() {
+    State& s = state();
+    std::lock_guard<std::mutex> g(s.lock);
+    if (!s.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    return s.sticky;
+}
+
+}  // namespace
+
+#define API extern "C" __attribute__((visibility("default")))
+
+API const char* statebench_emu_last_error() {
+    State& s = state();
+    std::lock_guard<std::mutex> g(s.lock);
+    return s.last_error.c_str();
+}
+
+API int cuGetErrorName(int e, const char** out) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    switch (e) {
+        case CUDA_SUCCESS: *out = "CUDA_SUCCESS"; break;
+        case CUDA_ERROR_INVALID_VALUE: *out = "CUDA_ERROR_INVALID_VALUE"; break;
+        case CUDA_ERROR_OUT_OF_MEMORY: *out = "CUDA_ERROR_OUT_OF_MEMORY"; break;
+        case CUDA_ERROR_NOT_INITIALIZED: *out = "CUDA_ERROR_NOT_INITIALIZED"; break;
+        case CUDA_ERROR_INVALID_DEVICE: *out = "CUDA_ERROR_INVALID_DEVICE"; break;
+        case CUDA_ERROR_INVALID_IMAGE: *out = "CUDA_ERROR_INVALID_IMAGE"; break;
+        case CUDA_ERROR_INVALID_CONTEXT: *out = "CUDA_ERROR_INVALID_CONTEXT"; break;
+        case CUDA_ERROR_INVALID_PTX: *out = "CUDA_ERROR_INVALID_PTX"; break;
+        case CUDA_ERROR_INVALID_HANDLE: *out = "CUDA_ERROR_INVALID_HANDLE"; break;
+        case CUDA_ERROR_NOT_FOUND: *out = "CUDA_ERROR_NOT_FOUND"; break;
+        case CUDA_ERROR_NOT_READY: *out = "CUDA_ERROR_NOT_READY"; break;
+        case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: *out = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"; break;
+        case CUDA_ERROR_LAUNCH_FAILED: *out = "CUDA_ERROR_LAUNCH_FAILED"; break;
+        case CUDA_ERROR_NOT_SUPPORTED: *out = "CUDA_ERROR_NOT_SUPPORTED"; break;
+        default: *out = "CUDA_ERROR_UNKNOWN"; break;
+    }
+    return CUDA_SUCCESS;
+}
+
+API int cuGetErrorString(int e, const char** out) {
+    if (!out) return CUDA_ERROR_INVALID_VALUE;
+    switch (e) {
+        case CUDA_ERROR_LAUNCH_FAILED:
+            *out = "an emulated kernel failed (see statebench_emu_last_error / stderr)";
+            return CUDA_SUCCESS;
+        case CUDA_ERROR_INVALID_PTX:
+            *out = "the image is not a module built by the emulator's NVRTC";
+            return CUDA_SUCCESS;
+        default: return cuGetErrorName(e, out);
+    }
+}
+
+API int cuInit(unsigned int flags) {
+    if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    State& s = state();
+    std::lock_guard<std::mutex> g(s.lock);
+    s.initialized = true;
+    return CUDA_SUCCESS;
+}
+
+API int cuDriverGetVersion(int* v) {
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    *v = 13000;
+    return CUDA_SUCCESS;
+}
+
+API int cuDeviceGetCount(int* n) {
+    if (!n) return CUDA_ERROR_INVALID_VALUE;
+    if (int e = sticky(); e == CUDA_ERROR_NOT_INITIALIZED) return e;
+    *n = 1;
+    return CUDA_SUCCESS;
+}
+
+API int cuDeviceGet(int* dev, int ordinal) {
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    if (int e = sticky(); e == CUDA_ERROR_NOT_INITIALIZED) return e;
+    if (ordinal != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *dev = 0;
+    return CUDA_SUCCESS;
+}
+
+API int cuDeviceGetName(char* name, int len, int dev) {
+    if (!name || len <= 0) return CUDA_ERROR_INVALID_VALUE;
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    std::snprintf(name, static_cast<size_t>(len), "%s", kName);
+    return CUDA_SUCCESS;
+}
+
+API int cuDeviceGetUuid(char* uuid, int dev) {
+    if (!uuid) return CUDA_ERROR_INVALID_VALUE;
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    std::memcpy(uuid, "statebench-emu-0", 16);
+    return CUDA_SUCCESS;
+}
+
+API int cuDeviceGetUuid_v2(char* uuid, int dev) { return cuDeviceGetUuid(uuid, dev); }
+
+API int cuDeviceTotalMem_v2(size_t* bytes, int dev) {
+    if (!bytes) return CUDA_ERROR_INVALID_VALUE;
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    *bytes = memory_bytes();
+    return CUDA_SUCCESS;
+}
+
+API int cuDeviceGetAttribute(int* v, int attr, int dev) {
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    switch (attr) {
+        case 1: *v = 1024; break;                    // max threads per block
+        case 2: case 3: *v = 1024; break;            // max block dim x, y
+        case 4: *v = 64; break;                      // max block dim z
+        case 5: *v = 2147483647; break;              // max grid dim x
+        case 6: case 7: *v = 65535; break;           // max grid dim y, z
+        case 8: *v = 48 * 1024; break;               // shared memory per block
+        case 9: *v = 64 * 1024; break;               // constant memory
+        case 10: *v = 32; break;                     // warp size
+        case 12: *v = 65536; break;                  // registers per block
+        case 13: *v = 1000000; break;                // clock rate, kHz
+        case 16: *v = 1; break;                      // multiprocessors
+        case 38: *v = 0; break;                      // L2 cache
+        case 39: *v = 2048; break;                   // threads per multiprocessor
+        case 41: *v = 1; break;                      // unified addressing
+        case 75: *v = kComputeMajor; break;
+        case 76: *v = kComputeMinor; break;
+        case 81: *v = 164 * 1024; break;             // shared memory per multiprocessor
+        case 97: *v = 163 * 1024; break;             // shared memory per block, opt-in
+        case 115: *v = 1; break;                     // memory pools
+        default: *v = 0; break;
+    }
+    return CUDA_SUCCESS;
+}
+
+API int cuDevicePrimaryCtxRetain(Context** ctx, int dev) {
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    State& s = state();
+    std::lock_guard<std::mutex> g(s.lock);
+    if (!s.initialized) return CUDA_ERROR_NOT_INITIALIZED;
+    s.primary.refs++;
+    *ctx = &s.primary;
+    return CUDA_SUCCESS;
+}
+
+API int cuDevicePrimaryCtxRelease_v2(int dev) {
+    if (dev != 0) return CUDA_ERROR_INVALID_DEVICE;
+    State& s = state();
+    std::lock_guard<std::mutex> g(s.lock);
+    if (s.primary.refs > 0) s.primary.refs--;
+    return CUDA_SUCCESS;
+}
+
+API int cuCtxSetCurrent(Context* ctx) {
+    current = ctx;
+    return CUDA_SUCCESS;
+}
+
+API int cuCtxGetCurrent(Context** ctx) {
+    if (!ctx) return CUDA_ERROR_INVALID_VALUE;
+    *ctx = current;
+    return CUDA_SUCCESS;
+}
+
+API int cuCtxPushCurrent_v2(Context* ctx) { return cuCtxSetCurrent(ctx); }
+API int cuCtxPopCurrent_v2(Context** ctx) {
+    if (ctx) *ctx = current;
+    return CUDA_SUCCESS;
+}
+API int cuCtxGetDevice(int* dev) {
+    if (!dev) return CUDA_ERROR_INVALID_VALUE;
+    *dev = 0;
+    return CUDA_SUCCESS;
+}
+API int cuCtxSynchronize() { return sticky(); }
+API int cuCtxSetFlags(unsigned int) { return CUDA_SUCCESS; }
+API int cuCtxGetFlags(unsigned int* f) {
+    if (f) *f = 0;
+    return CUDA_SUCCESS;
+}
+API int cuCtxSetLimit(int, size_t) { return CUDA_SUCCESS; }
+API int cuCtxGetLimit(size_t* v, int) {
+    if (v) *v = 0;
+    return CUDA_SUCCESS;
+}
+
+// Streams and events: everything is done when it is asked for.
+API int cuStreamCreate(Stream** s, unsigned int) {
+    if (!s) return CUDA_ERROR_INVALID_VALUE;
+    *s = new Stream{0};
+    return CUDA_SUCCESS;
+}
+API int cuStreamCreateWithPriority(Stream** s, unsigned int flags, int) {
+    return cuStreamCreate(s, flags);
+}
+API int cuStreamDestroy_v2(Stream* s) {
+    delete s;
+    return CUDA_SUCCESS;
+}
+API int cuStreamSynchronize(Stream*) { return sticky(); }
+API int cuStreamQuery(Stream*) { return sticky(); }
+API int cuStreamWaitEvent(Stream*, Event*, unsigned int) { return sticky(); }
+API int cuStreamIsCapturing(Stream*, int* status) {
+    if (!status) return CUDA_ERROR_INVALID_VALUE;
+    *status = 0;
+    return CUDA_SUCCESS;
+}
+API int cuLaunchHostFunc(Stream*, void (*fn)(void*), void* data) {
+    if (int e = sticky()) return e;
+    fn(data);
+    return CUDA_SUCCESS;
+}
+
+API int cuEventCreate(Event** e, unsigned int) {
+    if (!e) return CUDA_ERROR_INVALID_VALUE;
+    *e = new Event{std::chrono::steady_clock::now(), false};
+    return CUDA_SUCCESS;
+}
+API int cuEventRecord(Event* e, Stream*) {
+    if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    e->at = std::chrono::steady_clock::now();
+    e->recorded = true;
+    return sticky();
+}
+API int cuEventRecordWithFlags(Event* e, Stream* s, unsigned int) { return cuEventRecord(e, s); }
+API int cuEventSynchronize(Event*) { return sticky(); }
+API int cuEventQuery(Event*) { return sticky(); }
+API int cuEventElapsedTime(float* ms, Event* a, Event* b) {
+    if (!ms || !a || !b) return CUDA_ERROR_INVALID_VALUE;
+    if (!a->recorded || !b->recorded) return CUDA_ERROR_INVALID_HANDLE;
+    *ms = std::chrono::duration<float, std::milli>(b->at - a->at).count();
+    return CUDA_SUCCESS;
+}
+API int cuEventElapsedTime_v2(float* ms, Event* a, Event* b) { return cuEventElapsedTime(ms, a, b); }
+API int cuEventDestroy_v2(Event* e) {
+    delete e;
+    return CUDA_SUCCESS;
+}
+
+// Memory.
+API int cuMemAlloc_v2(DevPtr* p, size_t n) { return alloc(p, n); }
+API int cuMemAllocAsync(DevPtr* p, size_t n, Stream*) { return alloc(p, n); }
+API int cuMemFree_v2(DevPtr p) { return release(p); }
+API int cuMemFreeAsync(DevPtr p, Stream*) { return release(p); }
+API int cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
+    if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
+    State& s = state();
+    std::lock_guard<std::mutex> g(s.lock);
+    *total = memory_bytes();
+    *free_bytes = *total > s.allocated ? *total - s.allocated : 0;
+    return CUDA_SUCCESS;
+}
+API int cuMemAllocHost_v2(void** p, size_t n) {
+    if (!p) return CUDA_ERROR_INVALID_VALUE;
+    *p = std::aligned_alloc(kAlign, ((n + kAlign - 1) / kAlign) * kAlign);
+    return *p ? CUDA_SUCCESS : CUDA_ERROR_OUT_OF_MEMORY;
+}
+API int cuMemHostAlloc(void** p, size_t n, unsigned int) { return cuMemAllocHost_v2(p, n); }
+API int cuMemFreeHost(void* p) {
+    std::free(p);
+    return CUDA_SUCCESS;
+}
+API int cuMemcpyHtoD_v2(DevPtr dst, const void* src, size_t n) {
+    return copy(reinterpret_cast<void*>(dst), Side::Device, src, Side::Host, n);
+}
+API int cuMemcpyHtoDAsync_v2(DevPtr dst, const void* src, size_t n, Stream*) {
+    return cuMemcpyHtoD_v2(dst, src, n);
+}
+API int cuMemcpyDtoH_v2(void* dst, DevPtr src, size_t n) {
+    return copy(dst, Side::Host, reinterpret_cast<const void*>(src), Side::Device, n);
+}
+API int cuMemcpyDtoHAsync_v2(void* dst, DevPtr src, size_t n, Stream*) {
+    return cuMemcpyDtoH_v2(dst, src, n);
+}
+API int cuMemcpyDtoD_v2(DevPtr dst, DevPtr src, size_t n) {
+    return copy(reinterpret_cast<void*>(dst), Side::Device, reinterpret_cast<const void*>(src),
+                Side::Device, n);
+}
+API int cuMemcpyDtoDAsync_v2(DevPtr dst, DevPtr src, size_t n, Stream*) {
+    return cuMemcpyDtoD_v2(dst, src, n);
+}
+// Unified addressing: either side may be host or device memory.
+API int cuMemcpy(DevPtr dst, DevPtr src, size_t n) {
+    State& s = state();
+    Side ds, ss;
+    {
+        std::lock_guard<std::mutex> g(s.lock);
+        ds = in_device(s, dst, n) ? Side::Device : Side::Host;
+        ss = in_device(s, src, n) ? Side::Device : Side::Host;
+    }
+    return copy(reinterpret_cast<void*>(dst), ds, reinterpret_cast<const void*>(src), ss, n);
+}
+API int cuMemcpyAsync(DevPtr dst, DevPtr src, size_t n, Stream*) { return cuMemcpy(dst, src, n); }
+API int cuMemsetD8_v2(DevPtr dst, unsigned char v, size_t n) { return set8(dst, v, n); }
+API int cuMemsetD8Async(DevPtr dst, unsigned char v, size_t n, Stream*) { return set8(dst, v, n); }
+API int cuMemsetD32_v2(DevPtr dst, unsigned int v, size_t n) { return set32(dst, v, n); }
+API int cuMemsetD32Async(DevPtr dst, unsigned int v, size_t n, Stream*) {
+    return set32(dst, v, n);
+}
+
+// Modules and launches.
+namespace {
+const char kImageMagic[] = "// statebench CUDA emulator module\n";
+}
+
+API int cuModuleLoadData(Module** module, const void* image) {
+    if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
+    if (int e = sticky()) return e;
+    const char* text = static_cast<const char*>(image);
+    const size_t magic = sizeof kImageMagic - 1;
+    if (std::strncmp(text, kImageMagic, magic) != 0) return CUDA_ERROR_INVALID_PTX;
+    std::string path = text + magic;
+    while (!path.empty() && (path.back() == '\n' || path.back() == '\0')) path.pop_back();
+    void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (!h) {
+        State& s = state();
+        std::lock_guard<std::mutex> g(s.lock);
+        s.last_error = std::string("loading ") + path + ": " + dlerror();
+        std::fprintf(stderr, "statebench CUDA emulator: %s\n", s.last_error.c_str());
+        return CUDA_ERROR_INVALID_IMAGE;
+    }
+    State& s = state();
+    {
+        std::lock_guard<std::mutex> g(s.lock);
+        if (!s.poison) {
+            // The first module built with AddressSanitizer: from now on
+            // every allocation's redzones are poisoned, earlier ones too.
+            s.poison = reinterpret_cast<void (*)(void const volatile*, size_t)>(
+                dlsym(h, "__asan_poison_memory_region"));
+            s.unpoison = reinterpret_cast<void (*)(void const volatile*, size_t)>(
+                dlsym(h, "__asan_unpoison_memory_region"));
+            if (s.poison && s.unpoison) {
+                for (const auto& [base, size] : s.allocations) poison_redzones(s, base, size);
+            } else {
+                s.poison = nullptr;
+                s.unpoison = nullptr;
+            }
+        }
+    }
+    *module = new Module{h};
+    return CUDA_SUCCESS;
+}
+
+API int cuModuleLoadDataEx(Module** module, const void* image, unsigned int, void*, void**) {
+    return cuModuleLoadData(module, image);
+}
+
+// Modules stay mapped: a kernel's code must outlive every handle to it.
+API int cuModuleUnload(Module* module) {
+    delete module;
+    return CUDA_SUCCESS;
+}
+
+API int cuModuleGetFunction(Function** f, Module* module, const char* name) {
+    if (!f || !module || !name) return CUDA_ERROR_INVALID_VALUE;
+    const std::string symbol = std::string("statebench_emu_launch_") + name;
+    void* launch = dlsym(module->handle, symbol.c_str());
+    if (!launch) return CUDA_ERROR_NOT_FOUND;
+    *f = new Function{reinterpret_cast<Launcher>(launch), name};
+    return CUDA_SUCCESS;
+}
+
+API int cuModuleGetGlobal_v2(DevPtr*, size_t*, Module*, const char*) {
+    return CUDA_ERROR_NOT_FOUND;
+}
+
+API int cuFuncGetAttribute(int* v, int attr, Function*) {
+    if (!v) return CUDA_ERROR_INVALID_VALUE;
+    *v = attr == 0 ? 1024 : 0;  // max threads per block; sizes of nothing else
+    return CUDA_SUCCESS;
+}
+API int cuFuncSetAttribute(Function*, int, int) { return CUDA_SUCCESS; }
+API int cuFuncSetCacheConfig(Function*, int) { return CUDA_SUCCESS; }
+
+API int cuLaunchKernel(Function* f, unsigned int gx, unsigned int gy, unsigned int gz,
+                       unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
+                       Stream*, void** params, void** extra) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (int e = sticky()) return e;
+    if (extra) return CUDA_ERROR_NOT_SUPPORTED;
+    if (!gx || !gy || !gz || !bx || !by || !bz || gy > 65535 || gz > 65535 || bz > 64) {
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    if (static_cast<unsigned long long>(bx) * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
+    if (shared > 163 * 1024) return CUDA_ERROR_INVALID_VALUE;
+    LaunchConfig c{{gx, gy, gz}, {bx, by, bz}, shared};
+    char error[1024] = {0};
+    if (f->launch(&c, params, error, sizeof error) != 0) {
+        State& s = state();
+        std::lock_guard<std::mutex> g(s.lock);
+        if (!s.sticky) {
+            s.sticky = CUDA_ERROR_LAUNCH_FAILED;
+            s.last_error = error;
+            std::fprintf(stderr, "statebench CUDA emulator: %s\n", error);
+        }
+        return CUDA_ERROR_LAUNCH_FAILED;
+    }
+    return CUDA_SUCCESS;
+}

@@ -1,0 +1,334 @@
+// The emulator's NVRTC: the entry points cudarc loads from libnvrtc, with a
+// compile that runs the system C++ compiler on the kernel source against
+// cuda_emulator.h and hands back, as its "PTX", the path of the shared
+// object it built; the emulator's driver (driver.cpp) loads that.
+//
+// Before compiling, `__shared__` declarations become references into the
+// block's shared arena, and every `extern "C" __global__` kernel gets a
+// launch entry point `statebench_emu_launch_<name>`.
+//
+// Environment: STATEBENCH_EMULATOR_CXX (else CXX, else c++) is the
+// compiler; STATEBENCH_EMULATOR_ASAN=0 builds without AddressSanitizer
+// (on by default); STATEBENCH_EMULATOR_CACHE is where built modules are
+// kept (default: $TMPDIR/statebench-cuda-emulator-<uid>).
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+enum Result {
+    NVRTC_SUCCESS = 0,
+    NVRTC_ERROR_OUT_OF_MEMORY = 1,
+    NVRTC_ERROR_PROGRAM_CREATION_FAILURE = 2,
+    NVRTC_ERROR_INVALID_INPUT = 3,
+    NVRTC_ERROR_INVALID_PROGRAM = 4,
+    NVRTC_ERROR_INVALID_OPTION = 5,
+    NVRTC_ERROR_COMPILATION = 6,
+    NVRTC_ERROR_INTERNAL_ERROR = 11,
+};
+
+struct Program {
+    std::string source;
+    std::string name;
+    std::string log;
+    std::string image;  // the module's path, as text
+};
+
+std::string env_or(const char* name, const std::string& fallback) {
+    const char* v = std::getenv(name);
+    return v && *v ? std::string(v) : fallback;
+}
+
+// The directory this library was loaded from: the header sits in include/.
+std::string own_dir() {
+    Dl_info info;
+    if (!dladdr(reinterpret_cast<void*>(&own_dir), &info) || !info.dli_fname) return ".";
+    std::string p = info.dli_fname;
+    const size_t slash = p.rfind('/');
+    return slash == std::string::npos ? "." : p.substr(0, slash);
+}
+
+bool read_file(const std::string& path, std::string& out) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return false;
+    std::ostringstream s;
+    s << f.rdbuf();
+    out = s.str();
+    return true;
+}
+
+uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
+    for (unsigned char c : s) {
+        h ^= c;
+        h *= 1099511628211ull;
+    }
+    return h;
+}
+
+// `__shared__ T name[dims];` → `auto& name = ::emu::shared<T[dims]>(id);`
+// and `extern __shared__ T name[];` → a pointer to the dynamic part.
+std::string rewrite_shared(const std::string& src) {
+    static const std::regex dynamic(
+        R"(extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([A-Za-z_][\w:]*(?:\s+[A-Za-z_][\w:]*)*?)\s+([A-Za-z_]\w*)\s*\[\s*\]\s*;)");
+    std::string out = std::regex_replace(
+        src, dynamic, "$1* const $2 = reinterpret_cast<$1*>(::emu::dynamic_shared());");
+    static const std::regex fixed(
+        R"(__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([A-Za-z_][\w:]*(?:\s+[A-Za-z_][\w:]*)*?)\s+([A-Za-z_]\w*)\s*((?:\[[^\]\n]+\])*)\s*;)");
+    std::string result;
+    int id = 0;
+    auto begin = std::sregex_iterator(out.begin(), out.end(), fixed);
+    size_t at = 0;
+    for (auto it = begin; it != std::sregex_iterator(); ++it) {
+        const std::smatch& m = *it;
+        result.append(out, at, m.position(0) - at);
+        result += "auto& " + m[2].str() + " = ::emu::shared<" + m[1].str() + m[3].str() + ">(" +
+                  std::to_string(id++) + ");";
+        at = m.position(0) + m.length(0);
+    }
+    result.append(out, at, std::string::npos);
+    return result;
+}
+
+std::vector<std::string> kernel_names(const std::string& src) {
+    static const std::regex kernel(
+        R"re(extern\s+"C"\s+__global__\s+void\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?([A-Za-z_]\w*)\s*\()re");
+    std::vector<std::string> names;
+    for (auto it = std::sregex_iterator(src.begin(), src.end(), kernel);
+         it != std::sregex_iterator(); ++it) {
+        names.push_back((*it)[1].str());
+    }
+    return names;
+}
+
+// Runs argv with stderr and stdout into `log_path`; the exit status.
+int run(const std::vector<std::string>& argv, const std::string& log_path) {
+    std::vector<char*> args;
+    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+    args.push_back(nullptr);
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_addopen(&fa, 1, log_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+    posix_spawn_file_actions_adddup2(&fa, 1, 2);
+    pid_t pid;
+    const int err = posix_spawnp(&pid, args[0], &fa, nullptr, args.data(), environ);
+    posix_spawn_file_actions_destroy(&fa);
+    if (err != 0) return -err;
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0) {
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+
+Result compile(Program& p, const std::vector<std::string>& options) {
+    std::vector<std::string> defines;
+    for (const auto& o : options) {
+        if (o.rfind("--gpu-architecture=", 0) == 0 || o.rfind("-arch=", 0) == 0 ||
+            o.rfind("--std=", 0) == 0 || o.rfind("-std=", 0) == 0 || o.rfind("--fmad=", 0) == 0 ||
+            o == "-lineinfo" || o == "--generate-line-info" || o == "-G" ||
+            o == "--device-debug") {
+            continue;  // the emulator compiles as C++17 for the host, with line info
+        }
+        if (o.rfind("-D", 0) == 0 || o.rfind("--define-macro=", 0) == 0) {
+            defines.push_back("-D" + o.substr(o[1] == 'D' ? 2 : 15));
+            continue;
+        }
+        p.log = "nvrtc (statebench CUDA emulator): option " + o + " is not supported\n";
+        return NVRTC_ERROR_INVALID_OPTION;
+    }
+    const std::string dir = own_dir();
+    const std::string include = dir + "/include";
+    std::string header;
+    if (!read_file(include + "/cuda_emulator.h", header)) {
+        p.log = "nvrtc (statebench CUDA emulator): " + include + "/cuda_emulator.h is missing\n";
+        return NVRTC_ERROR_INTERNAL_ERROR;
+    }
+    const bool asan = env_or("STATEBENCH_EMULATOR_ASAN", "1") != "0";
+    const std::string cxx = env_or("STATEBENCH_EMULATOR_CXX", env_or("CXX", "c++"));
+
+    std::string tu = "#include \"cuda_emulator.h\"\n#line 1 \"" + p.name + "\"\n" +
+                     rewrite_shared(p.source) + "\n";
+    for (const auto& k : kernel_names(p.source)) {
+        tu += "extern \"C\" __attribute__((visibility(\"default\"))) int statebench_emu_launch_" + k +
+              "(const ::emu::LaunchConfig* c, void** params, char* error, unsigned long error_len) "
+              "{ return ::emu::launch(\"" + k + "\", &" + k + ", c, params, error, error_len); }\n";
+    }
+    if (asan) {
+        // ASan comes into a process that did not start with it: it must not
+        // insist on being first, and leaks of the host program are not ours.
+        tu += "extern \"C\" __attribute__((visibility(\"default\"))) const char* "
+              "__asan_default_options() { return "
+              "\"verify_asan_link_order=0:detect_leaks=0:halt_on_error=1:abort_on_error=1\"; }\n";
+    }
+    std::vector<std::string> argv = {cxx, "-std=c++17", "-O2", "-g", "-fPIC", "-shared",
+                                     "-fvisibility=hidden", "-fno-strict-aliasing",
+                                     "-ffp-contract=off", "-I" + include};
+    if (asan) {
+        argv.push_back("-fsanitize=address");
+        argv.push_back("-fno-omit-frame-pointer");
+    }
+    for (const auto& d : defines) argv.push_back(d);
+
+    std::string key_text = tu + header + __DATE__ __TIME__;
+    for (const auto& a : argv) key_text += "\n" + a;
+    char key[32];
+    std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(fnv1a(key_text)));
+    const std::string cache = env_or(
+        "STATEBENCH_EMULATOR_CACHE",
+        env_or("TMPDIR", "/tmp") + "/statebench-cuda-emulator-" + std::to_string(getuid()));
+    mkdir(cache.c_str(), 0700);
+    const std::string so = cache + "/" + p.name + "-" + key + ".so";
+    struct stat st;
+    if (stat(so.c_str(), &st) == 0) {
+        p.image = so;
+        return NVRTC_SUCCESS;
+    }
+    // Built under a name of its own, then renamed: processes and threads
+    // compiling the same kernels at once each finish with a whole file.
+    static std::atomic<unsigned long> builds{0};
+    const std::string tmp =
+        so + "." + std::to_string(getpid()) + "-" + std::to_string(builds++) + ".tmp";
+    const std::string cpp = tmp + ".cpp";
+    const std::string log = tmp + ".log";
+    {
+        std::ofstream f(cpp, std::ios::binary);
+        f << tu;
+        if (!f) {
+            p.log = "nvrtc (statebench CUDA emulator): cannot write " + cpp + "\n";
+            return NVRTC_ERROR_INTERNAL_ERROR;
+        }
+    }
+    argv.push_back(cpp);
+    argv.push_back("-o");
+    argv.push_back(tmp);
+    const int status = run(argv, log);
+    read_file(log, p.log);
+    unlink(log.c_str());
+    unlink(cpp.c_str());
+    if (status < 0) {
+        p.log = "nvrtc (statebench CUDA emulator): cannot run the C++ compiler `" + cxx +
+                "`: " + std::strerror(-status) + " (set STATEBENCH_EMULATOR_CXX)\n";
+        return NVRTC_ERROR_COMPILATION;
+    }
+    if (status != 0) {
+        unlink(tmp.c_str());
+        if (p.log.find("error") == std::string::npos) {
+            p.log += "\nerror: " + cxx + " exited with status " + std::to_string(status) + "\n";
+        }
+        return NVRTC_ERROR_COMPILATION;
+    }
+    if (rename(tmp.c_str(), so.c_str()) != 0) {
+        unlink(tmp.c_str());
+        p.log = "nvrtc (statebench CUDA emulator): cannot write " + so + "\n";
+        return NVRTC_ERROR_INTERNAL_ERROR;
+    }
+    p.image = so;
+    return NVRTC_SUCCESS;
+}
+
+// What cuModuleLoadData reads: a first line no PTX has, then the path.
+const char kImageMagic[] = "// statebench CUDA emulator module\n";
+
+std::string image_text(const Program& p) { return kImageMagic + p.image + "\n"; }
+
+}  // namespace
+
+#define API extern "C" __attribute__((visibility("default")))
+
+API const char* nvrtcGetErrorString(int r) {
+    switch (r) {
+        case NVRTC_SUCCESS: return "NVRTC_SUCCESS";
+        case NVRTC_ERROR_OUT_OF_MEMORY: return "NVRTC_ERROR_OUT_OF_MEMORY";
+        case NVRTC_ERROR_PROGRAM_CREATION_FAILURE: return "NVRTC_ERROR_PROGRAM_CREATION_FAILURE";
+        case NVRTC_ERROR_INVALID_INPUT: return "NVRTC_ERROR_INVALID_INPUT";
+        case NVRTC_ERROR_INVALID_PROGRAM: return "NVRTC_ERROR_INVALID_PROGRAM";
+        case NVRTC_ERROR_INVALID_OPTION: return "NVRTC_ERROR_INVALID_OPTION";
+        case NVRTC_ERROR_COMPILATION: return "NVRTC_ERROR_COMPILATION";
+        default: return "NVRTC_ERROR_INTERNAL_ERROR";
+    }
+}
+
+API int nvrtcVersion(int* major, int* minor) {
+    if (!major || !minor) return NVRTC_ERROR_INVALID_INPUT;
+    *major = 13;
+    *minor = 0;
+    return NVRTC_SUCCESS;
+}
+
+API int nvrtcCreateProgram(Program** prog, const char* src, const char* name, int num_headers,
+                           const char* const*, const char* const*) {
+    if (!prog || !src) return NVRTC_ERROR_INVALID_INPUT;
+    if (num_headers != 0) return NVRTC_ERROR_INVALID_INPUT;  // the engine passes none
+    auto* p = new (std::nothrow) Program();
+    if (!p) return NVRTC_ERROR_OUT_OF_MEMORY;
+    p->source = src;
+    p->name = name && *name ? name : "default_program";
+    for (char& c : p->name) {
+        if (c == '/' || c == ' ') c = '_';
+    }
+    *prog = p;
+    return NVRTC_SUCCESS;
+}
+
+API int nvrtcDestroyProgram(Program** prog) {
+    if (!prog || !*prog) return NVRTC_ERROR_INVALID_PROGRAM;
+    delete *prog;
+    *prog = nullptr;
+    return NVRTC_SUCCESS;
+}
+
+API int nvrtcCompileProgram(Program* p, int num_options, const char* const* options) {
+    if (!p) return NVRTC_ERROR_INVALID_PROGRAM;
+    std::vector<std::string> opts;
+    for (int i = 0; i < num_options; ++i) opts.emplace_back(options[i]);
+    p->log.clear();
+    p->image.clear();
+    return compile(*p, opts);
+}
+
+API int nvrtcGetProgramLogSize(Program* p, size_t* size) {
+    if (!p || !size) return NVRTC_ERROR_INVALID_INPUT;
+    *size = p->log.size() + 1;
+    return NVRTC_SUCCESS;
+}
+
+API int nvrtcGetProgramLog(Program* p, char* log) {
+    if (!p || !log) return NVRTC_ERROR_INVALID_INPUT;
+    std::memcpy(log, p->log.c_str(), p->log.size() + 1);
+    return NVRTC_SUCCESS;
+}
+
+API int nvrtcGetPTXSize(Program* p, size_t* size) {
+    if (!p || !size) return NVRTC_ERROR_INVALID_INPUT;
+    if (p->image.empty()) return NVRTC_ERROR_INVALID_PROGRAM;
+    *size = image_text(*p).size() + 1;
+    return NVRTC_SUCCESS;
+}
+
+API int nvrtcGetPTX(Program* p, char* ptx) {
+    if (!p || !ptx) return NVRTC_ERROR_INVALID_INPUT;
+    if (p->image.empty()) return NVRTC_ERROR_INVALID_PROGRAM;
+    const std::string text = image_text(*p);
+    std::memcpy(ptx, text.c_str(), text.size() + 1);
+    return NVRTC_SUCCESS;
+}
+
+API int nvrtcGetCUBINSize(Program*, size_t*) { return NVRTC_ERROR_INVALID_INPUT; }
+API int nvrtcGetCUBIN(Program*, char*) { return NVRTC_ERROR_INVALID_INPUT; }
