@@ -145,15 +145,21 @@ fn decode<D: Device>(
             .collect();
         engine.forward(&mut items)?;
     }
-    let feed: Vec<[u32; 1]> = (0..b).map(|i| [(i as u32 * 17 + 220) % 1000]).collect();
-    let mut items: Vec<BatchItem<'_, D::Cache>> = feed
-        .iter()
-        .zip(caches.iter_mut())
-        .map(|(f, cache)| BatchItem { tokens: f, cache })
-        .collect();
+    // Greedy steps as the scheduler runs them: the next tokens picked on
+    // the device (a GPU copies back token ids, not a vocabulary of logits
+    // a row) and fed to the next step.
+    let mut feed: Vec<[u32; 1]> = (0..b).map(|i| [(i as u32 * 17 + 220) % 1000]).collect();
     let t = Instant::now();
     for _ in 0..steps {
-        engine.forward(&mut items)?;
+        let mut items: Vec<BatchItem<'_, D::Cache>> = feed
+            .iter()
+            .zip(caches.iter_mut())
+            .map(|(f, cache)| BatchItem { tokens: f, cache })
+            .collect();
+        let next = engine.forward_greedy(&mut items)?;
+        for (f, t) in feed.iter_mut().zip(next) {
+            f[0] = t;
+        }
     }
     Ok(Rate {
         tokens: b * steps,

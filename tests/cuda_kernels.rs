@@ -1,5 +1,7 @@
 //! Every CUDA kernel set compiles under NVRTC, for the compute capabilities
-//! the engine targets, without an error or a warning. No GPU is needed:
+//! the engine targets, without an error or a warning; so do the inline-PTX
+//! wrappers (`kernels/cuda/ptx.cuh`) in their GPU branch, through the
+//! standalone kernels the emulator tests run. No GPU is needed:
 //! NVRTC alone (the `nvidia-cuda-nvrtc` wheel `.ci/run` installs) compiles
 //! to PTX. Where NVRTC is absent the test fails in CI and is skipped,
 //! visibly, elsewhere.
@@ -29,6 +31,21 @@ fn every_cuda_kernel_compiles_without_errors_or_warnings() {
                 c.ptx.contains(".entry"),
                 "{name} ({arch}): no kernel in the PTX"
             );
+        }
+        let ptx_check = format!(
+            "{}\n{}",
+            statebench_kernels::cuda::PTX,
+            include_str!("cuda/ptx_check.cu")
+        );
+        let c = compile("ptx_check", &ptx_check, arch)
+            .unwrap_or_else(|e| panic!("ptx_check ({arch}): {}\n{}", e.first_error, e.log));
+        assert!(c.log.is_empty(), "ptx_check ({arch}): {}", c.log);
+        for op in [
+            "mma.sync.aligned.m16n8k16",
+            "ldmatrix.sync.aligned.m8n8.x4.trans",
+            "cp.async.wait_group 1",
+        ] {
+            assert!(c.ptx.contains(op), "ptx_check ({arch}): no {op} in the PTX");
         }
     }
 }

@@ -105,3 +105,34 @@ fn default_model_embeddings_are_batch_invariant_and_served_alike() {
     assert!(err.to_string().contains("400"), "{err}");
     server.shutdown();
 }
+
+/// Embedding caches count against the KV budget like sessions' do: an
+/// idle session's cache is dropped to make room, and a text larger than
+/// the budget is refused instead of exhausting a device's fixed pool.
+#[test]
+fn embedding_caches_are_admitted_against_the_kv_budget() {
+    use statebench::backend::{BackendError, Message, Role};
+    let spec = root().join("tests/fixtures/engine/tiny-qwen2");
+    let per_token = engine(&spec, 512).model().cfg.kv_bytes_per_token();
+    let opts = EngineOptions {
+        kv_budget_bytes: 400 * per_token,
+        ..EngineOptions::default()
+    };
+    let mut e = Engine::load(&spec.to_string_lossy(), opts).expect("model loads");
+    let s = e.open_session();
+    let req = statebench::backend::ChatRequest::greedy(
+        vec![Message::new(Role::User, "word ".repeat(30))],
+        4,
+    );
+    e.chat(s, req).expect("chat");
+    assert!(e.kv_bytes_in_use() > 0, "the session keeps its cache");
+    // The session holds about 210 positions (its prompt is near one token
+    // a character), the text about 300: it fits once the idle cache goes.
+    e.embed(&["word ".repeat(60)])
+        .expect("embeds after evicting");
+    assert_eq!(e.kv_bytes_in_use(), 0, "the idle cache made room");
+    match e.embed(&["word ".repeat(100)]) {
+        Err(BackendError::ExceedsKvBudget { .. }) => {}
+        other => panic!("a text over the budget must be refused: {other:?}"),
+    }
+}

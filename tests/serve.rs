@@ -28,9 +28,15 @@ struct ServeProc {
 impl ServeProc {
     /// Starts the server on a free loopback port and waits (bounded) for its address.
     fn start(model: &Path) -> ServeProc {
+        Self::start_with(model, &[])
+    }
+
+    /// [`Self::start`] with more `serve` flags.
+    fn start_with(model: &Path, flags: &[&str]) -> ServeProc {
         let mut child = Command::new(BIN)
             .args(["serve", "--host", "127.0.0.1", "--port", "0", "--model"])
             .arg(model)
+            .args(flags)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
@@ -594,4 +600,36 @@ fn eal_study_through_serve_matches_in_process() {
     };
     assert_eq!(a.trials.len(), 36);
     assert_eq!(trials(&a), trials(&b));
+}
+
+/// `serve` on the CUDA engine, executed by the CUDA emulator: a chat
+/// round trip answers, twice the same.
+#[cfg(all(feature = "cuda", target_os = "linux"))]
+#[test]
+fn serve_round_trip_on_the_emulated_cuda_device() {
+    if !engine_common::emulator_built() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tiny_model(tmp.path());
+    let server = ServeProc::start_with(
+        &model,
+        &["--device", "cuda-emulated", "--kv-budget-gib", "0.0625"],
+    );
+    let body = json!({
+        "model": "tiny",
+        "messages": [{"role": "user", "content": "Name a colour."}],
+        "max_tokens": 12,
+        "temperature": 0
+    })
+    .to_string();
+    let (status, first) = post(&server.url, &body);
+    assert_eq!(status, 200, "{first}");
+    let content = first["choices"][0]["message"]["content"]
+        .as_str()
+        .expect("content")
+        .to_string();
+    assert_eq!(first["usage"]["completion_tokens"], json!(12), "{first}");
+    let (_, second) = post(&server.url, &body);
+    assert_eq!(second["choices"][0]["message"]["content"], json!(content));
 }

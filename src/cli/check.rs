@@ -27,7 +27,7 @@ pub enum CheckCommand {
 
 #[derive(Args)]
 pub struct KernelArgs {
-    /// Device to check against the CPU: cuda, cuda:N or metal.
+    /// Device to check against the CPU: cuda, cuda:N, cuda-emulated or metal.
     #[arg(long)]
     device: DeviceChoice,
     /// Seed of the random inputs.
@@ -70,8 +70,8 @@ macro_rules! with_engine {
                 $body
             }
             #[cfg(feature = "cuda")]
-            DeviceChoice::Cuda(n) => {
-                let dev = statebench::engine::device::cuda::Cuda::open(n)?;
+            choice @ (DeviceChoice::Cuda(_) | DeviceChoice::CudaEmulated) => {
+                let dev = statebench::engine::device::cuda::Cuda::open_choice(choice)?;
                 let mut $engine = Engine::load_on(dev, &spec, opts)?;
                 $body
             }
@@ -108,9 +108,9 @@ fn kernels(a: KernelArgs) -> Result<()> {
     let diffs = match a.device {
         DeviceChoice::Cpu => check::compare(&Cpu, &Cpu, a.seed)?,
         #[cfg(feature = "cuda")]
-        DeviceChoice::Cuda(n) => check::compare(
+        choice @ (DeviceChoice::Cuda(_) | DeviceChoice::CudaEmulated) => check::compare(
             &Cpu,
-            &statebench::engine::device::cuda::Cuda::open(n)?,
+            &statebench::engine::device::cuda::Cuda::open_choice(choice)?,
             a.seed,
         )?,
         #[cfg(feature = "metal")]

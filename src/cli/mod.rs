@@ -82,7 +82,8 @@ pub struct ModelArgs {
     /// on a GPU, at most what its memory holds after the weights).
     #[arg(long, default_value_t = EngineOptions::DEFAULT_KV_BUDGET_GIB)]
     pub kv_budget_gib: f64,
-    /// Device of the forward pass: cpu, cuda, cuda:N or metal. Default: the
+    /// Device of the forward pass: cpu, cuda, cuda:N, cuda-emulated (the CUDA
+    /// engine executed on the CPU by the emulator) or metal. Default: the
     /// first CUDA GPU when this build has CUDA and one answers, else cpu.
     #[arg(long)]
     pub device: Option<DeviceChoice>,

@@ -29,7 +29,7 @@ use crate::backend::{
     l2_normalize, split_thinking, split_tool_calls, Backend, BackendError, ChatReply, ChatRequest,
     Embeddings, Finished, Message, ModelIdentity, Prompt, RequestId, SessionId, Usage,
 };
-use device::{Cpu, Device, DeviceChoice};
+use device::{Cpu, Device, DeviceChoice, Next};
 use model::{BatchItem, Model};
 use prompt::Prompter;
 use scheduler::{Done, Limits, Scheduler};
@@ -168,13 +168,13 @@ pub fn open(
     match device {
         DeviceChoice::Cpu => Ok(Box::new(Engine::load(spec, opts)?)),
         #[cfg(feature = "cuda")]
-        DeviceChoice::Cuda(n) => Ok(Box::new(Engine::load_on(
-            device::cuda::Cuda::open(n)?,
+        DeviceChoice::Cuda(_) | DeviceChoice::CudaEmulated => Ok(Box::new(Engine::load_on(
+            device::cuda::Cuda::open_choice(device)?,
             spec,
             opts,
         )?)),
         #[cfg(not(feature = "cuda"))]
-        DeviceChoice::Cuda(_) => Err(not_built("cuda")),
+        DeviceChoice::Cuda(_) | DeviceChoice::CudaEmulated => Err(not_built("cuda")),
         #[cfg(feature = "metal")]
         DeviceChoice::Metal(n) => Ok(Box::new(Engine::load_on(
             device::candle::Candle::metal(n)?,
@@ -262,6 +262,24 @@ impl<D: Device> Engine<D> {
         items: &mut [BatchItem<'_, D::Cache>],
     ) -> Result<Vec<Vec<f32>>, BackendError> {
         self.pool.install(|| self.model.forward(items))
+    }
+
+    /// Runs one ragged forward batch as a greedy decode step runs: each
+    /// item's next token chosen on the device, only the token ids copied
+    /// back.
+    pub fn forward_greedy(
+        &self,
+        items: &mut [BatchItem<'_, D::Cache>],
+    ) -> Result<Vec<u32>, BackendError> {
+        let greedy = vec![true; items.len()];
+        let next = self.pool.install(|| self.model.step(items, &greedy))?;
+        Ok(next
+            .into_iter()
+            .map(|n| match n {
+                Next::Argmax(t) => t,
+                Next::Logits(l) => sampling::argmax(&l),
+            })
+            .collect())
     }
 
     /// Renders messages with the model's chat template.
@@ -423,6 +441,8 @@ impl<D: Device> Backend for Engine<D> {
         let mut group_tokens = 0;
         for t in &tokens {
             if !group.is_empty() && group_tokens + t.len() > EMBED_BATCH_TOKENS {
+                self.scheduler
+                    .make_room(&group.iter().map(|g| g.len()).collect::<Vec<_>>())?;
                 vectors.extend(self.embed_group(&group)?);
                 group.clear();
                 group_tokens = 0;
@@ -430,6 +450,8 @@ impl<D: Device> Backend for Engine<D> {
             group.push(t);
             group_tokens += t.len();
         }
+        self.scheduler
+            .make_room(&group.iter().map(|g| g.len()).collect::<Vec<_>>())?;
         vectors.extend(self.embed_group(&group)?);
         Ok(Embeddings {
             vectors,

@@ -223,11 +223,11 @@ impl<C: KvStore> Scheduler<C> {
     /// Drops the cache of the least recently used session other than `keep`
     /// (it re-prefills on its next turn, with the same result); returns the
     /// bytes freed, or None when no such session holds a cache.
-    fn evict_lru_except(&mut self, keep: SessionId) -> Option<usize> {
+    fn evict_lru_except(&mut self, keep: Option<SessionId>) -> Option<usize> {
         let victim = self
             .sessions
             .iter()
-            .filter(|(id, s)| **id != keep && !s.cache.is_empty())
+            .filter(|(id, s)| Some(**id) != keep && !s.cache.is_empty())
             .min_by_key(|(id, s)| (s.last_used, **id))
             .map(|(id, _)| *id);
         let freed = self.bytes(self.sessions.get(&victim?)?.cache.len());
@@ -235,6 +235,28 @@ impl<C: KvStore> Scheduler<C> {
         s.cache = C::default();
         s.tokens.clear();
         Some(freed)
+    }
+
+    /// Makes room beside the running requests for caches of `lens` tokens
+    /// that live outside any session (an embedding group's), dropping idle
+    /// sessions' caches, least recently used first; refuses when the
+    /// running requests leave too little.
+    pub fn make_room(&mut self, lens: &[usize]) -> Result<(), BackendError> {
+        let need: usize = lens.iter().map(|&n| self.bytes(n)).sum();
+        let budget = self.limits.kv_budget_bytes;
+        let mut held = self.kv_bytes_in_use();
+        while held + need > budget {
+            match self.evict_lru_except(None) {
+                Some(freed) => held -= freed,
+                None => {
+                    return Err(BackendError::ExceedsKvBudget {
+                        needed_bytes: need + self.reserved_bytes(),
+                        budget_bytes: budget,
+                    })
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Moves waiting requests into the running batch while the KV budget allows.
@@ -249,7 +271,7 @@ impl<C: KvStore> Scheduler<C> {
             // Idle caches make room for a request that fits beside the running ones.
             reserved += self.idle_bytes_except(Some(keep));
             while reserved + need > budget {
-                match self.evict_lru_except(keep) {
+                match self.evict_lru_except(Some(keep)) {
                     Some(freed) => reserved -= freed,
                     None => break,
                 }

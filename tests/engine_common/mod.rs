@@ -258,3 +258,50 @@ pub fn stable_records(dir: &Path) -> Vec<String> {
         })
         .collect()
 }
+
+/// A copy of a tiny fixture whose matrices (2-D tensors) are rounded to
+/// bf16 and stored as bf16, its vectors (norms, biases) kept f32: what a
+/// bf16 device holds, for a CPU engine to hold the same.
+pub fn tiny_bf16_copy(dir: &Path, name: &str) -> PathBuf {
+    use safetensors::{tensor::TensorView, Dtype, SafeTensors};
+    use statebench::engine::device::f32_to_bf16;
+    let dst = tiny_copy(dir, name, 512);
+    let file = dst.join("model.safetensors");
+    let bytes = std::fs::read(&file).unwrap();
+    let st = SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, Dtype, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (tensor, view) in st.tensors() {
+        let shape = view.shape().to_vec();
+        if view.dtype() == Dtype::F32 && shape.len() == 2 {
+            let data: Vec<u8> = view
+                .data()
+                .chunks_exact(4)
+                .flat_map(|b| {
+                    f32_to_bf16(f32::from_le_bytes([b[0], b[1], b[2], b[3]])).to_le_bytes()
+                })
+                .collect();
+            owned.push((tensor, Dtype::BF16, shape, data));
+        } else {
+            owned.push((tensor, view.dtype(), shape, view.data().to_vec()));
+        }
+    }
+    let views: Vec<(String, TensorView)> = owned
+        .iter()
+        .map(|(n, d, s, b)| (n.clone(), TensorView::new(*d, s.clone(), b).unwrap()))
+        .collect();
+    safetensors::serialize_to_file(views, None, &file).unwrap();
+    dst
+}
+
+/// Whether the CUDA emulator was built with this statebench (Linux, a C++
+/// compiler at build time); when not, the test is missing its device
+/// ([`missing`]: failed in CI, skipped visibly elsewhere).
+pub fn emulator_built() -> bool {
+    match statebench_kernels::cuda::emulator_dir() {
+        Ok(_) => true,
+        Err(why) => {
+            missing(&why);
+            false
+        }
+    }
+}

@@ -83,6 +83,41 @@ impl<D: Device> Side<'_, D> {
     }
 }
 
+/// The sizes one comparison runs at.
+#[derive(Debug, Clone)]
+pub struct Shapes {
+    /// Rows of the matrix product, norms and element-wise operations.
+    pub rows: usize,
+    /// Inner dimension of the matrix product (the K of `x Wᵀ`).
+    pub hidden: usize,
+    /// Outputs of the matrix product.
+    pub inner: usize,
+    pub vocab: usize,
+    pub heads: Heads,
+    /// Attention: each step's new positions per sequence, written to the
+    /// cache and attended over, step after step.
+    pub steps: Vec<Vec<usize>>,
+}
+
+impl Shapes {
+    /// Rows and widths that fill no tile exactly: two sequences prefilled
+    /// (3 and 5 positions), then one decode step each.
+    pub fn ragged() -> Self {
+        Shapes {
+            rows: 7,
+            hidden: 96,
+            inner: 80,
+            vocab: 150,
+            heads: Heads {
+                q: 4,
+                kv: 2,
+                dim: 24,
+            },
+            steps: vec![vec![3, 5], vec![1, 1]],
+        }
+    }
+}
+
 /// Runs each operation on `a` and `b` with the same inputs (seeded) and
 /// returns how far each pair of results differs.
 pub fn compare<A: Device, B: Device>(
@@ -90,16 +125,27 @@ pub fn compare<A: Device, B: Device>(
     b: &B,
     seed: u64,
 ) -> Result<Vec<KernelDiff>, BackendError> {
+    compare_at(a, b, seed, &Shapes::ragged())
+}
+
+/// [`compare`] at the given sizes.
+pub fn compare_at<A: Device, B: Device>(
+    a: &A,
+    b: &B,
+    seed: u64,
+    shapes: &Shapes,
+) -> Result<Vec<KernelDiff>, BackendError> {
     let (sa, sb) = (Side { dev: a }, Side { dev: b });
     let mut rng = Rng::stream(seed, "device-check");
     let mut out = Vec::new();
-    // Shapes with ragged edges: rows and widths that fill no tile exactly.
-    let (rows, hidden, inner, vocab) = (7usize, 96usize, 80usize, 150usize);
-    let heads = Heads {
-        q: 4,
-        kv: 2,
-        dim: 24,
-    };
+    let Shapes {
+        rows,
+        hidden,
+        inner,
+        vocab,
+        heads,
+        ..
+    } = *shapes;
 
     // Embedding gather.
     let table = bf16_values(&mut rng, vocab * hidden, 1.0);
@@ -190,7 +236,7 @@ pub fn compare<A: Device, B: Device>(
     out.push(diff("add", &sa.host(ada), &sb.host(adb)));
 
     // Row gather and argmax (exact: compared as numbers).
-    let pick = [6usize, 0, 3];
+    let pick = [rows - 1, 0, rows / 2];
     out.push(diff(
         "gather",
         &sa.host(a.gather(&xa, &pick)),
@@ -198,22 +244,25 @@ pub fn compare<A: Device, B: Device>(
     ));
     let mut logits = values(&mut rng, rows * vocab, 1.0);
     logits[5] = logits.iter().copied().fold(f32::MIN, f32::max); // a tie, lowest index wins
-    logits[vocab + 3] = f32::NAN;
+    if rows > 1 {
+        logits[vocab + 3] = f32::NAN;
+    }
     let (la, lb) = (a.act(vocab, logits.clone()), b.act(vocab, logits));
     let as_f = |v: Vec<u32>| vec![v.into_iter().map(|i| i as f32).collect::<Vec<_>>()];
     out.push(diff("argmax", &as_f(a.argmax(&la)), &as_f(b.argmax(&lb))));
 
-    // KV write and attention: two sequences prefilled (3 and 5 positions),
-    // then one decode step each.
-    let budget = 1 << 24;
+    // KV write and attention, step after step.
+    let seqs = shapes.steps.first().map_or(0, Vec::len);
+    let positions: usize = shapes.steps.iter().flatten().sum();
+    let budget = (positions + 16 * seqs * shapes.steps.len()) * heads.kv * heads.dim * 2 * 4;
     a.reserve_kv(1, heads, budget)?;
     b.reserve_kv(1, heads, budget)?;
-    let (mut ca, mut cb) = (
-        [A::Cache::default(), A::Cache::default()],
-        [B::Cache::default(), B::Cache::default()],
+    let (mut ca, mut cb): (Vec<A::Cache>, Vec<B::Cache>) = (
+        (0..seqs).map(|_| A::Cache::default()).collect(),
+        (0..seqs).map(|_| B::Cache::default()).collect(),
     );
     let mut att = Vec::new();
-    for step in [vec![3usize, 5], vec![1, 1]] {
+    for step in &shapes.steps {
         let n: usize = step.iter().sum();
         let cached: Vec<usize> = ca
             .iter()
@@ -250,15 +299,22 @@ pub fn compare<A: Device, B: Device>(
         );
         let ob = b.attention(&b.act(heads.q * heads.dim, q), &refs_b, 0, &brows, heads);
         att.push((sa.host(oa), sb.host(ob)));
-        for (c, &m) in ca.iter_mut().zip(&step) {
+        for (c, &m) in ca.iter_mut().zip(step) {
             crate::engine::kv_cache::KvStore::advance(c, m);
         }
-        for (c, &m) in cb.iter_mut().zip(&step) {
+        for (c, &m) in cb.iter_mut().zip(step) {
             crate::engine::kv_cache::KvStore::advance(c, m);
         }
     }
-    out.push(diff("attention prefill", &att[0].0, &att[0].1));
-    out.push(diff("attention decode", &att[1].0, &att[1].1));
+    for (i, (x, y)) in att.iter().enumerate() {
+        let single = shapes.steps[i].iter().all(|&n| n == 1);
+        let name = if single {
+            "attention decode"
+        } else {
+            "attention prefill"
+        };
+        out.push(diff(name, x, y));
+    }
     a.sync()?;
     b.sync()?;
     Ok(out)

@@ -11,6 +11,11 @@
 //! positions, sized at load from the KV budget and the free device memory;
 //! a sequence holds a list of blocks and gives them back when it shrinks
 //! or is dropped.
+//!
+//! The same code runs on the CUDA emulator (`--device cuda-emulated`,
+//! `kernels/cuda/emulator/`): its driver and NVRTC libraries are loaded in
+//! place of NVIDIA's before cudarc looks for them, so everything above the
+//! launch is the code a GPU runs.
 
 use std::ffi::CString;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -57,6 +62,50 @@ pub fn nvrtc_available() -> bool {
 pub fn driver_available() -> bool {
     // SAFETY: only tries to open the library.
     unsafe { cudarc::driver::sys::is_culib_present() }
+}
+
+/// The name the emulator's driver gives its device.
+const EMULATED_HARDWARE: &str = "statebench CUDA emulator";
+
+/// The emulator's driver library, once loaded into this process.
+static EMULATOR: OnceLock<Result<libloading::os::unix::Library, String>> = OnceLock::new();
+
+/// Loads the CUDA emulator's driver and NVRTC in place of NVIDIA's: cudarc
+/// then opens `libcuda.so` and `libnvrtc.so` by name and gets these (a
+/// library already loaded answers to its soname). Must come before any
+/// other CUDA use in the process; a later real-GPU open is refused.
+pub fn load_emulator() -> Result<(), String> {
+    EMULATOR
+        .get_or_init(|| {
+            use libloading::os::unix::{Library, RTLD_GLOBAL, RTLD_NOW};
+            let dir = statebench_kernels::cuda::emulator_dir()?;
+            let open = |lib: &str| {
+                let path = dir.join(lib);
+                // SAFETY: the emulator's libraries run no code at load.
+                unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) }
+                    .map_err(|e| format!("loading the CUDA emulator's {}: {e}", path.display()))
+            };
+            let driver = open("libcuda.so")?;
+            std::mem::forget(open("libnvrtc.so")?);
+            Ok(driver)
+        })
+        .as_ref()
+        .map(|_| ())
+        .map_err(Clone::clone)
+}
+
+/// The emulator's first kernel failure in this process (a deadlock, a bad
+/// warp collective), when the emulator is loaded and one happened.
+pub fn emulator_error() -> Option<String> {
+    let lib = EMULATOR.get()?.as_ref().ok()?;
+    // SAFETY: the symbol is `const char* statebench_emu_last_error()`.
+    let last: libloading::os::unix::Symbol<unsafe extern "C" fn() -> *const std::ffi::c_char> =
+        unsafe { lib.get(b"statebench_emu_last_error\0") }.ok()?;
+    // SAFETY: the emulator returns a NUL-terminated string it keeps alive.
+    let text = unsafe { std::ffi::CStr::from_ptr(last()) }
+        .to_string_lossy()
+        .into_owned();
+    (!text.is_empty()).then_some(text)
 }
 
 /// CUDA devices that answer; 0 without a driver.
@@ -232,6 +281,9 @@ pub struct CudaRope {
     half: usize,
 }
 
+/// A vector of step metadata and its copy on the device.
+type StepMeta = (Vec<i32>, Arc<CudaSlice<i32>>);
+
 /// One NVIDIA GPU.
 pub struct Cuda {
     stream: Arc<CudaStream>,
@@ -240,6 +292,8 @@ pub struct Cuda {
     info: DeviceInfo,
     kv: OnceLock<KvPools>,
     failed: Mutex<Option<String>>,
+    /// This step's uploaded metadata, by content.
+    meta: Mutex<Vec<StepMeta>>,
 }
 
 /// The error of an unusable device, in one line with what to do.
@@ -254,7 +308,31 @@ impl Cuda {
     /// Opens GPU `ordinal`: loads the driver and NVRTC, compiles and loads
     /// the kernels for its compute capability.
     pub fn open(ordinal: usize) -> Result<Self, BackendError> {
-        let name = format!("cuda:{ordinal}");
+        Self::open_on(ordinal, false)
+    }
+
+    /// Opens the CUDA emulator's device: the same kernels and host code,
+    /// executed on the CPU.
+    pub fn open_emulated() -> Result<Self, BackendError> {
+        load_emulator().map_err(|e| unusable("cuda-emulated", e))?;
+        Self::open_on(0, true)
+    }
+
+    /// The device `--device` names (`cuda[:N]` or `cuda-emulated`).
+    pub fn open_choice(choice: super::DeviceChoice) -> Result<Self, BackendError> {
+        match choice {
+            super::DeviceChoice::CudaEmulated => Self::open_emulated(),
+            super::DeviceChoice::Cuda(n) => Self::open(n),
+            other => Err(unusable(&other.to_string(), "not a CUDA device")),
+        }
+    }
+
+    fn open_on(ordinal: usize, emulated: bool) -> Result<Self, BackendError> {
+        let name = if emulated {
+            "cuda-emulated".to_string()
+        } else {
+            format!("cuda:{ordinal}")
+        };
         if !driver_available() {
             return Err(unusable(
                 &name,
@@ -278,6 +356,21 @@ impl Cuda {
             ));
         }
         let ctx = CudaContext::new(ordinal).map_err(|e| unusable(&name, e))?;
+        let hardware = ctx.name().unwrap_or_default();
+        if hardware.starts_with(EMULATED_HARDWARE) != emulated {
+            return Err(unusable(
+                &name,
+                if emulated {
+                    "another CUDA driver was loaded in this process before the emulator"
+                } else {
+                    "this process runs the CUDA emulator (--device cuda-emulated); a GPU cannot be opened beside it"
+                },
+            ));
+        }
+        // Tracking events on every buffer costs two events per operation,
+        // and one stream orders everything the engine does.
+        // SAFETY: the engine uses one stream, so no cross-stream waits are lost.
+        unsafe { ctx.disable_event_tracking() };
         let (major, minor) = ctx.compute_capability().map_err(|e| unusable(&name, e))?;
         let arch = format!("compute_{major}{minor}");
         let mut functions = std::collections::HashMap::new();
@@ -309,15 +402,27 @@ impl Cuda {
         let mut driver = 0i32;
         // SAFETY: writes one integer.
         unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
+        let asan = std::env::var("STATEBENCH_EMULATOR_ASAN").map_or(true, |v| v != "0");
         let info = DeviceInfo {
             name: name.clone(),
-            hardware: ctx.name().unwrap_or_default(),
+            hardware,
             detail: format!(
-                "driver {}.{}, compute capability {major}.{minor}",
+                "{}driver {}.{}, compute capability {major}.{minor}{}",
+                if emulated { "emulated " } else { "" },
                 driver / 1000,
-                (driver % 1000) / 10
+                (driver % 1000) / 10,
+                match (emulated, asan) {
+                    (true, true) => ", kernels under AddressSanitizer",
+                    (true, false) => ", kernels without AddressSanitizer",
+                    _ => "",
+                }
             ),
-            arithmetic: statebench_kernels::cuda::ARITHMETIC.to_string(),
+            arithmetic: if emulated {
+                statebench_kernels::cuda::EMULATED_ARITHMETIC
+            } else {
+                statebench_kernels::cuda::ARITHMETIC
+            }
+            .to_string(),
         };
         Ok(Cuda {
             stream: ctx.default_stream(),
@@ -326,7 +431,18 @@ impl Cuda {
             info,
             kv: OnceLock::new(),
             failed: Mutex::new(None),
+            meta: Mutex::new(Vec::new()),
         })
+    }
+
+    /// None once an operation of this step has failed: the rest of the
+    /// step launches nothing (an attention over a block table that could
+    /// not grow would read outside the cache), and `sync` reports it.
+    fn healthy(&self) -> Option<()> {
+        match self.failed.lock() {
+            Ok(f) if f.is_none() => Some(()),
+            _ => None,
+        }
     }
 
     /// Records the first failure; `sync` reports it.
@@ -334,6 +450,19 @@ impl Cuda {
         if let Ok(mut f) = self.failed.lock() {
             f.get_or_insert_with(|| cause.to_string());
         }
+    }
+
+    /// A step's index metadata (positions, block tables, cache slots) on
+    /// the device: every layer of a step asks for the same vectors, so each
+    /// distinct one is uploaded once a step (`sync` ends the step).
+    fn step_meta(&self, v: Vec<i32>) -> Option<Arc<CudaSlice<i32>>> {
+        let mut meta = self.meta.lock().ok()?;
+        if let Some((_, d)) = meta.iter().find(|(h, _)| *h == v) {
+            return Some(Arc::clone(d));
+        }
+        let d = Arc::new(self.upload(&v)?);
+        meta.push((v, Arc::clone(&d)));
+        Some(d)
     }
 
     fn upload<T: DeviceRepr>(&self, v: &[T]) -> Option<CudaSlice<T>> {
@@ -445,6 +574,12 @@ impl Device for Cuda {
         heads: Heads,
         budget: usize,
     ) -> Result<usize, BackendError> {
+        if self.kv.get().is_some() {
+            return Err(unusable(
+                &self.info.name,
+                "the KV cache is already reserved (one model per device)",
+            ));
+        }
         let block_floats = heads.kv * KV_BLOCK * heads.dim;
         let block_bytes = layers * 2 * block_floats * 4;
         let (free, _) = self
@@ -492,6 +627,7 @@ impl Device for Cuda {
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         let (rows_i, hidden_i) = (rows as i32, hidden as i32);
         let out = (|| {
+            self.healthy()?;
             let ids = self.upload(&ids)?;
             let mut out = self.alloc(rows * hidden)?;
             let mut b = self.stream.launch_builder(&self.k.embed);
@@ -511,6 +647,7 @@ impl Device for Cuda {
         let w = weight.len();
         let w_i = w as i32;
         let out = (|| {
+            self.healthy()?;
             let xd = x.data.as_ref()?;
             let mut out = self.alloc(x.rows * x.width)?;
             let cfg = LaunchConfig {
@@ -530,6 +667,7 @@ impl Device for Cuda {
     fn matmul(&self, w: &CudaWeight, x: &CudaAct) -> CudaAct {
         let (rows_i, k_i, out_i) = (x.rows as i32, w.cols as i32, w.rows as i32);
         let out = (|| {
+            self.healthy()?;
             let xd = x.data.as_ref()?;
             let mut out = self.alloc(x.rows * w.rows)?;
             let cfg = LaunchConfig {
@@ -555,6 +693,7 @@ impl Device for Cuda {
         let (rows_i, width_i) = (y.rows as i32, y.width as i32);
         let n = y.rows * y.width;
         let ok = (|| {
+            self.healthy()?;
             let yd = y.data.as_mut()?;
             let mut b = self.stream.launch_builder(&self.k.add_bias);
             b.arg(yd).arg(bias).arg(&rows_i).arg(&width_i);
@@ -571,13 +710,14 @@ impl Device for Cuda {
         let (rows_i, heads_i, half_i) = (x.rows as i32, heads as i32, table.half as i32);
         let pos: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
         let ok = (|| {
-            let pos = self.upload(&pos)?;
+            self.healthy()?;
+            let pos = self.step_meta(pos)?;
             let xd = x.data.as_mut()?;
             let mut b = self.stream.launch_builder(&self.k.rope);
             b.arg(xd)
                 .arg(&table.cos)
                 .arg(&table.sin)
-                .arg(&pos)
+                .arg(&*pos)
                 .arg(&rows_i)
                 .arg(&heads_i)
                 .arg(&half_i);
@@ -603,6 +743,7 @@ impl Device for Cuda {
         };
         let (rows_i, kv_i, dim_i) = (rows.len() as i32, heads.kv as i32, heads.dim as i32);
         let _ = (|| {
+            self.healthy()?;
             // Where each row's position goes: block * KV_BLOCK + offset.
             let mut slots = Vec::with_capacity(rows.len());
             for (cache, span) in caches.iter_mut().zip(&rows.spans) {
@@ -613,14 +754,14 @@ impl Device for Cuda {
                 }
             }
             let pools = self.kv.get()?;
-            let slots = self.upload(&slots)?;
+            let slots = self.step_meta(slots)?;
             let n = rows.len() * heads.kv * heads.dim;
             let mut b = self.stream.launch_builder(&self.k.kv_write);
             b.arg(kd)
                 .arg(vd)
                 .arg(&pools.k[layer])
                 .arg(&pools.v[layer])
-                .arg(&slots)
+                .arg(&*slots)
                 .arg(&rows_i)
                 .arg(&kv_i)
                 .arg(&dim_i);
@@ -641,6 +782,7 @@ impl Device for Cuda {
         let (q_i, kv_i, dim_i) = (heads.q as i32, heads.kv as i32, heads.dim as i32);
         let scale = 1.0f32 / (heads.dim as f32).sqrt();
         let out = (|| {
+            self.healthy()?;
             let qd = q.data.as_ref()?;
             let pools = self.kv.get()?;
             // Every item's block table, one after another, and where each row's starts.
@@ -652,9 +794,9 @@ impl Device for Cuda {
             }
             let row_table: Vec<i32> = rows.item.iter().map(|&i| offsets[i]).collect();
             let row_pos: Vec<i32> = rows.pos.iter().map(|&p| p as i32).collect();
-            let tables = self.upload(&tables)?;
-            let row_table = self.upload(&row_table)?;
-            let row_pos = self.upload(&row_pos)?;
+            let tables = self.step_meta(tables)?;
+            let row_table = self.step_meta(row_table)?;
+            let row_pos = self.step_meta(row_pos)?;
             let mut out = self.alloc(rows.len() * q.width)?;
             let cfg = LaunchConfig {
                 grid_dim: (rows.len() as u32, heads.kv as u32, 1),
@@ -666,9 +808,9 @@ impl Device for Cuda {
                 .arg(&pools.k[layer])
                 .arg(&pools.v[layer])
                 .arg(&mut out)
-                .arg(&row_pos)
-                .arg(&row_table)
-                .arg(&tables)
+                .arg(&*row_pos)
+                .arg(&*row_table)
+                .arg(&*tables)
                 .arg(&q_i)
                 .arg(&kv_i)
                 .arg(&dim_i)
@@ -685,6 +827,7 @@ impl Device for Cuda {
         let n = gate.rows * gate.width;
         let n_i = n as i32;
         let ok = (|| {
+            self.healthy()?;
             let u = up.data.as_ref()?;
             let g = gate.data.as_mut()?;
             let mut b = self.stream.launch_builder(&self.k.silu_mul);
@@ -701,6 +844,7 @@ impl Device for Cuda {
         let n = x.rows * x.width;
         let n_i = n as i32;
         let ok = (|| {
+            self.healthy()?;
             let yd = y.data.as_ref()?;
             let xd = x.data.as_mut()?;
             let mut b = self.stream.launch_builder(&self.k.add);
@@ -717,6 +861,7 @@ impl Device for Cuda {
         let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
         let (n_i, width_i) = (rows.len() as i32, x.width as i32);
         let out = (|| {
+            self.healthy()?;
             let xd = x.data.as_ref()?;
             let idx = self.upload(&idx)?;
             let mut out = self.alloc(rows.len() * x.width)?;
@@ -747,6 +892,7 @@ impl Device for Cuda {
 
     fn argmax(&self, x: &CudaAct) -> Vec<u32> {
         let picks = (|| {
+            self.healthy()?;
             let xd = x.data.as_ref()?;
             // SAFETY: the kernel writes one index per row.
             let mut out = unsafe { self.stream.alloc::<u32>(x.rows.max(1)) }
@@ -779,9 +925,18 @@ impl Device for Cuda {
         if let Err(e) = self.stream.synchronize() {
             self.fail(e);
         }
+        if let Ok(mut meta) = self.meta.lock() {
+            meta.clear();
+        }
         let failed = self.failed.lock().ok().and_then(|mut f| f.take());
         match failed {
-            Some(cause) => Err(unusable(&self.info.name, cause)),
+            Some(cause) => Err(unusable(
+                &self.info.name,
+                match emulator_error() {
+                    Some(kernel) => format!("{cause} ({kernel})"),
+                    None => cause,
+                },
+            )),
             None => Ok(()),
         }
     }

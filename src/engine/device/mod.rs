@@ -166,6 +166,10 @@ pub enum Next {
 pub enum DeviceChoice {
     Cpu,
     Cuda(usize),
+    /// The CUDA engine on the CUDA emulator: the same kernels and host code,
+    /// executed on the CPU (for tests and kernel debugging, never chosen
+    /// by default).
+    CudaEmulated,
     Metal(usize),
 }
 
@@ -195,10 +199,11 @@ impl std::str::FromStr for DeviceChoice {
         };
         match kind {
             "cpu" if !s.contains(':') => Ok(DeviceChoice::Cpu),
+            "cuda-emulated" if !s.contains(':') => Ok(DeviceChoice::CudaEmulated),
             "cuda" => Ok(DeviceChoice::Cuda(n)),
             "metal" => Ok(DeviceChoice::Metal(n)),
             _ => Err(format!(
-                "unknown device '{s}' (expected cpu, cuda, cuda:N or metal)"
+                "unknown device '{s}' (expected cpu, cuda, cuda:N, cuda-emulated or metal)"
             )),
         }
     }
@@ -209,6 +214,7 @@ impl std::fmt::Display for DeviceChoice {
         match self {
             DeviceChoice::Cpu => f.write_str("cpu"),
             DeviceChoice::Cuda(n) => write!(f, "cuda:{n}"),
+            DeviceChoice::CudaEmulated => f.write_str("cuda-emulated"),
             DeviceChoice::Metal(n) => write!(f, "metal:{n}"),
         }
     }

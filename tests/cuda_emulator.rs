@@ -1,0 +1,282 @@
+//! The CUDA emulator itself: the inline-PTX wrappers against the PTX ISA's
+//! fragment layouts and a plain matrix product, and the errors it must
+//! report instead of hanging or reading garbage (a deadlocked barrier, a
+//! cp.async never waited for, a read past a buffer or a shared tile).
+//!
+//! A failed kernel makes the emulated context fail for the rest of its
+//! process, as a fault does on a GPU, and AddressSanitizer ends the
+//! process: so each failure runs in a child process of this test binary
+//! (the ignored `child` test, started with `STATEBENCH_EMU_CASE`).
+#![cfg(all(feature = "cuda", target_os = "linux"))]
+
+mod engine_common;
+
+use std::sync::Arc;
+
+use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::nvrtc::Ptx;
+use statebench::engine::device::cuda::{compile, emulator_error, load_emulator};
+
+const PTX_CHECK: &str = include_str!("cuda/ptx_check.cu");
+
+fn emulated() -> Arc<CudaContext> {
+    load_emulator().expect("the CUDA emulator loads");
+    CudaContext::new(0).expect("the emulated device opens")
+}
+
+/// Compiles `body` (after the PTX wrappers) and returns kernel `name`.
+fn kernel(ctx: &Arc<CudaContext>, set: &str, body: &str, name: &str) -> CudaFunction {
+    let source = format!("{}\n{body}", statebench_kernels::cuda::PTX);
+    let c = compile(set, &source, "compute_80").unwrap_or_else(|e| panic!("{e}\n{}", e.log));
+    ctx.load_module(Ptx::from_src(c.ptx))
+        .expect("module loads")
+        .load_function(name)
+        .expect("kernel found")
+}
+
+fn warp() -> LaunchConfig {
+    LaunchConfig {
+        grid_dim: (1, 1, 1),
+        block_dim: (32, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// bf16 bits of small integers and halves: every product and partial sum
+/// of the checks below is exact in f32, so only layout errors can differ.
+fn bf16_of(x: f32) -> u16 {
+    (x.to_bits() >> 16) as u16
+}
+
+fn lcg(seed: &mut u64) -> f32 {
+    *seed = seed
+        .wrapping_mul(6364136223846793005)
+        .wrapping_add(1442695040888963407);
+    ((*seed >> 33) % 17) as f32 * 0.5 - 4.0
+}
+
+#[test]
+fn ldmatrix_registers_follow_the_ptx_layouts() {
+    if !engine_common::emulator_built() {
+        return;
+    }
+    let ctx = emulated();
+    let stream = ctx.default_stream();
+    let f = kernel(&ctx, "ptx_check", PTX_CHECK, "ldmatrix_probe");
+    // Element (row r, column c) of the 32 x 8 matrix is r * 8 + c: every
+    // register then says which elements it holds.
+    let m: Vec<u16> = (0..256u16).collect();
+    let dm = stream.clone_htod(&m).expect("upload");
+    let mut out = stream.alloc_zeros::<u32>(32 * 14).expect("alloc");
+    let mut b = stream.launch_builder(&f);
+    b.arg(&dm).arg(&mut out);
+    // SAFETY: ldmatrix_probe(m, out): 256 halves in, 32 × 14 words out.
+    unsafe { b.launch(warp()) }.expect("launch");
+    let got = stream.clone_dtoh(&out).expect("download");
+    let at = |r: usize, c: usize| (r * 8 + c) as u32;
+    for l in 0..32 {
+        let (row, col) = (l / 4, 2 * (l % 4));
+        let mut want = Vec::new();
+        // x1, x2, x4: of matrix i (rows 8i..8i+7), row l/4, columns 2(l%4), +1.
+        for count in [1, 2, 4] {
+            for i in 0..count {
+                want.push(at(8 * i + row, col) | at(8 * i + row, col + 1) << 16);
+            }
+        }
+        // .trans: column l/4, rows 2(l%4) and +1.
+        for count in [1, 2, 4] {
+            for i in 0..count {
+                want.push(at(8 * i + col, row) | at(8 * i + col + 1, row) << 16);
+            }
+        }
+        assert_eq!(&got[l * 14..l * 14 + 14], &want[..], "lane {l}");
+    }
+}
+
+#[test]
+fn mma_through_cp_async_and_ldmatrix_equals_a_plain_matrix_product() {
+    if !engine_common::emulator_built() {
+        return;
+    }
+    let ctx = emulated();
+    let stream = ctx.default_stream();
+    let f = kernel(&ctx, "ptx_check", PTX_CHECK, "mma_gemm");
+    let (m, n, k) = (32usize, 24usize, 64usize);
+    let mut seed = 11u64;
+    let a: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
+    let bm: Vec<f32> = (0..n * k).map(|_| lcg(&mut seed)).collect(); // n x k
+    let bt: Vec<f32> = (0..k * n).map(|i| bm[(i % n) * k + i / n]).collect(); // k x n
+    let bits = |v: &[f32]| v.iter().map(|&x| bf16_of(x)).collect::<Vec<u16>>();
+    let (da, db, dbt) = (
+        stream.clone_htod(&bits(&a)).expect("upload"),
+        stream.clone_htod(&bits(&bm)).expect("upload"),
+        stream.clone_htod(&bits(&bt)).expect("upload"),
+    );
+    let mut c = stream.alloc_zeros::<f32>(m * n).expect("alloc");
+    let mut c2 = stream.alloc_zeros::<f32>(m * n).expect("alloc");
+    let (mi, ni, ki) = (m as i32, n as i32, k as i32);
+    let mut b = stream.launch_builder(&f);
+    b.arg(&da)
+        .arg(&db)
+        .arg(&dbt)
+        .arg(&mut c)
+        .arg(&mut c2)
+        .arg(&mi)
+        .arg(&ni)
+        .arg(&ki);
+    let cfg = LaunchConfig {
+        grid_dim: ((n / 8) as u32, (m / 16) as u32, 1),
+        ..warp()
+    };
+    // SAFETY: mma_gemm(a, b, bt, c, c2, m, n, k) over (n/8) x (m/16) warps.
+    unsafe { b.launch(cfg) }.expect("launch");
+    let (got, got_t) = (
+        stream.clone_dtoh(&c).expect("download"),
+        stream.clone_dtoh(&c2).expect("download"),
+    );
+    for i in 0..m {
+        for j in 0..n {
+            let want: f64 = (0..k)
+                .map(|p| a[i * k + p] as f64 * bm[j * k + p] as f64)
+                .sum();
+            assert_eq!(got[i * n + j] as f64, want, "c[{i}][{j}]");
+            assert_eq!(got_t[i * n + j] as f64, want, "c2[{i}][{j}] (b transposed)");
+        }
+    }
+}
+
+// Kernels that must fail, each in a child process.
+const BAD: &str = r#"
+extern "C" __global__ void divergent_warp(float* out) {
+    // Lanes 0-15 wait at the block barrier, 16-31 in a shuffle for lanes 0-15.
+    if (threadIdx.x < 16) {
+        __syncthreads();
+    } else {
+        out[threadIdx.x] = __shfl_xor_sync(0xffffffffu, 1.0f, 1);
+    }
+}
+
+extern "C" __global__ void copy_never_waited(const float* in, float* out) {
+    __shared__ __align__(16) float tile[32][4];
+    cp_async_16(&tile[threadIdx.x][0], in + threadIdx.x * 4);
+    cp_async_commit();
+    out[threadIdx.x] = tile[threadIdx.x][0];
+}
+
+extern "C" __global__ void read_past_the_buffer(const float* in, float* out, int n) {
+    out[threadIdx.x] = in[threadIdx.x + n - 31];
+}
+
+extern "C" __global__ void read_past_the_tile(const float* in, float* out) {
+    __shared__ float tile[32];
+    tile[threadIdx.x] = in[threadIdx.x];
+    __syncthreads();
+    out[threadIdx.x] = tile[threadIdx.x + 1];
+}
+"#;
+
+/// Runs one failing kernel; what it prints is what the parent checks.
+fn run_case(case: &str) {
+    let ctx = emulated();
+    let stream = ctx.default_stream();
+    let f = kernel(&ctx, "bad", BAD, case);
+    let input = stream.clone_htod(&[1.0f32; 128]).expect("upload");
+    let mut out = stream.alloc_zeros::<f32>(128).expect("alloc");
+    let n = 128i32;
+    let mut b = stream.launch_builder(&f);
+    match case {
+        "divergent_warp" => b.arg(&mut out),
+        "read_past_the_buffer" => b.arg(&input).arg(&mut out).arg(&n),
+        _ => b.arg(&input).arg(&mut out),
+    };
+    // SAFETY: the buffers are as large as each kernel's in-bounds reads.
+    let launched = unsafe { b.launch(warp()) };
+    let synced = stream.synchronize();
+    println!("launch: {launched:?}; sync: {synced:?}");
+    println!("emulator: {}", emulator_error().unwrap_or_default());
+}
+
+#[test]
+#[ignore = "the entry point of the failure tests' child processes"]
+fn child() {
+    if let Ok(case) = std::env::var("STATEBENCH_EMU_CASE") {
+        run_case(&case);
+    }
+}
+
+/// This binary's `child` test in a process of its own, running `case`.
+fn in_child(case: &str) -> (bool, String) {
+    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
+        .args([
+            "child",
+            "--exact",
+            "--ignored",
+            "--nocapture",
+            "--test-threads=1",
+        ])
+        .env("STATEBENCH_EMU_CASE", case)
+        .output()
+        .expect("the child runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn a_barrier_some_lanes_never_reach_is_a_reported_deadlock() {
+    if !engine_common::emulator_built() {
+        return;
+    }
+    let (_, text) = in_child("divergent_warp");
+    assert!(
+        text.contains("kernel divergent_warp") && text.contains("deadlock"),
+        "{text}"
+    );
+    assert!(
+        text.contains("16 (from thread 0) wait at __syncthreads")
+            && text.contains("16 (from thread 16) wait at a warp collective"),
+        "{text}"
+    );
+    assert!(text.contains("CUDA_ERROR_LAUNCH_FAILED"), "{text}");
+}
+
+#[test]
+fn a_cp_async_never_waited_for_is_reported() {
+    if !engine_common::emulator_built() {
+        return;
+    }
+    let (_, text) = in_child("copy_never_waited");
+    assert!(
+        text.contains("kernel copy_never_waited")
+            && text.contains("cp.async copies never waited for"),
+        "{text}"
+    );
+}
+
+/// Runs `kernel` in a child, which AddressSanitizer must stop with a report
+/// naming the kernel.
+fn asan_stops(kernel: &str) {
+    let (ok, text) = in_child(kernel);
+    assert!(!ok, "the child must fail:\n{text}");
+    assert!(
+        text.contains("AddressSanitizer") && text.contains(&format!("in {kernel}")),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_read_past_a_device_buffer_stops_the_kernel_by_name() {
+    if engine_common::emulator_built() {
+        asan_stops("read_past_the_buffer");
+    }
+}
+
+#[test]
+fn a_read_past_a_shared_tile_stops_the_kernel_by_name() {
+    if engine_common::emulator_built() {
+        asan_stops("read_past_the_tile");
+    }
+}
