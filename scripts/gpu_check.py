@@ -7,10 +7,11 @@ scripts/gpu-build.sh (target/gpu/statebench, target/gpu/devices).
 
 Parts, each reporting its own error and never stopping the others:
   (a) kernels: every CUDA operation against the CPU's on random inputs
-      (`statebench check kernels`), and the Rust GPU tests (tests/devices.rs,
-      run with --ignored: kernels, tiny models against the CPU, invariance);
+      (`statebench check kernels`), and the CUDA tests of tests/devices.rs
+      pointed at the GPU (STATEBENCH_TEST_GPU=real: kernels at model shapes,
+      tiny models against the CPU, invariance, KV exhaustion);
   (b) reference: tiny Qwen2/Qwen3 last-position logits against transformers
-      on the same GPU, in f32 with the weights rounded to bf16 as the engine
+      on the same GPU, in f32 with the matrices rounded to bf16 as the engine
       holds them (TF32 off), and the greedy paths;
   (c) invariance: one request's token hash alone and in batches of 3, 32 and
       128 beside requests of other lengths, cached and cold, in two processes;
@@ -20,7 +21,8 @@ Parts, each reporting its own error and never stopping the others:
       the same matrix shapes;
   (e) a live ladder cell on the tiny model through the whole pipeline.
 
-Prints the table; writes it as JSON to $OUT/gpu-check.json when $OUT is set.
+Prints each row as it is made and rewrites $OUT/gpu-check.json (when $OUT is
+set) with every row so far, so a run cut short keeps what it measured.
 DEVICE=cpu runs the statebench parts on the CPU (a dry run of the script).
 """
 
@@ -116,7 +118,7 @@ def kernels() -> None:
     if TESTS.exists():
         # The device tests run on the CUDA emulator unless told to use GPU 0.
         env = dict(os.environ, STATEBENCH_ROOT=str(ROOT), STATEBENCH_REQUIRE="1",
-                   STATEBENCH_TEST_GPU="real")
+                   STATEBENCH_TEST_GPU="real", STATEBENCH_BIN=str(BIN))
         p = subprocess.run([str(TESTS), "cuda::", "--test-threads", "1"], capture_output=True,
                            text=True, env=env, timeout=max(10.0, min(240, left())))
         for line in p.stdout.splitlines():

@@ -231,23 +231,21 @@ mod cuda {
         assert_eq!(cached.tokens, cold.tokens, "cached vs cold");
     }
 
-    /// `statebench check invariance` on the emulated device in two
-    /// processes: the same hashes, and every hash of a process equal.
+    /// `statebench check invariance` on the device in two processes: the
+    /// same hashes, and every hash of a process equal.
     #[test]
     fn cuda_invariance_holds_across_processes() {
         if !device_present() {
             return;
         }
         let dir = root().join("tests/fixtures/engine/tiny-qwen2");
+        // The binary beside a carried test binary (`scripts/gpu-check.sh`), or this build's.
+        let bin = std::env::var_os("STATEBENCH_BIN")
+            .unwrap_or_else(|| env!("CARGO_BIN_EXE_statebench").into());
+        let device = if real_gpu() { "cuda" } else { "cuda-emulated" };
         let run = || {
-            let o = std::process::Command::new(env!("CARGO_BIN_EXE_statebench"))
-                .args([
-                    "check",
-                    "invariance",
-                    "--device",
-                    "cuda-emulated",
-                    "--model",
-                ])
+            let o = std::process::Command::new(&bin)
+                .args(["check", "invariance", "--device", device, "--model"])
                 .arg(&dir)
                 .args([
                     "--batches",

@@ -265,6 +265,41 @@ pub struct CudaAct {
     rows: usize,
     width: usize,
     data: Option<CudaSlice<f32>>,
+    pool: Arc<ActPool>,
+}
+
+impl Drop for CudaAct {
+    fn drop(&mut self) {
+        if let Some(d) = self.data.take() {
+            self.pool.give(d);
+        }
+    }
+}
+
+/// Device buffers of dropped activations, kept by length for the next
+/// activation of that length: a decode step's shapes are the last step's,
+/// so once the first has run a step allocates nothing.
+#[derive(Default)]
+struct ActPool {
+    free: Mutex<std::collections::HashMap<usize, Vec<CudaSlice<f32>>>>,
+}
+
+/// Buffers kept per length (a layer has fewer live activations of one shape).
+const POOLED_PER_LENGTH: usize = 8;
+
+impl ActPool {
+    fn take(&self, n: usize) -> Option<CudaSlice<f32>> {
+        self.free.lock().ok()?.get_mut(&n)?.pop()
+    }
+
+    fn give(&self, buffer: CudaSlice<f32>) {
+        if let Ok(mut free) = self.free.lock() {
+            let same = free.entry(buffer.len()).or_default();
+            if same.len() < POOLED_PER_LENGTH {
+                same.push(buffer);
+            }
+        }
+    }
 }
 
 /// A bf16 weight matrix on the device, `rows × cols`.
@@ -294,6 +329,9 @@ pub struct Cuda {
     failed: Mutex<Option<String>>,
     /// This step's uploaded metadata, by content.
     meta: Mutex<Vec<StepMeta>>,
+    acts: Arc<ActPool>,
+    /// Whether the driver is the CUDA emulator.
+    emulated: bool,
 }
 
 /// The error of an unusable device, in one line with what to do.
@@ -432,6 +470,8 @@ impl Cuda {
             kv: OnceLock::new(),
             failed: Mutex::new(None),
             meta: Mutex::new(Vec::new()),
+            acts: Arc::default(),
+            emulated,
         })
     }
 
@@ -473,8 +513,30 @@ impl Cuda {
     }
 
     fn alloc(&self, n: usize) -> Option<CudaSlice<f32>> {
+        let n = n.max(1);
+        if let Some(mut reused) = self.acts.take(n) {
+            if self.emulated {
+                // The emulator's fresh memory reads as NaN until written;
+                // so does a reused buffer there, so a kernel that reads what
+                // it did not write still shows.
+                use cudarc::driver::DevicePtrMut;
+                let (ptr, _sync) = reused.device_ptr_mut(&self.stream);
+                // SAFETY: `ptr` addresses `n` floats of this stream's buffer.
+                let set = unsafe {
+                    cudarc::driver::result::memset_d8_async(
+                        ptr,
+                        0xff,
+                        n * 4,
+                        self.stream.cu_stream(),
+                    )
+                };
+                set.map_err(|e| self.fail(format!("device memory: {e}")))
+                    .ok()?;
+            }
+            return Some(reused);
+        }
         // SAFETY: every kernel that gets this buffer writes all of it.
-        unsafe { self.stream.alloc::<f32>(n.max(1)) }
+        unsafe { self.stream.alloc::<f32>(n) }
             .map_err(|e| self.fail(format!("device memory: {e}")))
             .ok()
     }
@@ -487,7 +549,12 @@ impl Cuda {
     }
 
     fn wrap(&self, rows: usize, width: usize, data: Option<CudaSlice<f32>>) -> CudaAct {
-        CudaAct { rows, width, data }
+        CudaAct {
+            rows,
+            width,
+            data,
+            pool: Arc::clone(&self.acts),
+        }
     }
 
     /// Blocks to cover `rows` elements with 256 threads each.
