@@ -145,6 +145,49 @@ fn mma_through_cp_async_and_ldmatrix_equals_a_plain_matrix_product() {
     }
 }
 
+// A warp finishes a collective in its last lane to arrive, which runs on
+// into the next one before the others read their results: a vote of two
+// lanes there must not overwrite the results of the full-warp vote before
+// it. And `static __shared__` is the running block's variable, launch
+// after launch.
+const VOTES: &str = r#"
+extern "C" __global__ void votes_and_static_shared(unsigned int* out) {
+    static __shared__ unsigned int seen[32];
+    const unsigned int lane = threadIdx.x % 32;
+    const unsigned int a = __ballot_sync(0xffffffffu, lane < 5);
+    if (lane == 0 || lane == 31) {
+        (void)__ballot_sync(0x80000001u, 1);
+    }
+    seen[lane] = a + blockIdx.x;
+    __syncwarp();
+    out[blockIdx.x * 32 + lane] = seen[(lane + 1) % 32];
+}
+"#;
+
+#[test]
+fn votes_keep_their_results_and_static_shared_is_per_block() {
+    if !engine_common::emulator_built() {
+        return;
+    }
+    let ctx = emulated();
+    let stream = ctx.default_stream();
+    let f = kernel(&ctx, "votes", VOTES, "votes_and_static_shared");
+    for _ in 0..2 {
+        let mut out = stream.alloc_zeros::<u32>(64).expect("alloc");
+        let mut b = stream.launch_builder(&f);
+        b.arg(&mut out);
+        let cfg = LaunchConfig {
+            grid_dim: (2, 1, 1),
+            ..warp()
+        };
+        // SAFETY: votes_and_static_shared(out): 2 blocks × 32 words.
+        unsafe { b.launch(cfg) }.expect("launch");
+        let got = stream.clone_dtoh(&out).expect("download");
+        let want: Vec<u32> = (0..64).map(|i| 0x1f + i / 32).collect();
+        assert_eq!(got, want);
+    }
+}
+
 // Kernels that must fail, each in a child process.
 const BAD: &str = r#"
 extern "C" __global__ void divergent_warp(float* out) {

@@ -591,7 +591,10 @@ EMU_RUNTIME unsigned int vote(WarpOp op, unsigned int mask, int pred, const char
             for (unsigned int l = 0; l < 32; ++l) {
                 if ((w.mask >> l & 1u) && w.value[l]) ballot |= 1u << l;
             }
-            for (unsigned int l = 0; l < 32; ++l) w.result[l] = ballot;
+            // Only the mask's lanes: others may not have read their last result.
+            for (unsigned int rest = w.mask; rest; rest &= rest - 1) {
+                w.result[__builtin_ctz(rest)] = ballot;
+            }
         });
     return static_cast<unsigned int>(my_warp().result[lane]);
 }
@@ -601,10 +604,14 @@ EMU_RUNTIME unsigned int vote(WarpOp op, unsigned int mask, int pred, const char
 
 constexpr size_t kSharedGap = 64;  // poisoned bytes after each shared variable
 
+// Static and dynamic shared memory of a block together (an sm_80's opt-in
+// maximum).
+inline size_t shared_limit() { return 163 * 1024; }
+
 inline void* shared_alloc(Block& b, size_t bytes, size_t align) {
     size_t at = (b.arena_used + align - 1) & ~(align - 1);
     if (at + bytes + kSharedGap > b.arena_cap) {
-        fail("more than %zu bytes of shared memory", b.arena_cap - b.dynamic_bytes - kSharedGap);
+        fail("more than %zu bytes of shared memory", shared_limit());
     }
     void* p = b.arena + at;
     EMU_UNPOISON(p, bytes);
@@ -626,7 +633,7 @@ inline T& shared(int id) {
     return *static_cast<T*>(p);
 }
 
-inline void* dynamic_shared() { return block().arena; }
+inline void* dynamic_shared() { return block().arena + kSharedGap; }
 
 // ---------------------------------------------------------------------------
 // cp.async: copies are recorded and happen when their group is waited for.
@@ -779,6 +786,9 @@ inline void run_block(Block& b) {
         Fiber& f = b.fibers[i];
         f.state = State::Runnable;
         f.n_copies = 0;
+#if defined(__SANITIZE_ADDRESS__)
+        f.fake_stack = nullptr;  // the last block's was destroyed with its final switch
+#endif
         f.open_group = 0;
         f.stack = stacks.get(i);
         start_fiber(f);
@@ -793,10 +803,11 @@ inline void run_block(Block& b) {
     b.live = b.n;
     b.barrier_arrived = 0;
     b.n_vars = 0;
-    b.arena_used = b.dynamic_bytes;
+    // [gap][dynamic part][gap][static variables, each followed by a gap]
+    b.arena_used = kSharedGap + b.dynamic_bytes + kSharedGap;
     EMU_POISON(b.arena, b.arena_cap);
-    EMU_UNPOISON(b.arena, b.dynamic_bytes);
-    std::memset(b.arena, 0xff, b.dynamic_bytes);
+    EMU_UNPOISON(b.arena + kSharedGap, b.dynamic_bytes);
+    std::memset(b.arena + kSharedGap, 0xff, b.dynamic_bytes);
     unsigned int next = 0;
     while (!b.failed) {
         unsigned int tried = 0;
@@ -884,8 +895,6 @@ struct Invocation {
     }
 };
 
-inline size_t shared_limit() { return 227 * 1024; }
-
 // Runs every block of a launch on the calling OS thread. Returns 0, or 1
 // with the first error in `error`.
 template <class... Args>
@@ -899,7 +908,7 @@ inline int launch(const char* name, void (*kernel)(Args...), const LaunchConfig*
     b.n = c->block[0] * c->block[1] * c->block[2];
     b.n_warps = (b.n + 31) / 32;
     b.dynamic_bytes = c->shared_bytes;
-    b.arena_cap = shared_limit() + 64 * kSharedGap;
+    b.arena_cap = shared_limit() + 66 * kSharedGap;
     b.error = error;
     b.error_len = error_len;
     b.body = &Invocation<Args...>::run;
@@ -1017,6 +1026,14 @@ inline long long min(long long a, long long b) { return a < b ? a : b; }
 inline long long max(long long a, long long b) { return a > b ? a : b; }
 inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
 inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+inline unsigned int min(int a, unsigned int b) { return min(static_cast<unsigned int>(a), b); }
+inline unsigned int min(unsigned int a, int b) { return min(a, static_cast<unsigned int>(b)); }
+inline unsigned int max(int a, unsigned int b) { return max(static_cast<unsigned int>(a), b); }
+inline unsigned int max(unsigned int a, int b) { return max(a, static_cast<unsigned int>(b)); }
+inline long min(long a, long b) { return a < b ? a : b; }
+inline long max(long a, long b) { return a > b ? a : b; }
+inline unsigned long min(unsigned long a, unsigned long b) { return a < b ? a : b; }
+inline unsigned long max(unsigned long a, unsigned long b) { return a > b ? a : b; }
 inline float min(float a, float b) { return fminf(a, b); }
 inline float max(float a, float b) { return fmaxf(a, b); }
 inline double min(double a, double b) { return fmin(a, b); }
@@ -1041,7 +1058,7 @@ struct __half {
 inline float __bfloat162float(__nv_bfloat16 h) { return __uint_as_float(static_cast<unsigned int>(h.__x) << 16); }
 inline __nv_bfloat16 __float2bfloat16(float f) {
     unsigned int b = __float_as_uint(f);
-    if (f != f) return __nv_bfloat16{static_cast<unsigned short>((b >> 16) | 0x40)};
+    if (f != f) return __nv_bfloat16{0x7fff};  // CUDA's canonical NaN
     b += 0x7fff + ((b >> 16) & 1);
     return __nv_bfloat16{static_cast<unsigned short>(b >> 16)};
 }
@@ -1099,9 +1116,16 @@ inline float __saturatef(float x) { return x != x ? 0.0f : fminf(fmaxf(x, 0.0f),
 // Atomics. Blocks run one after another on one OS thread and fibers switch
 // only at barriers and collectives, so a read-modify-write as written is
 // atomic.
-#define EMU_ATOMIC(name, expr)          \
-    template <class T>                  \
-    inline T name(T* p, T v) {          \
+namespace emu {
+template <class T>
+struct same {
+    using type = T;
+};
+}  // namespace emu
+// The value converts to the pointee's type, as CUDA's overloads do.
+#define EMU_ATOMIC(name, expr)                                    \
+    template <class T>                                            \
+    inline T name(T* p, typename ::emu::same<T>::type v) {        \
         T old = *p;                     \
         *p = (expr);                    \
         return old;                     \
@@ -1116,7 +1140,7 @@ EMU_ATOMIC(atomicXor, old ^ v)
 EMU_ATOMIC(atomicExch, v)
 #undef EMU_ATOMIC
 template <class T>
-inline T atomicCAS(T* p, T compare, T v) {
+inline T atomicCAS(T* p, typename ::emu::same<T>::type compare, typename ::emu::same<T>::type v) {
     T old = *p;
     if (old == compare) *p = v;
     return old;

@@ -193,7 +193,7 @@ int set32(DevPtr dst, unsigned int v, size_t n) {
     {
         std::lock_guard<std::mutex> g(s.lock);
         if (s.sticky) return s.sticky;
-        if (!in_device(s, dst, 4 * n)) return CUDA_ERROR_INVALID_VALUE;
+        if (n > SIZE_MAX / 4 || !in_device(s, dst, 4 * n)) return CUDA_ERROR_INVALID_VALUE;
     }
     unsigned int* p = reinterpret_cast<unsigned int*>(dst);
     for (size_t i = 0; i < n; ++i) p[i] = v;

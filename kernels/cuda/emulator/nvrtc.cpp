@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -88,10 +89,13 @@ uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
 std::string rewrite_shared(const std::string& src) {
     static const std::regex dynamic(
         R"(extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([A-Za-z_][\w:]*(?:\s+[A-Za-z_][\w:]*)*?)\s+([A-Za-z_]\w*)\s*\[\s*\]\s*;)");
+    // The leading `(void)0;` is a statement: a declaration at namespace scope,
+    // which would bind before any block exists, does not compile.
     std::string out = std::regex_replace(
-        src, dynamic, "$1* const $2 = reinterpret_cast<$1*>(::emu::dynamic_shared());");
+        src, dynamic,
+        "(void)0; $1* const $2 = reinterpret_cast<$1*>(::emu::dynamic_shared());");
     static const std::regex fixed(
-        R"(__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([A-Za-z_][\w:]*(?:\s+[A-Za-z_][\w:]*)*?)\s+([A-Za-z_]\w*)\s*((?:\[[^\]\n]+\])*)\s*;)");
+        R"((?:static\s+)?__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([A-Za-z_][\w:]*(?:\s+[A-Za-z_][\w:]*)*?)\s+([A-Za-z_]\w*)\s*((?:\[[^\]\n]+\])*)\s*;)");
     std::string result;
     int id = 0;
     auto begin = std::sregex_iterator(out.begin(), out.end(), fixed);
@@ -99,8 +103,9 @@ std::string rewrite_shared(const std::string& src) {
     for (auto it = begin; it != std::sregex_iterator(); ++it) {
         const std::smatch& m = *it;
         result.append(out, at, m.position(0) - at);
-        result += "auto& " + m[2].str() + " = ::emu::shared<" + m[1].str() + m[3].str() + ">(" +
-                  std::to_string(id++) + ");";
+        // Not `static`: the reference is the running block's variable.
+        result += "(void)0; auto& " + m[2].str() + " = ::emu::shared<" + m[1].str() + m[3].str() +
+                  ">(" + std::to_string(id++) + ");";
         at = m.position(0) + m.length(0);
     }
     result.append(out, at, std::string::npos);
@@ -133,6 +138,7 @@ int run(const std::vector<std::string>& argv, const std::string& log_path) {
     if (err != 0) return -err;
     int status = 0;
     while (waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) return -errno;
     }
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
@@ -144,7 +150,7 @@ Result compile(Program& p, const std::vector<std::string>& options) {
             o.rfind("--std=", 0) == 0 || o.rfind("-std=", 0) == 0 || o.rfind("--fmad=", 0) == 0 ||
             o == "-lineinfo" || o == "--generate-line-info" || o == "-G" ||
             o == "--device-debug") {
-            continue;  // the emulator compiles as C++17 for the host, with line info
+            continue;  // the emulator compiles as GNU C++17 for the host, with line info
         }
         if (o.rfind("-D", 0) == 0 || o.rfind("--define-macro=", 0) == 0) {
             defines.push_back("-D" + o.substr(o[1] == 'D' ? 2 : 15));
@@ -177,7 +183,7 @@ Result compile(Program& p, const std::vector<std::string>& options) {
               "__asan_default_options() { return "
               "\"verify_asan_link_order=0:detect_leaks=0:halt_on_error=1:abort_on_error=1\"; }\n";
     }
-    std::vector<std::string> argv = {cxx, "-std=c++17", "-O2", "-g", "-fPIC", "-shared",
+    std::vector<std::string> argv = {cxx, "-std=gnu++17", "-O2", "-g", "-fPIC", "-shared",
                                      "-fvisibility=hidden", "-fno-strict-aliasing",
                                      "-ffp-contract=off", "-I" + include};
     if (asan) {
