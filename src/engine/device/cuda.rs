@@ -81,6 +81,12 @@ pub fn load_emulator() -> Result<(), String> {
             let dir = statebench_kernels::cuda::emulator_dir()?;
             let open = |lib: &str| {
                 let path = dir.join(lib);
+                if !path.is_file() {
+                    return Err(format!(
+                        "the CUDA emulator's {} is missing (STATEBENCH_CUDA_EMULATOR_DIR names the directory built beside statebench)",
+                        path.display()
+                    ));
+                }
                 // SAFETY: the emulator's libraries run no code at load.
                 unsafe { Library::open(Some(&path), RTLD_NOW | RTLD_GLOBAL) }
                     .map_err(|e| format!("loading the CUDA emulator's {}: {e}", path.display()))
