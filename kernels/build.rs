@@ -9,7 +9,7 @@ use std::process::Command;
 
 fn main() {
     let src = Path::new("cuda/emulator");
-    for f in ["cuda_emulator.h", "driver.cpp", "nvrtc.cpp"] {
+    for f in ["abi.h", "cuda_emulator.h", "driver.cpp", "nvrtc.cpp"] {
         println!("cargo:rerun-if-changed=cuda/emulator/{f}");
     }
     println!("cargo:rerun-if-env-changed=CXX");
@@ -37,8 +37,9 @@ fn build(src: &Path) -> Result<PathBuf, String> {
         PathBuf::from(std::env::var("OUT_DIR").map_err(|e| e.to_string())?).join("cuda-emulator");
     let include = out.join("include");
     std::fs::create_dir_all(&include).map_err(|e| e.to_string())?;
-    std::fs::copy(src.join("cuda_emulator.h"), include.join("cuda_emulator.h"))
-        .map_err(|e| e.to_string())?;
+    for header in ["abi.h", "cuda_emulator.h"] {
+        std::fs::copy(src.join(header), include.join(header)).map_err(|e| e.to_string())?;
+    }
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "c++".to_string());
     for (lib, source) in [("libcuda.so", "driver.cpp"), ("libnvrtc.so", "nvrtc.cpp")] {
         let status = Command::new(&cxx)

@@ -13,25 +13,25 @@ mod engine_common;
 
 use std::sync::Arc;
 
-use cudarc::driver::{CudaContext, CudaFunction, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use cudarc::nvrtc::Ptx;
 use statebench::engine::device::cuda::{compile, emulator_error, load_emulator};
 
 const PTX_CHECK: &str = include_str!("cuda/ptx_check.cu");
 
-fn emulated() -> Arc<CudaContext> {
+/// The emulated device's stream and kernel `name` of `body` (compiled
+/// after the PTX wrappers as kernel set `set`).
+fn kernel(set: &str, body: &str, name: &str) -> (Arc<CudaStream>, CudaFunction) {
     load_emulator().expect("the CUDA emulator loads");
-    CudaContext::new(0).expect("the emulated device opens")
-}
-
-/// Compiles `body` (after the PTX wrappers) and returns kernel `name`.
-fn kernel(ctx: &Arc<CudaContext>, set: &str, body: &str, name: &str) -> CudaFunction {
+    let ctx = CudaContext::new(0).expect("the emulated device opens");
     let source = format!("{}\n{body}", statebench_kernels::cuda::PTX);
     let c = compile(set, &source, "compute_80").unwrap_or_else(|e| panic!("{e}\n{}", e.log));
-    ctx.load_module(Ptx::from_src(c.ptx))
+    let f = ctx
+        .load_module(Ptx::from_src(c.ptx))
         .expect("module loads")
         .load_function(name)
-        .expect("kernel found")
+        .expect("kernel found");
+    (ctx.default_stream(), f)
 }
 
 fn warp() -> LaunchConfig {
@@ -60,9 +60,7 @@ fn ldmatrix_registers_follow_the_ptx_layouts() {
     if !engine_common::emulator_built() {
         return;
     }
-    let ctx = emulated();
-    let stream = ctx.default_stream();
-    let f = kernel(&ctx, "ptx_check", PTX_CHECK, "ldmatrix_probe");
+    let (stream, f) = kernel("ptx_check", PTX_CHECK, "ldmatrix_probe");
     // Element (row r, column c) of the 32 x 8 matrix is r * 8 + c: every
     // register then says which elements it holds.
     let m: Vec<u16> = (0..256u16).collect();
@@ -98,9 +96,7 @@ fn mma_through_cp_async_and_ldmatrix_equals_a_plain_matrix_product() {
     if !engine_common::emulator_built() {
         return;
     }
-    let ctx = emulated();
-    let stream = ctx.default_stream();
-    let f = kernel(&ctx, "ptx_check", PTX_CHECK, "mma_gemm");
+    let (stream, f) = kernel("ptx_check", PTX_CHECK, "mma_gemm");
     let (m, n, k) = (32usize, 24usize, 64usize);
     let mut seed = 11u64;
     let a: Vec<f32> = (0..m * k).map(|_| lcg(&mut seed)).collect();
@@ -169,9 +165,7 @@ fn votes_keep_their_results_and_static_shared_is_per_block() {
     if !engine_common::emulator_built() {
         return;
     }
-    let ctx = emulated();
-    let stream = ctx.default_stream();
-    let f = kernel(&ctx, "votes", VOTES, "votes_and_static_shared");
+    let (stream, f) = kernel("votes", VOTES, "votes_and_static_shared");
     for _ in 0..2 {
         let mut out = stream.alloc_zeros::<u32>(64).expect("alloc");
         let mut b = stream.launch_builder(&f);
@@ -220,9 +214,7 @@ extern "C" __global__ void read_past_the_tile(const float* in, float* out) {
 
 /// Runs one failing kernel; what it prints is what the parent checks.
 fn run_case(case: &str) {
-    let ctx = emulated();
-    let stream = ctx.default_stream();
-    let f = kernel(&ctx, "bad", BAD, case);
+    let (stream, f) = kernel("bad", BAD, case);
     let input = stream.clone_htod(&[1.0f32; 128]).expect("upload");
     let mut out = stream.alloc_zeros::<f32>(128).expect("alloc");
     let n = 128i32;

@@ -43,6 +43,8 @@
 
 #include <sys/mman.h>
 
+#include "abi.h"
+
 #if defined(__SANITIZE_ADDRESS__)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
@@ -87,12 +89,6 @@ struct dim3 {
 static constexpr int warpSize = 32;
 
 namespace emu {
-
-struct LaunchConfig {
-    unsigned int grid[3];
-    unsigned int block[3];
-    unsigned int shared_bytes;
-};
 
 [[noreturn]] inline void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 

@@ -27,6 +27,8 @@
 #include <mutex>
 #include <string>
 
+#include "abi.h"
+
 namespace {
 
 enum Result {
@@ -48,12 +50,8 @@ enum Result {
 
 typedef unsigned long long DevPtr;
 
-struct LaunchConfig {
-    unsigned int grid[3];
-    unsigned int block[3];
-    unsigned int shared_bytes;
-};
-typedef int (*Launcher)(const LaunchConfig*, void**, char*, unsigned long);
+using emu::LaunchConfig;
+using emu::Launcher;
 
 struct Module {
     void* handle;
@@ -499,16 +497,12 @@ API int cuMemsetD32Async(DevPtr dst, unsigned int v, size_t n, Stream*) {
 }
 
 // Modules and launches.
-namespace {
-const char kImageMagic[] = "// statebench CUDA emulator module\n";
-}
-
 API int cuModuleLoadData(Module** module, const void* image) {
     if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
     if (int e = sticky()) return e;
     const char* text = static_cast<const char*>(image);
-    const size_t magic = sizeof kImageMagic - 1;
-    if (std::strncmp(text, kImageMagic, magic) != 0) return CUDA_ERROR_INVALID_PTX;
+    const size_t magic = sizeof emu::kImageMagic - 1;
+    if (std::strncmp(text, emu::kImageMagic, magic) != 0) return CUDA_ERROR_INVALID_PTX;
     std::string path = text + magic;
     while (!path.empty() && (path.back() == '\n' || path.back() == '\0')) path.pop_back();
     void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
@@ -553,7 +547,7 @@ API int cuModuleUnload(Module* module) {
 
 API int cuModuleGetFunction(Function** f, Module* module, const char* name) {
     if (!f || !module || !name) return CUDA_ERROR_INVALID_VALUE;
-    const std::string symbol = std::string("statebench_emu_launch_") + name;
+    const std::string symbol = std::string(emu::kLaunchPrefix) + name;
     void* launch = dlsym(module->handle, symbol.c_str());
     if (!launch) return CUDA_ERROR_NOT_FOUND;
     *f = new Function{reinterpret_cast<Launcher>(launch), name};

@@ -31,6 +31,8 @@
 #include <string>
 #include <vector>
 
+#include "abi.h"
+
 extern char** environ;
 
 namespace {
@@ -162,8 +164,9 @@ Result compile(Program& p, const std::vector<std::string>& options) {
     const std::string dir = own_dir();
     const std::string include = dir + "/include";
     std::string header;
-    if (!read_file(include + "/cuda_emulator.h", header)) {
-        p.log = "nvrtc (statebench CUDA emulator): " + include + "/cuda_emulator.h is missing\n";
+    std::string abi;
+    if (!read_file(include + "/cuda_emulator.h", header) || !read_file(include + "/abi.h", abi)) {
+        p.log = "nvrtc (statebench CUDA emulator): the headers in " + include + " are missing\n";
         return NVRTC_ERROR_INTERNAL_ERROR;
     }
     const bool asan = env_or("STATEBENCH_EMULATOR_ASAN", "1") != "0";
@@ -172,7 +175,8 @@ Result compile(Program& p, const std::vector<std::string>& options) {
     std::string tu = "#include \"cuda_emulator.h\"\n#line 1 \"" + p.name + "\"\n" +
                      rewrite_shared(p.source) + "\n";
     for (const auto& k : kernel_names(p.source)) {
-        tu += "extern \"C\" __attribute__((visibility(\"default\"))) int statebench_emu_launch_" + k +
+        tu += "extern \"C\" __attribute__((visibility(\"default\"))) int " +
+              std::string(emu::kLaunchPrefix) + k +
               "(const ::emu::LaunchConfig* c, void** params, char* error, unsigned long error_len) "
               "{ return ::emu::launch(\"" + k + "\", &" + k + ", c, params, error, error_len); }\n";
     }
@@ -192,7 +196,7 @@ Result compile(Program& p, const std::vector<std::string>& options) {
     }
     for (const auto& d : defines) argv.push_back(d);
 
-    std::string key_text = tu + header + __DATE__ __TIME__;
+    std::string key_text = tu + header + abi + __DATE__ __TIME__;
     for (const auto& a : argv) key_text += "\n" + a;
     char key[32];
     std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(fnv1a(key_text)));
@@ -250,9 +254,7 @@ Result compile(Program& p, const std::vector<std::string>& options) {
 }
 
 // What cuModuleLoadData reads: a first line no PTX has, then the path.
-const char kImageMagic[] = "// statebench CUDA emulator module\n";
-
-std::string image_text(const Program& p) { return kImageMagic + p.image + "\n"; }
+std::string image_text(const Program& p) { return emu::kImageMagic + p.image + "\n"; }
 
 }  // namespace
 

@@ -336,8 +336,6 @@ pub struct Cuda {
     /// This step's uploaded metadata, by content.
     meta: Mutex<Vec<StepMeta>>,
     acts: Arc<ActPool>,
-    /// Whether the driver is the CUDA emulator.
-    emulated: bool,
 }
 
 /// The error of an unusable device, in one line with what to do.
@@ -358,7 +356,7 @@ impl Cuda {
     /// Opens the CUDA emulator's device: the same kernels and host code,
     /// executed on the CPU.
     pub fn open_emulated() -> Result<Self, BackendError> {
-        load_emulator().map_err(|e| unusable("cuda-emulated", e))?;
+        load_emulator().map_err(|e| unusable(&super::DeviceChoice::CudaEmulated.to_string(), e))?;
         Self::open_on(0, true)
     }
 
@@ -373,10 +371,11 @@ impl Cuda {
 
     fn open_on(ordinal: usize, emulated: bool) -> Result<Self, BackendError> {
         let name = if emulated {
-            "cuda-emulated".to_string()
+            super::DeviceChoice::CudaEmulated
         } else {
-            format!("cuda:{ordinal}")
-        };
+            super::DeviceChoice::Cuda(ordinal)
+        }
+        .to_string();
         if !driver_available() {
             return Err(unusable(
                 &name,
@@ -477,7 +476,6 @@ impl Cuda {
             failed: Mutex::new(None),
             meta: Mutex::new(Vec::new()),
             acts: Arc::default(),
-            emulated,
         })
     }
 
@@ -520,25 +518,10 @@ impl Cuda {
 
     fn alloc(&self, n: usize) -> Option<CudaSlice<f32>> {
         let n = n.max(1);
-        if let Some(mut reused) = self.acts.take(n) {
-            if self.emulated {
-                // The emulator's fresh memory reads as NaN until written;
-                // so does a reused buffer there, so a kernel that reads what
-                // it did not write still shows.
-                use cudarc::driver::DevicePtrMut;
-                let (ptr, _sync) = reused.device_ptr_mut(&self.stream);
-                // SAFETY: `ptr` addresses `n` floats of this stream's buffer.
-                let set = unsafe {
-                    cudarc::driver::result::memset_d8_async(
-                        ptr,
-                        0xff,
-                        n * 4,
-                        self.stream.cu_stream(),
-                    )
-                };
-                set.map_err(|e| self.fail(format!("device memory: {e}")))
-                    .ok()?;
-            }
+        // Reused buffers hold an earlier activation's values: every kernel
+        // writes all of its output (the emulator's NaN-filled fresh memory
+        // checks that on a step's first run of each shape).
+        if let Some(reused) = self.acts.take(n) {
             return Some(reused);
         }
         // SAFETY: every kernel that gets this buffer writes all of it.
