@@ -287,23 +287,46 @@ impl Drop for CudaAct {
 /// so once the first has run a step allocates nothing.
 #[derive(Default)]
 struct ActPool {
-    free: Mutex<std::collections::HashMap<usize, Vec<CudaSlice<f32>>>>,
+    free: Mutex<PooledBuffers>,
+}
+
+#[derive(Default)]
+struct PooledBuffers {
+    by_len: std::collections::HashMap<usize, Vec<CudaSlice<f32>>>,
+    /// Floats held in `by_len`.
+    floats: usize,
 }
 
 /// Buffers kept per length (a layer has fewer live activations of one shape).
 const POOLED_PER_LENGTH: usize = 8;
 
+/// Floats the pool holds at most (256 MiB): prompts of ever new lengths
+/// (a server's) must not keep a buffer of each; past it the pool starts over.
+const POOLED_FLOATS: usize = 64 << 20;
+
 impl ActPool {
     fn take(&self, n: usize) -> Option<CudaSlice<f32>> {
-        self.free.lock().ok()?.get_mut(&n)?.pop()
+        let mut free = self.free.lock().ok()?;
+        let buffer = free.by_len.get_mut(&n)?.pop()?;
+        free.floats -= n;
+        Some(buffer)
     }
 
     fn give(&self, buffer: CudaSlice<f32>) {
-        if let Ok(mut free) = self.free.lock() {
-            let same = free.entry(buffer.len()).or_default();
-            if same.len() < POOLED_PER_LENGTH {
-                same.push(buffer);
-            }
+        let Ok(mut free) = self.free.lock() else {
+            return;
+        };
+        let n = buffer.len();
+        if n > POOLED_FLOATS {
+            return;
+        }
+        if free.floats + n > POOLED_FLOATS {
+            *free = PooledBuffers::default();
+        }
+        let same = free.by_len.entry(n).or_default();
+        if same.len() < POOLED_PER_LENGTH {
+            same.push(buffer);
+            free.floats += n;
         }
     }
 }
