@@ -952,6 +952,15 @@ inline int launch(const char* name, void (*kernel)(Args...), const LaunchConfig*
     return failed ? 1 : 0;
 }
 
+// The sizes of a kernel's parameters, in order.
+template <class... Args>
+inline int param_sizes(void (*)(Args...), unsigned long* out, int max) {
+    const unsigned long sizes[] = {sizeof(Args)..., 0};
+    const int n = static_cast<int>(sizeof...(Args));
+    for (int i = 0; i < n && i < max; ++i) out[i] = sizes[i];
+    return n;
+}
+
 }  // namespace emu
 
 // ---------------------------------------------------------------------------
@@ -1106,6 +1115,7 @@ inline float __fsqrt_rn(float x) { return sqrtf(x); }
 inline float __frcp_rn(float x) { return 1.0f / x; }
 inline float __fadd_rn(float a, float b) { return a + b; }
 inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 inline float __saturatef(float x) { return x != x ? 0.0f : fminf(fmaxf(x, 0.0f), 1.0f); }
 

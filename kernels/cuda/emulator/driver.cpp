@@ -3,7 +3,11 @@
 // are the shared objects the emulator's NVRTC builds (nvrtc.cpp).
 //
 // Every operation runs to completion when it is called, so streams and
-// events are in order by construction. "Device" allocations are 256-byte
+// events are in order by construction. Stream capture records kernel
+// launches (their parameters copied) into a graph, and launching the graph
+// runs them in order; any other work on a capturing stream (a copy, a
+// memset, an allocation, a synchronization) is refused and invalidates the
+// capture, stricter than a GPU where a GPU would allow it. "Device" allocations are 256-byte
 // aligned host blocks with poisoned redzones on both sides (checked by
 // AddressSanitizer in the kernels) and are filled with 0xff bytes, NaN as
 // f32, so a read of memory nothing wrote shows in the results. A kernel
@@ -26,6 +30,7 @@
 #include <map>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "abi.h"
 
@@ -46,25 +51,49 @@ enum Result {
     CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES = 701,
     CUDA_ERROR_LAUNCH_FAILED = 719,
     CUDA_ERROR_NOT_SUPPORTED = 801,
+    CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900,
+    CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901,
+    CUDA_ERROR_ILLEGAL_STATE = 401,
 };
 
 typedef unsigned long long DevPtr;
 
 using emu::LaunchConfig;
 using emu::Launcher;
+using emu::ParamSizes;
 
 struct Module {
     void* handle;
 };
 struct Function {
     Launcher launch;
+    ParamSizes sizes;
     std::string name;
+    // Dynamic shared memory a launch may ask for (CUDA's default, raised
+    // by cuFuncSetAttribute).
+    unsigned int max_dynamic_shared = 48 * 1024;
 };
 struct Context {
     int refs;
 };
+
+// A kernel launch as a graph holds it: its parameters copied, each at its
+// offset in `blob`.
+struct Node {
+    Function* f;
+    LaunchConfig c;
+    std::vector<unsigned char> blob;
+    std::vector<size_t> offsets;
+};
+struct Graph {
+    std::vector<Node> nodes;
+};
+struct GraphExec {
+    std::vector<Node> nodes;
+};
 struct Stream {
-    int unused;
+    Graph* capturing = nullptr;  // the graph being captured, if any
+    bool invalidated = false;
 };
 struct Event {
     std::chrono::steady_clock::time_point at;
@@ -80,6 +109,8 @@ const char kName[] = "statebench CUDA emulator (sm_80 model, host memory)";
 struct State {
     std::mutex lock;
     bool initialized = false;
+    // Streams capturing now: work that is not on a stream is refused then.
+    int capturing = 0;
     // Base of each live allocation → its size.
     std::map<uintptr_t, size_t> allocations;
     size_t allocated = 0;
@@ -205,6 +236,34 @@ int sticky() {
     return s.sticky;
 }
 
+// Work other than a kernel launch: refused on a capturing stream (which it
+// invalidates), and, without a stream, while any stream captures.
+int not_capturing(Stream* stream) {
+    if (stream && stream->capturing) {
+        stream->invalidated = true;
+        return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+    State& s = state();
+    std::lock_guard<std::mutex> g(s.lock);
+    return !stream && s.capturing > 0 ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+}
+
+// Runs one launch now; a failure makes the context fail for good.
+int run(Function* f, const LaunchConfig& c, void** params) {
+    char error[1024] = {0};
+    if (f->launch(&c, params, error, sizeof error) != 0) {
+        State& s = state();
+        std::lock_guard<std::mutex> g(s.lock);
+        if (!s.sticky) {
+            s.sticky = CUDA_ERROR_LAUNCH_FAILED;
+            s.last_error = error;
+            std::fprintf(stderr, "statebench CUDA emulator: %s\n", error);
+        }
+        return CUDA_ERROR_LAUNCH_FAILED;
+    }
+    return CUDA_SUCCESS;
+}
+
 }  // namespace
 
 #define API extern "C" __attribute__((visibility("default")))
@@ -232,6 +291,9 @@ API int cuGetErrorName(int e, const char** out) {
         case CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES: *out = "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"; break;
         case CUDA_ERROR_LAUNCH_FAILED: *out = "CUDA_ERROR_LAUNCH_FAILED"; break;
         case CUDA_ERROR_NOT_SUPPORTED: *out = "CUDA_ERROR_NOT_SUPPORTED"; break;
+        case CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED: *out = "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED"; break;
+        case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED: *out = "CUDA_ERROR_STREAM_CAPTURE_INVALIDATED"; break;
+        case CUDA_ERROR_ILLEGAL_STATE: *out = "CUDA_ERROR_ILLEGAL_STATE"; break;
         default: *out = "CUDA_ERROR_UNKNOWN"; break;
     }
     return CUDA_SUCCESS;
@@ -316,7 +378,7 @@ API int cuDeviceGetAttribute(int* v, int attr, int dev) {
         case 10: *v = 32; break;                     // warp size
         case 12: *v = 65536; break;                  // registers per block
         case 13: *v = 1000000; break;                // clock rate, kHz
-        case 16: *v = 1; break;                      // multiprocessors
+        case 16: *v = 108; break;                    // multiprocessors (an A100's)
         case 38: *v = 0; break;                      // L2 cache
         case 39: *v = 2048; break;                   // threads per multiprocessor
         case 41: *v = 1; break;                      // unified addressing
@@ -370,7 +432,10 @@ API int cuCtxGetDevice(int* dev) {
     *dev = 0;
     return CUDA_SUCCESS;
 }
-API int cuCtxSynchronize() { return sticky(); }
+API int cuCtxSynchronize() {
+    if (int e = not_capturing(nullptr)) return e;
+    return sticky();
+}
 API int cuCtxSetFlags(unsigned int) { return CUDA_SUCCESS; }
 API int cuCtxGetFlags(unsigned int* f) {
     if (f) *f = 0;
@@ -385,7 +450,7 @@ API int cuCtxGetLimit(size_t* v, int) {
 // Streams and events: everything is done when it is asked for.
 API int cuStreamCreate(Stream** s, unsigned int) {
     if (!s) return CUDA_ERROR_INVALID_VALUE;
-    *s = new Stream{0};
+    *s = new Stream();
     return CUDA_SUCCESS;
 }
 API int cuStreamCreateWithPriority(Stream** s, unsigned int flags, int) {
@@ -395,12 +460,75 @@ API int cuStreamDestroy_v2(Stream* s) {
     delete s;
     return CUDA_SUCCESS;
 }
-API int cuStreamSynchronize(Stream*) { return sticky(); }
+API int cuStreamSynchronize(Stream* s) {
+    if (s && s->capturing) return not_capturing(s);
+    return sticky();
+}
 API int cuStreamQuery(Stream*) { return sticky(); }
 API int cuStreamWaitEvent(Stream*, Event*, unsigned int) { return sticky(); }
-API int cuStreamIsCapturing(Stream*, int* status) {
+API int cuStreamIsCapturing(Stream* s, int* status) {
     if (!status) return CUDA_ERROR_INVALID_VALUE;
-    *status = 0;
+    *status = s && s->capturing ? (s->invalidated ? 2 : 1) : 0;
+    return CUDA_SUCCESS;
+}
+
+// Graphs: a capture records launches; an instantiated graph runs them in
+// order.
+API int cuStreamBeginCapture_v2(Stream* s, int) {
+    if (!s) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // the legacy stream
+    if (s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+    if (int e = sticky()) return e;
+    s->capturing = new Graph();
+    s->invalidated = false;
+    State& st = state();
+    std::lock_guard<std::mutex> g(st.lock);
+    st.capturing++;
+    return CUDA_SUCCESS;
+}
+API int cuStreamEndCapture(Stream* s, Graph** out) {
+    if (!s || !out) return CUDA_ERROR_INVALID_VALUE;
+    if (!s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
+    Graph* graph = s->capturing;
+    s->capturing = nullptr;
+    {
+        State& st = state();
+        std::lock_guard<std::mutex> g(st.lock);
+        st.capturing--;
+    }
+    if (s->invalidated) {
+        delete graph;
+        *out = nullptr;
+        return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    }
+    *out = graph;
+    return CUDA_SUCCESS;
+}
+API int cuGraphInstantiateWithFlags(GraphExec** out, Graph* graph, unsigned long long) {
+    if (!out || !graph) return CUDA_ERROR_INVALID_VALUE;
+    *out = new GraphExec{graph->nodes};
+    return CUDA_SUCCESS;
+}
+API int cuGraphLaunch(GraphExec* exec, Stream* s) {
+    if (!exec) return CUDA_ERROR_INVALID_HANDLE;
+    if (int e = not_capturing(s)) return e;
+    if (int e = sticky()) return e;
+    std::vector<void*> params;
+    for (Node& n : exec->nodes) {
+        params.clear();
+        for (size_t off : n.offsets) params.push_back(n.blob.data() + off);
+        if (int e = run(n.f, n.c, params.data())) return e;
+    }
+    return CUDA_SUCCESS;
+}
+API int cuGraphUpload(GraphExec* exec, Stream*) {
+    return exec ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+API int cuGraphExecDestroy(GraphExec* exec) {
+    delete exec;
+    return CUDA_SUCCESS;
+}
+API int cuGraphDestroy(Graph* graph) {
+    delete graph;
     return CUDA_SUCCESS;
 }
 API int cuLaunchHostFunc(Stream*, void (*fn)(void*), void* data) {
@@ -414,8 +542,9 @@ API int cuEventCreate(Event** e, unsigned int) {
     *e = new Event{std::chrono::steady_clock::now(), false};
     return CUDA_SUCCESS;
 }
-API int cuEventRecord(Event* e, Stream*) {
+API int cuEventRecord(Event* e, Stream* s) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
+    if (int err = not_capturing(s)) return err;
     e->at = std::chrono::steady_clock::now();
     e->recorded = true;
     return sticky();
@@ -436,10 +565,24 @@ API int cuEventDestroy_v2(Event* e) {
 }
 
 // Memory.
-API int cuMemAlloc_v2(DevPtr* p, size_t n) { return alloc(p, n); }
-API int cuMemAllocAsync(DevPtr* p, size_t n, Stream*) { return alloc(p, n); }
-API int cuMemFree_v2(DevPtr p) { return release(p); }
-API int cuMemFreeAsync(DevPtr p, Stream*) { return release(p); }
+#define CAPTURE_GUARD(stream) \
+    if (int e = not_capturing(stream)) return e
+API int cuMemAlloc_v2(DevPtr* p, size_t n) {
+    CAPTURE_GUARD(nullptr);
+    return alloc(p, n);
+}
+API int cuMemAllocAsync(DevPtr* p, size_t n, Stream* s) {
+    CAPTURE_GUARD(s);
+    return alloc(p, n);
+}
+API int cuMemFree_v2(DevPtr p) {
+    CAPTURE_GUARD(nullptr);
+    return release(p);
+}
+API int cuMemFreeAsync(DevPtr p, Stream* s) {
+    CAPTURE_GUARD(s);
+    return release(p);
+}
 API int cuMemGetInfo_v2(size_t* free_bytes, size_t* total) {
     if (!free_bytes || !total) return CUDA_ERROR_INVALID_VALUE;
     State& s = state();
@@ -458,27 +601,31 @@ API int cuMemFreeHost(void* p) {
     std::free(p);
     return CUDA_SUCCESS;
 }
-API int cuMemcpyHtoD_v2(DevPtr dst, const void* src, size_t n) {
+API int cuMemcpyHtoDAsync_v2(DevPtr dst, const void* src, size_t n, Stream* s) {
+    CAPTURE_GUARD(s);
     return copy(reinterpret_cast<void*>(dst), Side::Device, src, Side::Host, n);
 }
-API int cuMemcpyHtoDAsync_v2(DevPtr dst, const void* src, size_t n, Stream*) {
-    return cuMemcpyHtoD_v2(dst, src, n);
+API int cuMemcpyHtoD_v2(DevPtr dst, const void* src, size_t n) {
+    return cuMemcpyHtoDAsync_v2(dst, src, n, nullptr);
 }
-API int cuMemcpyDtoH_v2(void* dst, DevPtr src, size_t n) {
+API int cuMemcpyDtoHAsync_v2(void* dst, DevPtr src, size_t n, Stream* s) {
+    CAPTURE_GUARD(s);
     return copy(dst, Side::Host, reinterpret_cast<const void*>(src), Side::Device, n);
 }
-API int cuMemcpyDtoHAsync_v2(void* dst, DevPtr src, size_t n, Stream*) {
-    return cuMemcpyDtoH_v2(dst, src, n);
+API int cuMemcpyDtoH_v2(void* dst, DevPtr src, size_t n) {
+    return cuMemcpyDtoHAsync_v2(dst, src, n, nullptr);
 }
-API int cuMemcpyDtoD_v2(DevPtr dst, DevPtr src, size_t n) {
+API int cuMemcpyDtoDAsync_v2(DevPtr dst, DevPtr src, size_t n, Stream* s) {
+    CAPTURE_GUARD(s);
     return copy(reinterpret_cast<void*>(dst), Side::Device, reinterpret_cast<const void*>(src),
                 Side::Device, n);
 }
-API int cuMemcpyDtoDAsync_v2(DevPtr dst, DevPtr src, size_t n, Stream*) {
-    return cuMemcpyDtoD_v2(dst, src, n);
+API int cuMemcpyDtoD_v2(DevPtr dst, DevPtr src, size_t n) {
+    return cuMemcpyDtoDAsync_v2(dst, src, n, nullptr);
 }
 // Unified addressing: either side may be host or device memory.
-API int cuMemcpy(DevPtr dst, DevPtr src, size_t n) {
+API int cuMemcpyAsync(DevPtr dst, DevPtr src, size_t n, Stream* stream) {
+    CAPTURE_GUARD(stream);
     State& s = state();
     Side ds, ss;
     {
@@ -488,13 +635,22 @@ API int cuMemcpy(DevPtr dst, DevPtr src, size_t n) {
     }
     return copy(reinterpret_cast<void*>(dst), ds, reinterpret_cast<const void*>(src), ss, n);
 }
-API int cuMemcpyAsync(DevPtr dst, DevPtr src, size_t n, Stream*) { return cuMemcpy(dst, src, n); }
-API int cuMemsetD8_v2(DevPtr dst, unsigned char v, size_t n) { return set8(dst, v, n); }
-API int cuMemsetD8Async(DevPtr dst, unsigned char v, size_t n, Stream*) { return set8(dst, v, n); }
-API int cuMemsetD32_v2(DevPtr dst, unsigned int v, size_t n) { return set32(dst, v, n); }
-API int cuMemsetD32Async(DevPtr dst, unsigned int v, size_t n, Stream*) {
+API int cuMemcpy(DevPtr dst, DevPtr src, size_t n) { return cuMemcpyAsync(dst, src, n, nullptr); }
+API int cuMemsetD8Async(DevPtr dst, unsigned char v, size_t n, Stream* s) {
+    CAPTURE_GUARD(s);
+    return set8(dst, v, n);
+}
+API int cuMemsetD8_v2(DevPtr dst, unsigned char v, size_t n) {
+    return cuMemsetD8Async(dst, v, n, nullptr);
+}
+API int cuMemsetD32Async(DevPtr dst, unsigned int v, size_t n, Stream* s) {
+    CAPTURE_GUARD(s);
     return set32(dst, v, n);
 }
+API int cuMemsetD32_v2(DevPtr dst, unsigned int v, size_t n) {
+    return cuMemsetD32Async(dst, v, n, nullptr);
+}
+#undef CAPTURE_GUARD
 
 // Modules and launches.
 API int cuModuleLoadData(Module** module, const void* image) {
@@ -547,10 +703,10 @@ API int cuModuleUnload(Module* module) {
 
 API int cuModuleGetFunction(Function** f, Module* module, const char* name) {
     if (!f || !module || !name) return CUDA_ERROR_INVALID_VALUE;
-    const std::string symbol = std::string(emu::kLaunchPrefix) + name;
-    void* launch = dlsym(module->handle, symbol.c_str());
-    if (!launch) return CUDA_ERROR_NOT_FOUND;
-    *f = new Function{reinterpret_cast<Launcher>(launch), name};
+    void* launch = dlsym(module->handle, (std::string(emu::kLaunchPrefix) + name).c_str());
+    void* sizes = dlsym(module->handle, (std::string(emu::kParamsPrefix) + name).c_str());
+    if (!launch || !sizes) return CUDA_ERROR_NOT_FOUND;
+    *f = new Function{reinterpret_cast<Launcher>(launch), reinterpret_cast<ParamSizes>(sizes), name};
     return CUDA_SUCCESS;
 }
 
@@ -563,12 +719,21 @@ API int cuFuncGetAttribute(int* v, int attr, Function*) {
     *v = attr == 0 ? 1024 : 0;  // max threads per block; sizes of nothing else
     return CUDA_SUCCESS;
 }
-API int cuFuncSetAttribute(Function*, int, int) { return CUDA_SUCCESS; }
+// CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES (8) is kept and checked
+// at launch; the others change nothing here.
+API int cuFuncSetAttribute(Function* f, int attr, int value) {
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (attr == 8) {
+        if (value < 0 || value > 163 * 1024) return CUDA_ERROR_INVALID_VALUE;
+        f->max_dynamic_shared = static_cast<unsigned int>(value);
+    }
+    return CUDA_SUCCESS;
+}
 API int cuFuncSetCacheConfig(Function*, int) { return CUDA_SUCCESS; }
 
 API int cuLaunchKernel(Function* f, unsigned int gx, unsigned int gy, unsigned int gz,
                        unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,
-                       Stream*, void** params, void** extra) {
+                       Stream* stream, void** params, void** extra) {
     if (!f) return CUDA_ERROR_INVALID_HANDLE;
     if (int e = sticky()) return e;
     if (extra) return CUDA_ERROR_NOT_SUPPORTED;
@@ -576,18 +741,23 @@ API int cuLaunchKernel(Function* f, unsigned int gx, unsigned int gy, unsigned i
         return CUDA_ERROR_INVALID_VALUE;
     }
     if (static_cast<unsigned long long>(bx) * by * bz > 1024) return CUDA_ERROR_INVALID_VALUE;
-    if (shared > 163 * 1024) return CUDA_ERROR_INVALID_VALUE;
+    // Past 48 KiB only with the kernel's attribute raised, as on a GPU.
+    if (shared > f->max_dynamic_shared) return CUDA_ERROR_INVALID_VALUE;
     LaunchConfig c{{gx, gy, gz}, {bx, by, bz}, shared};
-    char error[1024] = {0};
-    if (f->launch(&c, params, error, sizeof error) != 0) {
-        State& s = state();
-        std::lock_guard<std::mutex> g(s.lock);
-        if (!s.sticky) {
-            s.sticky = CUDA_ERROR_LAUNCH_FAILED;
-            s.last_error = error;
-            std::fprintf(stderr, "statebench CUDA emulator: %s\n", error);
+    if (stream && stream->capturing) {
+        unsigned long sizes[64];
+        const int n = f->sizes(sizes, 64);
+        if (n > 64) return CUDA_ERROR_NOT_SUPPORTED;
+        Node node{f, c, {}, {}};
+        for (int i = 0; i < n; ++i) {
+            const size_t at = (node.blob.size() + 15) / 16 * 16;
+            node.blob.resize(at + sizes[i]);
+            std::memcpy(node.blob.data() + at, params[i], sizes[i]);
+            node.offsets.push_back(at);
         }
-        return CUDA_ERROR_LAUNCH_FAILED;
+        stream->capturing->nodes.push_back(std::move(node));
+        return CUDA_SUCCESS;
     }
-    return CUDA_SUCCESS;
+    if (int e = not_capturing(nullptr)) return e;
+    return run(f, c, params);
 }

@@ -5,7 +5,8 @@
 //
 // Before compiling, `__shared__` declarations become references into the
 // block's shared arena, and every `extern "C" __global__` kernel gets a
-// launch entry point `statebench_emu_launch_<name>`.
+// launch entry point `statebench_emu_launch_<name>` and one that tells its
+// parameters' sizes, `statebench_emu_params_<name>`.
 //
 // Environment: STATEBENCH_EMULATOR_CXX (else CXX, else c++) is the
 // compiler; STATEBENCH_EMULATOR_ASAN=0 builds without AddressSanitizer
@@ -179,6 +180,10 @@ Result compile(Program& p, const std::vector<std::string>& options) {
               std::string(emu::kLaunchPrefix) + k +
               "(const ::emu::LaunchConfig* c, void** params, char* error, unsigned long error_len) "
               "{ return ::emu::launch(\"" + k + "\", &" + k + ", c, params, error, error_len); }\n";
+        tu += "extern \"C\" __attribute__((visibility(\"default\"))) int " +
+              std::string(emu::kParamsPrefix) + k +
+              "(unsigned long* sizes, int max) { return ::emu::param_sizes(&" + k +
+              ", sizes, max); }\n";
     }
     if (asan) {
         // ASan comes into a process that did not start with it: it must not
