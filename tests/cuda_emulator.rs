@@ -19,13 +19,12 @@ use statebench::engine::device::cuda::{compile, emulator_error, load_emulator};
 
 const PTX_CHECK: &str = include_str!("cuda/ptx_check.cu");
 
-/// The emulated device's stream and kernel `name` of `body` (compiled
-/// after the PTX wrappers as kernel set `set`).
+/// The emulated device's stream and kernel `name` of `body` (compiled as
+/// kernel set `set`, after the shared definitions and the PTX wrappers).
 fn kernel(set: &str, body: &str, name: &str) -> (Arc<CudaStream>, CudaFunction) {
     load_emulator().expect("the CUDA emulator loads");
     let ctx = CudaContext::new(0).expect("the emulated device opens");
-    let source = format!("{}\n{body}", statebench_kernels::cuda::PTX);
-    let c = compile(set, &source, "compute_80").unwrap_or_else(|e| panic!("{e}\n{}", e.log));
+    let c = compile(set, body, "compute_80").unwrap_or_else(|e| panic!("{e}\n{}", e.log));
     let f = ctx
         .load_module(Ptx::from_src(c.ptx))
         .expect("module loads")

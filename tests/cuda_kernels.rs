@@ -32,12 +32,7 @@ fn every_cuda_kernel_compiles_without_errors_or_warnings() {
                 "{name} ({arch}): no kernel in the PTX"
             );
         }
-        let ptx_check = format!(
-            "{}\n{}",
-            statebench_kernels::cuda::PTX,
-            include_str!("cuda/ptx_check.cu")
-        );
-        let c = compile("ptx_check", &ptx_check, arch)
+        let c = compile("ptx_check", include_str!("cuda/ptx_check.cu"), arch)
             .unwrap_or_else(|e| panic!("ptx_check ({arch}): {}\n{}", e.first_error, e.log));
         assert!(c.log.is_empty(), "ptx_check ({arch}): {}", c.log);
         for op in [
@@ -48,4 +43,36 @@ fn every_cuda_kernel_compiles_without_errors_or_warnings() {
             assert!(c.ptx.contains(op), "ptx_check ({arch}): no {op} in the PTX");
         }
     }
+}
+
+/// Every kernel within its budget on sm_80, sm_89 and sm_90 (registers,
+/// nothing spilled, blocks a multiprocessor holds), as ptxas assembles the
+/// PTX NVRTC emits: `statebench check ptxas`'s table, held in CI. ptxas
+/// comes from the nvidia-cuda-nvcc wheel `.ci/run` installs (on the PATH,
+/// or named by STATEBENCH_PTXAS).
+#[test]
+fn every_cuda_kernel_keeps_its_ptxas_budget() {
+    use statebench::engine::device::ptxas;
+    if !nvrtc_available() {
+        engine_common::missing("NVRTC (libnvrtc) is not on the library path");
+        return;
+    }
+    let exe = std::env::var_os("STATEBENCH_PTXAS").unwrap_or_else(|| "ptxas".into());
+    if std::process::Command::new(&exe)
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        engine_common::missing("ptxas is not on the PATH (set STATEBENCH_PTXAS)");
+        return;
+    }
+    let uses = ptxas::report(std::path::Path::new(&exe)).expect("ptxas reports");
+    eprintln!("{}", ptxas::table(&uses));
+    let kernels = statebench_kernels::cuda::SOURCES
+        .iter()
+        .map(|(_, body)| body.matches("extern \"C\" __global__").count())
+        .sum::<usize>();
+    assert_eq!(uses.len(), 3 * kernels, "every kernel on every target");
+    let over = ptxas::over_budget(&uses);
+    assert!(over.is_empty(), "{over:#?}");
 }

@@ -1,60 +1,297 @@
-// y[r, o] = sum_k x[r, k] * w[o, k]: x is rows x k (f32), w is out x k
-// (bf16), y is rows x out (f32).
+// y = x Wᵀ on tensor cores: x is rows × k (bf16 activations), W is out × k
+// (bf16 weights, a row per output), y rows × out.
 //
-// A block computes a fixed tile of TILE_R rows by TILE_O outputs, staging
-// TILE_K columns of x and w in shared memory at a time. Each output element
-// is one thread's sum over k = 0, 1, ..., k_dim - 1 in order, one fma per
-// k, into one f32 accumulator: its bits depend on k_dim alone, never on how
-// many rows the batch has, which tile a row falls in, or how many tiles
-// launch. No split-K, no atomics.
+// The weight is mma's A operand (16 outputs a fragment) and the
+// activations its B operand (8 rows a fragment), so one decode row fills
+// a fragment's 8-wide side and wastes no weight bandwidth. A block
+// computes 64 outputs × 64 rows with 4 warps (2 × 2, each 32 × 32),
+// staging k in slices of 64 through shared memory with cp.async, 3 or 4
+// stages deep; fragments come by ldmatrix from XOR-swizzled rows (no bank
+// conflicts) into mma.sync m16n8k16 with f32 accumulators.
+//
+// Invariance: every output is one accumulator's chain of mma steps over
+// k = 0, 16, 32, ... in order, whatever the number of rows, the tile a row
+// falls in or how many blocks launch. Rows past the batch are zero-filled
+// and their fragments skipped. A weight whose outputs alone would not fill
+// the GPU at one row is split along k into `splits` ranges fixed by its
+// shape (the host's `GemmSplit`): each range's sum goes to `partial`, and
+// gemm_reduce adds the ranges in order. Never atomics.
+//
+// Epilogues (applied once, to the final sum, then rounded once):
+//   EPI_BF16      y = bf16(acc + bias)
+//   EPI_F32       y = acc + bias (f32; the logits)
+//   EPI_RESIDUAL  y = bf16(y + acc + bias), in place: the residual stream
+//   EPI_SWIGLU    W is [gate; up]; y[r][j] = bf16(silu(gate_j + b) · (up_j + b))
+// A weight of several segments (q, k and v) is one fused product; each
+// segment brings its own rows and bias.
 
-#define TILE_O 64
-#define TILE_R 16
-#define TILE_K 32
-#define GEMM_THREADS 256
+#define GEMM_BM 64
+#define GEMM_BN 64
+#define GEMM_BK 64
+// 4 stages where a block may take 64 KiB of shared memory, else 3 (the
+// host defines it); the arithmetic is the same at every depth.
+#ifndef GEMM_STAGES
+#define GEMM_STAGES 4
+#endif
+#define GEMM_THREADS 128
+#define GEMM_TILE (GEMM_BM * GEMM_BK)
 
-extern "C" __global__ void gemm_bf16(const float* __restrict__ x,
-                                     const unsigned short* __restrict__ w,
-                                     float* __restrict__ y,
-                                     int rows, int k_dim, int out_dim) {
-    __shared__ float xs[TILE_R][TILE_K + 1];
-    __shared__ float ws[TILE_O][TILE_K + 1];
+#define EPI_BF16 0
+#define EPI_F32 1
+#define EPI_RESIDUAL 2
+#define EPI_SWIGLU 3
+
+// The host's `GemmParams` (cuda.rs), field for field.
+struct GemmParams {
+    const bf16* w[3];       // the weight's row segments, laid end to end
+    const float* bias[3];   // each segment's bias, or null
+    const bf16* x;          // rows × k
+    void* y;                // rows × ldy: bf16, or f32 for EPI_F32
+    float* partial;         // splits × rows × out, when splits > 1
+    int seg_end[3];         // fused rows up to each segment's end
+    int rows;
+    int k;
+    int out;                // fused weight rows (SwiGLU: gate and up)
+    int ldy;
+    int epilogue;
+    int splits;
+};
+static_assert(sizeof(GemmParams) == 112, "GemmParams differs from the host's");
+
+
+// 16-byte chunk `c` (of 8 per 64-wide row) of row `r`, swizzled.
+__device__ __forceinline__ int gemm_swizzle(int r, int c) {
+    return r * GEMM_BK + ((c ^ (r & 7)) << 3);
+}
+
+// The weight row behind fused row `row`, and (through `bias`) its bias
+// or null. Selected, not indexed: a parameter array indexed at run time
+// would be copied to local memory.
+__device__ __forceinline__ const bf16* gemm_row(const GemmParams& p, int row, const float** bias) {
+    if (row < p.seg_end[0]) {
+        *bias = p.bias[0] != nullptr ? p.bias[0] + row : nullptr;
+        return p.w[0] + (size_t)row * p.k;
+    }
+    if (row < p.seg_end[1]) {
+        const int r = row - p.seg_end[0];
+        *bias = p.bias[1] != nullptr ? p.bias[1] + r : nullptr;
+        return p.w[1] + (size_t)r * p.k;
+    }
+    const int r = row - p.seg_end[1];
+    *bias = p.bias[2] != nullptr ? p.bias[2] + r : nullptr;
+    return p.w[2] + (size_t)r * p.k;
+}
+
+__device__ __forceinline__ float silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
+// SwiGLU of feature `f` from its gate and up sums (and their biases).
+__device__ __forceinline__ bf16 gemm_swiglu(const GemmParams& p, int f, float g, float u) {
+    const float* bias;
+    gemm_row(p, f, &bias);
+    if (bias != nullptr) g = g + *bias;
+    gemm_row(p, p.out / 2 + f, &bias);
+    if (bias != nullptr) u = u + *bias;
+    return f32_to_bf16(silu_mul(g, u));
+}
+
+// Writes the final sum `v` of output `o` (a fused row) for row `r`.
+__device__ __forceinline__ void gemm_store(const GemmParams& p, int r, int o, float v) {
+    const float* bias;
+    gemm_row(p, o, &bias);
+    if (bias != nullptr) {
+        v = v + *bias;
+    }
+    const size_t at = (size_t)r * p.ldy + o;
+    if (p.epilogue == EPI_F32) {
+        ((float*)p.y)[at] = v;
+    } else if (p.epilogue == EPI_RESIDUAL) {
+        bf16* y = (bf16*)p.y;
+        y[at] = f32_to_bf16(bf16_to_f32(y[at]) + v);
+    } else {
+        ((bf16*)p.y)[at] = f32_to_bf16(v);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm(const GemmParams p) {
+    extern __shared__ __align__(16) bf16 gemm_smem[];
+    bf16* const a_s = gemm_smem;                          // STAGES × BM × BK
+    bf16* const b_s = gemm_smem + GEMM_STAGES * GEMM_TILE;  // STAGES × BN × BK
     const int tid = threadIdx.x;
-    // Row tiles vary fastest, so blocks that read the same weight tile run
-    // together and share it through L2.
-    const int r0 = blockIdx.x * TILE_R;
-    const int o0 = blockIdx.y * TILE_O;
-    const int lo = tid % TILE_O;  // this thread's output
-    const int lr = tid / TILE_O;  // and its rows lr, lr + 4, lr + 8, lr + 12
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int k0 = 0; k0 < k_dim; k0 += TILE_K) {
-        for (int i = tid; i < TILE_O * TILE_K; i += GEMM_THREADS) {
-            const int oo = i / TILE_K, kk = i % TILE_K;
-            const int o = o0 + oo, k = k0 + kk;
-            ws[oo][kk] = (o < out_dim && k < k_dim) ? bf16_to_f32(w[(size_t)o * k_dim + k]) : 0.0f;
-        }
-        for (int i = tid; i < TILE_R * TILE_K; i += GEMM_THREADS) {
-            const int rr = i / TILE_K, kk = i % TILE_K;
-            const int r = r0 + rr, k = k0 + kk;
-            xs[rr][kk] = (r < rows && k < k_dim) ? x[(size_t)r * k_dim + k] : 0.0f;
-        }
-        __syncthreads();
-        const int kn = min(TILE_K, k_dim - k0);
-        for (int kk = 0; kk < kn; ++kk) {
-            const float wv = ws[lo][kk];
+    const int lane = tid % 32;
+    const int warp_m = tid / 64;  // outputs warp_m·32 ..
+    const int warp_n = (tid / 32) % 2;  // rows warp_n·32 ..
+    const int n0 = blockIdx.x * GEMM_BN;
+    const int mb = blockIdx.y;
+    const int split = blockIdx.z;
+    const bool swiglu = p.epilogue == EPI_SWIGLU;
+    const int features = swiglu ? p.out / 2 : p.out;
+    const int block_rows = min(GEMM_BN, p.rows - n0);
+
+    // This thread's four 16-byte chunks of each tile: tile row idx / 8,
+    // chunk idx % 8. Their source rows do not change along k.
+    const bf16* a_src[4];
+    const bf16* b_src[4];
+    bool a_ok[4], b_ok[4];
 #pragma unroll
-            for (int j = 0; j < 4; ++j) {
-                acc[j] = fmaf(xs[lr + 4 * j][kk], wv, acc[j]);
+    for (int i = 0; i < 4; ++i) {
+        const int idx = tid + GEMM_THREADS * i;
+        const int row = idx / 8, chunk = idx % 8;
+        // SwiGLU: tile rows alternate eight gate rows and the same eight
+        // up rows, so a fragment's rows g and g + 8 are one feature's pair.
+        int fused;
+        if (swiglu) {
+            const int f = mb * (GEMM_BM / 2) + (row >> 4) * 8 + (row & 7);
+            a_ok[i] = f < features;
+            fused = ((row >> 3) & 1) * features + f;
+        } else {
+            fused = mb * GEMM_BM + row;
+            a_ok[i] = fused < p.out;
+        }
+        const float* bias;
+        a_src[i] = a_ok[i] ? gemm_row(p, fused, &bias) + chunk * 8 : p.x;
+        b_ok[i] = n0 + row < p.rows;
+        b_src[i] = p.x + (b_ok[i] ? (size_t)(n0 + row) * p.k + chunk * 8 : 0);
+    }
+    const int k_tiles = (p.k + GEMM_BK - 1) / GEMM_BK;
+    const int kt0 = split * k_tiles / p.splits;
+    const int kt1 = (split + 1) * k_tiles / p.splits;
+
+    auto load = [&](int kt, int stage) {
+        const int kb = kt * GEMM_BK;
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            const int idx = tid + GEMM_THREADS * i;
+            const int row = idx / 8, chunk = idx % 8;
+            const bool in_k = kb + chunk * 8 < p.k;
+            const int at = stage * GEMM_TILE + gemm_swizzle(row, chunk);
+            const bool a = a_ok[i] && in_k, b = b_ok[i] && in_k;
+            cp_async_16_zfill(a_s + at, a ? a_src[i] + kb : p.x, a ? 16 : 0);
+            cp_async_16_zfill(b_s + at, b ? b_src[i] + kb : p.x, b ? 16 : 0);
+        }
+    };
+
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni)
+#pragma unroll
+            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+
+    // Warp-uniform: which of this warp's 8-row fragments hold batch rows.
+    const int n_frags = min(4, max(0, (block_rows - warp_n * 32 + 7) / 8));
+
+#pragma unroll
+    for (int s = 0; s < GEMM_STAGES - 1; ++s) {
+        if (kt0 + s < kt1) load(kt0 + s, s);
+        cp_async_commit();
+    }
+    for (int kt = kt0; kt < kt1; ++kt) {
+        cp_async_wait<GEMM_STAGES - 2>();
+        __syncthreads();
+        // Into the stage every warp finished with at the barrier above.
+        const int next = kt + GEMM_STAGES - 1;
+        if (next < kt1) load(next, (next - kt0) % GEMM_STAGES);
+        cp_async_commit();
+        if (n_frags == 0) continue;
+        const bf16* as = a_s + ((kt - kt0) % GEMM_STAGES) * GEMM_TILE;
+        const bf16* bs = b_s + ((kt - kt0) % GEMM_STAGES) * GEMM_TILE;
+#pragma unroll
+        for (int kk = 0; kk < GEMM_BK / 16; ++kk) {
+            unsigned int a[2][4], b[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi) {
+                const int row = warp_m * 32 + mi * 16 + (lane & 15);
+                ldmatrix_x4(a[mi], as + gemm_swizzle(row, kk * 2 + (lane >> 4)));
+            }
+#pragma unroll
+            for (int nj = 0; nj < 2; ++nj) {
+                if (nj * 2 < n_frags) {
+                    const int row = warp_n * 32 + nj * 16 + ((lane >> 4) << 3) + (lane & 7);
+                    unsigned int r[4];
+                    ldmatrix_x4(r, bs + gemm_swizzle(row, kk * 2 + ((lane >> 3) & 1)));
+                    b[nj * 2][0] = r[0];
+                    b[nj * 2][1] = r[1];
+                    b[nj * 2 + 1][0] = r[2];
+                    b[nj * 2 + 1][1] = r[3];
+                }
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; ++mi)
+#pragma unroll
+                for (int ni = 0; ni < 4; ++ni)
+                    if (ni < n_frags) mma_bf16_16x8x16(acc[mi][ni], a[mi], b[ni], acc[mi][ni]);
+        }
+    }
+    cp_async_wait<0>();
+
+    // Accumulator element e of fragment (mi, ni): tile row
+    // warp_m·32 + mi·16 + g + 8·(e / 2), batch row warp_n·32 + ni·8 + 2t + e % 2.
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int mi = 0; mi < 2; ++mi) {
+#pragma unroll
+        for (int ni = 0; ni < 4; ++ni) {
+            if (ni >= n_frags) continue;
+#pragma unroll
+            for (int e = 0; e < 2; ++e) {
+                const int r = n0 + warp_n * 32 + ni * 8 + 2 * t + e;
+                if (r >= p.rows) continue;
+                const int trow = warp_m * 32 + mi * 16 + g;
+                const float lo = acc[mi][ni][e], hi = acc[mi][ni][2 + e];
+                if (swiglu) {
+                    const int f = mb * (GEMM_BM / 2) + (trow >> 4) * 8 + (trow & 7);
+                    if (f >= features) continue;
+                    if (p.splits > 1) {
+                        float* part = p.partial + ((size_t)split * p.rows + r) * p.out;
+                        part[f] = lo;
+                        part[features + f] = hi;
+                    } else {
+                        ((bf16*)p.y)[(size_t)r * p.ldy + f] = gemm_swiglu(p, f, lo, hi);
+                    }
+                    continue;
+                }
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int o = mb * GEMM_BM + trow + 8 * h;
+                    if (o >= p.out) continue;
+                    const float v = h == 0 ? lo : hi;
+                    if (p.splits > 1) {
+                        p.partial[((size_t)split * p.rows + r) * p.out + o] = v;
+                    } else {
+                        gemm_store(p, r, o, v);
+                    }
+                }
             }
         }
-        __syncthreads();
     }
-    const int o = o0 + lo;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-        const int r = r0 + lr + 4 * j;
-        if (r < rows && o < out_dim) {
-            y[(size_t)r * out_dim + o] = acc[j];
+}
+
+// The split-K sums: one thread per output, the ranges added in order,
+// then the epilogue.
+extern "C" __global__ void gemm_reduce(const GemmParams p) {
+    const bool swiglu = p.epilogue == EPI_SWIGLU;
+    const int features = swiglu ? p.out / 2 : p.out;
+    const size_t idx = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (idx >= (size_t)p.rows * features) {
+        return;
+    }
+    const int r = (int)(idx / features), f = (int)(idx % features);
+    const size_t stride = (size_t)p.rows * p.out;
+    const float* part = p.partial + (size_t)r * p.out;
+    float v = part[f];
+    for (int s = 1; s < p.splits; ++s) {
+        v = v + part[s * stride + f];
+    }
+    if (swiglu) {
+        float u = part[features + f];
+        for (int s = 1; s < p.splits; ++s) {
+            u = u + part[s * stride + features + f];
         }
+        ((bf16*)p.y)[(size_t)r * p.ldy + f] = gemm_swiglu(p, f, v, u);
+    } else {
+        gemm_store(p, r, f, v);
     }
 }

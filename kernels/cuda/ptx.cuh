@@ -91,6 +91,18 @@ __device__ __forceinline__ void cp_async_16(void* dst, const void* src) {
 #endif
 }
 
+// As cp_async_16, copying the first `src_bytes` (0 or 16) of `src` and
+// zero-filling the rest: a tile's rows past the data read nothing.
+__device__ __forceinline__ void cp_async_16_zfill(void* dst, const void* src, int src_bytes) {
+#ifdef __CUDA_ARCH__
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address(dst)),
+                 "l"(src), "r"(src_bytes)
+                 : "memory");
+#else
+    ::emu::cp_async(dst, src, 16, (unsigned int)src_bytes);
+#endif
+}
+
 // Closes the group of copies issued since the last commit.
 __device__ __forceinline__ void cp_async_commit() {
 #ifdef __CUDA_ARCH__

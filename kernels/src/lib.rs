@@ -46,18 +46,22 @@ pub mod cuda {
 
     /// The per-element arithmetic of these kernels (GPU results are
     /// reproducible within one arithmetic; they need not equal the CPU's).
-    pub const ARITHMETIC: &str = "statebench-cuda/1: bf16 weights, f32 activations and KV; \
-         one sequential fma per k in the matrix products; 256-lane tree norms; \
-         attention as a per-position online softmax";
+    pub const ARITHMETIC: &str = "statebench-cuda/2: bf16 weights, activations and KV cache, \
+         f32 accumulation, each value rounded once by the kernel that writes it; \
+         matrix products by mma.sync m16n8k16, one chain over k per output (k split \
+         by the weight's shape alone, the ranges added in order); attention in chunks \
+         of 256 positions by absolute position (online softmax over 64-position \
+         sub-tiles, P in bf16), the chunks folded in order; 256-lane tree norms";
 
     /// The arithmetic of the same kernels run by the CUDA emulator: a run
     /// on it never resumes as a GPU run, nor the other way round.
-    pub const EMULATED_ARITHMETIC: &str = "statebench-cuda/1 on the CUDA emulator: \
-         the same kernels compiled for the CPU; host libm for expf and the like; \
+    pub const EMULATED_ARITHMETIC: &str = "statebench-cuda/2 on the CUDA emulator: \
+         the same kernels compiled for the CPU; mma sums its 16 exact products and \
+         the accumulator in double and rounds once; host libm for expf and the like; \
          fma only where written (no contraction)";
 
     /// Inline-PTX wrappers (`mma.sync`, `ldmatrix`, `cp.async`) with their
-    /// emulated branch; a kernel set that uses them puts this first.
+    /// emulated branch.
     pub const PTX: &str = include_str!("../cuda/ptx.cuh");
 
     /// The CUDA emulator built with this crate (`cuda/emulator/`): the
@@ -77,9 +81,10 @@ pub mod cuda {
         }
     }
 
-    /// A kernel set's full source, as NVRTC compiles it (its errors name
+    /// A kernel set's full source, as NVRTC compiles it: the shared
+    /// definitions and the PTX wrappers first (its errors name
     /// `<name>.cu` and the line there).
     pub fn source(name: &str, body: &str) -> String {
-        format!("{COMMON}\n#line 1 \"{name}.cu\"\n{body}")
+        format!("{COMMON}\n{PTX}\n#line 1 \"{name}.cu\"\n{body}")
     }
 }

@@ -23,6 +23,17 @@ pub enum CheckCommand {
     Invariance(InvarianceArgs),
     /// The last-position logits and the greedy continuation of given token ids.
     Logits(LogitArgs),
+    /// Each CUDA kernel's registers, spills, shared memory and occupancy on sm_80, sm_89 and sm_90 (NVRTC, then ptxas -v), held to its budget.
+    #[cfg(feature = "cuda")]
+    Ptxas(PtxasArgs),
+}
+
+#[cfg(feature = "cuda")]
+#[derive(Args)]
+pub struct PtxasArgs {
+    /// NVIDIA's assembler (the CUDA toolkit's, or the nvidia-cuda-nvcc wheel's nvidia/cu13/bin/ptxas).
+    #[arg(long, default_value = "ptxas")]
+    ptxas: std::path::PathBuf,
 }
 
 #[derive(Args)]
@@ -93,7 +104,21 @@ pub fn run(c: CheckCommand) -> Result<()> {
         CheckCommand::Kernels(a) => kernels(a),
         CheckCommand::Invariance(a) => with_engine!(a.model, |engine| invariance(&a, &mut engine)),
         CheckCommand::Logits(a) => with_engine!(a.model, |engine| logits(&a, &mut engine)),
+        #[cfg(feature = "cuda")]
+        CheckCommand::Ptxas(a) => ptxas(&a),
     }
+}
+
+#[cfg(feature = "cuda")]
+fn ptxas(a: &PtxasArgs) -> Result<()> {
+    use statebench::engine::device::ptxas;
+    let uses = ptxas::report(&a.ptxas).map_err(anyhow::Error::msg)?;
+    emit(&ptxas::table(&uses))?;
+    let over = ptxas::over_budget(&uses);
+    if !over.is_empty() {
+        bail!("{} over budget: {}", over.len(), over.join("; "));
+    }
+    Ok(())
 }
 
 #[derive(Serialize)]
@@ -101,6 +126,7 @@ struct KernelRow {
     kernel: &'static str,
     max_abs: f32,
     max_rel: f32,
+    max_bf16_ulps: f32,
     values: usize,
 }
 
@@ -128,6 +154,7 @@ fn kernels(a: KernelArgs) -> Result<()> {
             kernel: d.kernel,
             max_abs: d.max_abs,
             max_rel: d.max_rel,
+            max_bf16_ulps: d.max_bf16_ulps,
             values: d.values,
         })
         .collect();

@@ -218,7 +218,7 @@ impl<D: Device> Engine<D> {
                 .reserve_kv(cfg.layers, cfg.heads(), opts.kv_budget_bytes)?;
         let scheduler = Scheduler::new(Limits {
             kv_budget_bytes,
-            kv_bytes_per_token: cfg.kv_bytes_per_token(),
+            kv_bytes_per_token: cfg.layers * loaded.model.device.kv_bytes_per_position(cfg.heads()),
             context: cfg.context,
             stop_ids,
             prefill_chunk: opts.prefill_chunk.max(1),

@@ -83,7 +83,7 @@ pub struct Linear<D: Device> {
 }
 
 impl<D: Device> Linear<D> {
-    fn forward(&self, dev: &D, x: &D::Act) -> D::Act {
+    pub(crate) fn forward(&self, dev: &D, x: &D::Act) -> D::Act {
         let mut y = dev.matmul(&self.w, x);
         if let Some(b) = &self.b {
             dev.add_bias(&mut y, b);
@@ -118,24 +118,29 @@ pub struct Attention<D: Device> {
     pub k_norm: Option<D::Vector>,
 }
 
-impl<D: Device> Attention<D> {
-    fn forward(&self, dev: &D, h: &D::Act, layer: usize, s: &mut Step<'_, '_, D>) -> D::Act {
-        let Heads { q: nh, kv: nkv, .. } = s.heads;
-        let mut q = self.q.forward(dev, h); // rows × (nh · dim)
-        let mut k = self.k.forward(dev, h); // rows × (nkv · dim)
-        let v = self.v.forward(dev, h); // rows × (nkv · dim)
-        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-            q = dev.rms_norm(&q, qn, s.eps);
-            k = dev.rms_norm(&k, kn, s.eps);
-        }
-        dev.rope(&mut q, nh, &s.rows.pos, s.rope);
-        dev.rope(&mut k, nkv, &s.rows.pos, s.rope);
-        let mut caches: Vec<&mut D::Cache> = s.items.iter_mut().map(|it| &mut *it.cache).collect();
-        dev.kv_write(&mut caches, layer, &k, &v, s.rows, s.heads);
-        let caches: Vec<&D::Cache> = s.items.iter().map(|it| &*it.cache).collect();
-        let att = dev.attention(&q, &caches, layer, s.rows, s.heads);
-        self.o.forward(dev, &att)
+/// q, k and v of `h`, Qwen3's q/k norms, RoPE, and k and v written to
+/// every item's cache, one operation at a time; returns q. What
+/// [`Device::attention_inputs`] does unless a device fuses it.
+pub(crate) fn attention_inputs<D: Device>(
+    dev: &D,
+    attn: &Attention<D>,
+    h: &D::Act,
+    layer: usize,
+    s: &mut Step<'_, '_, D>,
+) -> D::Act {
+    let Heads { q: nh, kv: nkv, .. } = s.heads;
+    let mut q = attn.q.forward(dev, h); // rows × (nh · dim)
+    let mut k = attn.k.forward(dev, h); // rows × (nkv · dim)
+    let v = attn.v.forward(dev, h); // rows × (nkv · dim)
+    if let (Some(qn), Some(kn)) = (&attn.q_norm, &attn.k_norm) {
+        q = dev.rms_norm(&q, qn, s.eps);
+        k = dev.rms_norm(&k, kn, s.eps);
     }
+    dev.rope(&mut q, nh, &s.rows.pos, s.rope);
+    dev.rope(&mut k, nkv, &s.rows.pos, s.rope);
+    let mut caches: Vec<&mut D::Cache> = s.items.iter_mut().map(|it| &mut *it.cache).collect();
+    dev.kv_write(&mut caches, layer, &k, &v, s.rows, s.heads);
+    q
 }
 
 /// The SwiGLU MLP of one layer.
@@ -146,7 +151,7 @@ pub struct Mlp<D: Device> {
 }
 
 impl<D: Device> Mlp<D> {
-    fn forward(&self, dev: &D, h: &D::Act) -> D::Act {
+    pub(crate) fn forward(&self, dev: &D, h: &D::Act) -> D::Act {
         let mut g = self.gate.forward(dev, h); // rows × intermediate
         let u = self.up.forward(dev, h);
         dev.silu_mul(&mut g, &u);
@@ -165,9 +170,12 @@ pub struct DecoderLayer<D: Device> {
 impl<D: Device> DecoderLayer<D> {
     fn forward(&self, dev: &D, x: &mut D::Act, layer: usize, s: &mut Step<'_, '_, D>) {
         let h = dev.rms_norm(x, &self.attn_norm, s.eps);
-        dev.add(x, &self.attn.forward(dev, &h, layer, s));
+        let q = dev.attention_inputs(&self.attn, &h, layer, s); // rows × (heads · dim)
+        let caches: Vec<&D::Cache> = s.items.iter().map(|it| &*it.cache).collect();
+        let att = dev.attention(&q, &caches, layer, s.rows, s.heads);
+        dev.project_add(&self.attn.o, &att, x);
         let h = dev.rms_norm(x, &self.mlp_norm, s.eps);
-        dev.add(x, &self.mlp.forward(dev, &h));
+        dev.mlp_add(&self.mlp, &h, x);
     }
 }
 
@@ -259,7 +267,7 @@ impl<D: Device> Model<D> {
     ) -> Option<D::Act> {
         let last = self.last_hidden(items, bad_layer)?; // items × hidden
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        Some(self.device.matmul(head, &last)) // items × vocab
+        Some(self.device.logits(head, &last)) // items × vocab
     }
 
     /// Runs the batch; returns each item's last hidden state after the final
@@ -300,6 +308,7 @@ impl<D: Device> Model<D> {
         if rows.is_empty() {
             return None;
         }
+        dev.begin_pass(&rows);
         let tokens: Vec<u32> = items
             .iter()
             .flat_map(|it| it.tokens.iter().copied())

@@ -2,8 +2,9 @@
 //! and how far the results differ: the test of a new kernel set against
 //! the CPU's (`statebench check-device`, `scripts/gpu-check.sh`).
 //!
-//! Weights are drawn as bf16 values, so a bf16 device holds exactly what
-//! the CPU holds and a difference is arithmetic alone.
+//! Weights and activations are drawn as bf16 values, so a bf16 device
+//! holds exactly what the CPU holds and a difference is arithmetic alone:
+//! the order of sums, and where a bf16 device rounds its results.
 
 use super::{bf16_to_f32, f32_to_bf16, BatchRows, Device, Heads, HostWeight};
 use crate::backend::BackendError;
@@ -17,6 +18,12 @@ pub struct KernelDiff {
     pub max_abs: f32,
     /// Largest |a − b| / max(|a|, 1e-6).
     pub max_rel: f32,
+    /// Largest |b|: the scale of the results.
+    pub scale: f32,
+    /// Largest |a − b| in units in the last place of `b` as a bf16 (an
+    /// 8-bit significand; below 2⁻⁸ the unit is 2⁻¹⁶): a result rounded to
+    /// bf16 once is within 0.5 of the exact one.
+    pub max_bf16_ulps: f32,
     /// Values compared.
     pub values: usize,
 }
@@ -41,12 +48,14 @@ fn weight(rows: usize, cols: usize, v: &[f32]) -> HostWeight {
 }
 
 fn diff(kernel: &'static str, a: &[Vec<f32>], b: &[Vec<f32>]) -> KernelDiff {
-    let (mut max_abs, mut max_rel, mut n) = (0f32, 0f32, 0);
+    let (mut max_abs, mut max_rel, mut max_ulps, mut scale, mut n) = (0f32, 0f32, 0f32, 0f32, 0);
     if a.len() != b.len() {
         return KernelDiff {
             kernel,
             max_abs: f32::INFINITY,
             max_rel: f32::INFINITY,
+            max_bf16_ulps: f32::INFINITY,
+            scale: 0.0,
             values: 0,
         };
     }
@@ -54,6 +63,7 @@ fn diff(kernel: &'static str, a: &[Vec<f32>], b: &[Vec<f32>]) -> KernelDiff {
         if ra.len() != rb.len() {
             max_abs = f32::INFINITY;
             max_rel = f32::INFINITY;
+            max_ulps = f32::INFINITY;
             continue;
         }
         for (x, y) in ra.iter().zip(rb) {
@@ -61,6 +71,8 @@ fn diff(kernel: &'static str, a: &[Vec<f32>], b: &[Vec<f32>]) -> KernelDiff {
             let d = if d.is_nan() { f32::INFINITY } else { d };
             max_abs = max_abs.max(d);
             max_rel = max_rel.max(d / x.abs().max(1e-6));
+            max_ulps = max_ulps.max(d / bf16_ulp(*y));
+            scale = scale.max(y.abs());
             n += 1;
         }
     }
@@ -68,8 +80,17 @@ fn diff(kernel: &'static str, a: &[Vec<f32>], b: &[Vec<f32>]) -> KernelDiff {
         kernel,
         max_abs,
         max_rel,
+        max_bf16_ulps: max_ulps,
+        scale,
         values: n,
     }
+}
+
+/// One unit in the last place of `x` as a bf16: 2^(exponent − 7), at
+/// least 2⁻¹⁶ (exponents below −8 count as −8).
+fn bf16_ulp(x: f32) -> f32 {
+    let e = ((x.abs().to_bits() >> 23) as i32 - 127).max(-8);
+    2f32.powi(e - 7)
 }
 
 /// One device's side of the comparison.
@@ -111,7 +132,7 @@ impl Shapes {
             heads: Heads {
                 q: 4,
                 kv: 2,
-                dim: 24,
+                dim: 32,
             },
             steps: vec![vec![3, 5], vec![1, 1]],
         }
@@ -161,7 +182,7 @@ pub fn compare_at<A: Device, B: Device>(
     ));
 
     // Matrix product with a bias.
-    let x = values(&mut rng, rows * hidden, 1.0);
+    let x = bf16_values(&mut rng, rows * hidden, 1.0);
     let w = bf16_values(&mut rng, inner * hidden, 0.1);
     let bias = values(&mut rng, inner, 0.1);
     let (wa, wb) = (
@@ -191,10 +212,10 @@ pub fn compare_at<A: Device, B: Device>(
     ));
     let hg = values(&mut rng, heads.dim, 1.0);
     let (hga, hgb) = (a.vector(hg.clone())?, b.vector(hg)?);
-    let q = values(&mut rng, rows * heads.q * heads.dim, 1.0);
+    let q = bf16_values(&mut rng, rows * heads.q * heads.dim, 1.0);
     let (qa, qb) = (
         a.act(heads.q * heads.dim, q.clone()),
-        b.act(heads.q * heads.dim, q),
+        b.act(heads.q * heads.dim, q.clone()),
     );
     out.push(diff(
         "rms_norm per head",
@@ -209,28 +230,22 @@ pub fn compare_at<A: Device, B: Device>(
     );
     let pos: Vec<usize> = (0..rows).map(|i| i * 61 % 500).collect();
     let (mut qra, mut qrb) = (
-        a.act(
-            heads.q * heads.dim,
-            sa.host(a.rms_norm(&qa, &hga, 1e-6)).concat(),
-        ),
-        b.act(
-            heads.q * heads.dim,
-            sb.host(b.rms_norm(&qb, &hgb, 1e-6)).concat(),
-        ),
+        a.act(heads.q * heads.dim, q.clone()),
+        b.act(heads.q * heads.dim, q),
     );
     a.rope(&mut qra, heads.q, &pos, &ra);
     b.rope(&mut qrb, heads.q, &pos, &rb);
     out.push(diff("rope", &sa.host(qra), &sb.host(qrb)));
 
     // SwiGLU and the residual add.
-    let gate = values(&mut rng, rows * inner, 4.0);
-    let up = values(&mut rng, rows * inner, 1.0);
+    let gate = bf16_values(&mut rng, rows * inner, 4.0);
+    let up = bf16_values(&mut rng, rows * inner, 1.0);
     let (mut gta, mut gtb) = (a.act(inner, gate.clone()), b.act(inner, gate));
     a.silu_mul(&mut gta, &a.act(inner, up.clone()));
     b.silu_mul(&mut gtb, &b.act(inner, up.clone()));
     out.push(diff("silu_mul", &sa.host(gta), &sb.host(gtb)));
     let (mut ada, mut adb) = (a.act(hidden, x.clone()), b.act(hidden, x.clone()));
-    let other = values(&mut rng, rows * hidden, 1.0);
+    let other = bf16_values(&mut rng, rows * hidden, 1.0);
     a.add(&mut ada, &a.act(hidden, other.clone()));
     b.add(&mut adb, &b.act(hidden, other));
     out.push(diff("add", &sa.host(ada), &sb.host(adb)));
@@ -242,7 +257,7 @@ pub fn compare_at<A: Device, B: Device>(
         &sa.host(a.gather(&xa, &pick)),
         &sb.host(b.gather(&xb, &pick)),
     ));
-    let mut logits = values(&mut rng, rows * vocab, 1.0);
+    let mut logits = bf16_values(&mut rng, rows * vocab, 1.0);
     logits[5] = logits.iter().copied().fold(f32::MIN, f32::max); // a tie, lowest index wins
     if rows > 1 {
         logits[vocab + 3] = f32::NAN;
@@ -270,9 +285,9 @@ pub fn compare_at<A: Device, B: Device>(
             .collect();
         let brows = BatchRows::new(cached.into_iter().zip(step.iter().copied()));
         let kvw = heads.kv * heads.dim;
-        let k = values(&mut rng, n * kvw, 1.0);
-        let v = values(&mut rng, n * kvw, 1.0);
-        let q = values(&mut rng, n * heads.q * heads.dim, 1.0);
+        let k = bf16_values(&mut rng, n * kvw, 1.0);
+        let v = bf16_values(&mut rng, n * kvw, 1.0);
+        let q = bf16_values(&mut rng, n * heads.q * heads.dim, 1.0);
         {
             let mut refs: Vec<&mut A::Cache> = ca.iter_mut().collect();
             a.kv_write(

@@ -4,13 +4,20 @@
 //! time (a binary built with the feature runs, on the CPU, where neither
 //! exists).
 //!
-//! Weights are bf16 on the device (bf16 checkpoints as they are; f16, f32
-//! and GGUF weights rounded once to nearest-even bf16 at load);
-//! activations and the KV cache are f32. The KV cache is paged: each
-//! layer's keys and values live in one pool of blocks of `KV_BLOCK`
+//! The arithmetic (`statebench-cuda/2`): bf16 weights (bf16 checkpoints as
+//! they are; f16, f32 and GGUF weights rounded once to nearest-even bf16
+//! at load), bf16 activations between kernels, each rounded once by the
+//! kernel that writes it, f32 accumulation, and a bf16 KV cache, paged:
+//! each layer's keys and values live in one pool of blocks of `KV_BLOCK`
 //! positions, sized at load from the KV budget and the free device memory;
 //! a sequence holds a list of blocks and gives them back when it shrinks
-//! or is dropped.
+//! or is dropped. Matrix products run on tensor cores (`gemm.cu`),
+//! attention in fixed chunks of positions (`attention.cu`); neither
+//! depends on the batch.
+//!
+//! A forward pass takes its activations from one device arena, reset when
+//! the next pass begins; its index metadata (positions, cache slots,
+//! block tables, attention tiles) goes there too, uploaded once a pass.
 //!
 //! The same code runs on the CUDA emulator (`--device cuda-emulated`,
 //! `kernels/cuda/emulator/`): its driver and NVRTC libraries are loaded in
@@ -18,10 +25,12 @@
 //! launch is the code a GPU runs.
 
 use std::ffi::CString;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
+use cudarc::driver::sys::{CUdevice_attribute, CUfunction_attribute};
 use cudarc::driver::{
-    CudaContext, CudaFunction, CudaSlice, CudaStream, DeviceRepr, LaunchConfig, PushKernelArg,
+    CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig,
 };
 use cudarc::nvrtc::Ptx;
 use statebench_kernels::RopeTable;
@@ -29,12 +38,22 @@ use statebench_kernels::RopeTable;
 use super::{f32_to_bf16, BatchRows, Device, DeviceInfo, Heads, HostWeight};
 use crate::backend::BackendError;
 use crate::engine::kv_cache::KvStore;
+use crate::engine::model::{Attention, Linear, Mlp, Step};
 
-/// Positions per KV-cache block (`KV_BLOCK` in `common.cuh`).
-pub const KV_BLOCK: usize = 16;
+/// Positions per KV-cache block (`KV_BLOCK` in `common.cuh`): one
+/// attention sub-tile.
+pub const KV_BLOCK: usize = 64;
 
-/// Largest head dimension the attention kernel holds in registers.
-const MAX_HEAD_DIM: usize = 256;
+/// Positions per attention chunk (`ATTN_CHUNK` in `common.cuh`).
+pub const ATTN_CHUNK: usize = 256;
+
+/// Head dimensions the attention kernel is instantiated for: every dense
+/// Qwen2/Qwen3 model's (64 or 128) and the tiny test models'. (At 256 its
+/// accumulators would spill registers.)
+const HEAD_DIMS: [usize; 4] = [16, 32, 64, 128];
+
+/// Query heads per KV head the attention tile holds at most (its 64 rows).
+const MAX_GROUP: usize = 64;
 
 /// Why a kernel set did not compile: its name and NVRTC's first error.
 #[derive(Debug, thiserror::Error)]
@@ -125,6 +144,16 @@ pub fn gpu_count() -> usize {
 /// Compiles one kernel set for `arch` (e.g. `compute_90`); the log comes
 /// back even when compilation succeeds, so warnings can be refused.
 pub fn compile(name: &str, body: &str, arch: &str) -> Result<Compiled, CompileError> {
+    compile_with(name, body, arch, Pipelines::DEEP)
+}
+
+/// [`compile`] with the copy pipelines `pipes`.
+pub fn compile_with(
+    name: &str,
+    body: &str,
+    arch: &str,
+    pipes: Pipelines,
+) -> Result<Compiled, CompileError> {
     use cudarc::nvrtc::result as nvrtc;
     let fail = |first_error: String, log: String| CompileError {
         kernel: name.to_string(),
@@ -141,6 +170,8 @@ pub fn compile(name: &str, body: &str, arch: &str) -> Result<Compiled, CompileEr
         format!("--gpu-architecture={arch}"),
         "--std=c++17".to_string(),
         "--fmad=true".to_string(),
+        format!("-DGEMM_STAGES={}", pipes.gemm),
+        format!("-DATTN_KV_STAGES={}", pipes.attention),
     ];
     // SAFETY: `prog` is a live program; it is destroyed below on every path.
     let compiled = unsafe { nvrtc::compile_program(prog, &opts) };
@@ -177,16 +208,163 @@ fn c_text(chars: &[std::ffi::c_char]) -> String {
 /// The loaded kernels.
 struct Kernels {
     gemm: CudaFunction,
+    gemm_reduce: CudaFunction,
     rms_norm: CudaFunction,
-    rope: CudaFunction,
-    kv_write: CudaFunction,
-    attention: CudaFunction,
+    rope_kv: CudaFunction,
+    /// One per head dimension of [`HEAD_DIMS`].
+    attention: Vec<CudaFunction>,
+    attention_merge: CudaFunction,
     embed: CudaFunction,
     add_bias: CudaFunction,
     add: CudaFunction,
     silu_mul: CudaFunction,
     gather_rows: CudaFunction,
-    argmax: CudaFunction,
+    argmax_f32: CudaFunction,
+    argmax_bf16: CudaFunction,
+}
+
+/// The matrix product's tile (`gemm.cu`): outputs and rows per block, k
+/// per stage.
+pub const GEMM_BM: usize = 64;
+pub const GEMM_BN: usize = 64;
+pub const GEMM_BK: usize = 64;
+
+/// How deep the kernels' copy pipelines are: stages of the matrix
+/// product's k-slices and of attention's K/V sub-tiles in shared memory.
+/// Deeper where a block may take more shared memory; the arithmetic is the
+/// same at every depth (a test runs both on the emulator).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Pipelines {
+    pub gemm: usize,
+    pub attention: usize,
+}
+
+impl Pipelines {
+    /// For blocks of up to 163 KiB (sm_80) or 227 KiB (sm_90).
+    pub const DEEP: Pipelines = Pipelines {
+        gemm: 4,
+        attention: 2,
+    };
+    /// For blocks of up to 99 KiB (sm_86, sm_89, sm_120: consumer and
+    /// workstation GPUs).
+    pub const SHALLOW: Pipelines = Pipelines {
+        gemm: 3,
+        attention: 1,
+    };
+
+    /// The deepest pipelines whose blocks fit `smem_per_block` bytes.
+    pub fn fitting(smem_per_block: usize) -> Pipelines {
+        let need = |p: Pipelines| p.gemm_smem().max(p.attention_smem(128));
+        if need(Self::DEEP) <= smem_per_block {
+            Self::DEEP
+        } else {
+            Self::SHALLOW
+        }
+    }
+
+    /// The matrix product's dynamic shared memory: each stage's weight and
+    /// activation slices, bf16.
+    pub fn gemm_smem(self) -> usize {
+        self.gemm * (GEMM_BM + GEMM_BN) * GEMM_BK * 2
+    }
+
+    /// Attention's dynamic shared memory for head dimension `d`: the query
+    /// tile (64 × d) and each stage's K and V sub-tiles (64 × d each), bf16;
+    /// the running fold's accumulators (d / 2 for each of 128 threads), f32.
+    pub fn attention_smem(self, d: usize) -> usize {
+        (64 * d + self.attention * 2 * KV_BLOCK * d) * 2 + 128 * (d / 2) * 4
+    }
+}
+
+/// What a matrix product's epilogue does with its sums (`EPI_*` in `gemm.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Epilogue {
+    Bf16 = 0,
+    F32 = 1,
+    Residual = 2,
+    SwiGlu = 3,
+}
+
+/// `gemm.cu`'s `GemmParams`, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct GemmParams {
+    w: [u64; 3],
+    bias: [u64; 3],
+    x: u64,
+    y: u64,
+    partial: u64,
+    seg_end: [i32; 3],
+    rows: i32,
+    k: i32,
+    out: i32,
+    ldy: i32,
+    epilogue: i32,
+    splits: i32,
+}
+
+/// `attention.cu`'s `AttnParams`, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct AttnParams {
+    q: u64,
+    kpool: u64,
+    vpool: u64,
+    out: u64,
+    partial: u64,
+    tiles: u64,
+    row_pos: u64,
+    row_table: u64,
+    tables: u64,
+    heads: i32,
+    kv_heads: i32,
+    dim: i32,
+    splits: i32,
+    chunk_cap: i32,
+    scale_log2: f32,
+}
+
+/// `rope.cu`'s `RopeParams`, field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+struct RopeParams {
+    q_src: u64,
+    q_dst: u64,
+    k_src: u64,
+    v_src: u64,
+    kpool: u64,
+    vpool: u64,
+    q_norm: u64,
+    k_norm: u64,
+    cos_t: u64,
+    sin_t: u64,
+    pos: u64,
+    slots: u64,
+    rows: i32,
+    q_ld: i32,
+    kv_ld: i32,
+    heads: i32,
+    kv_heads: i32,
+    dim: i32,
+    rotate_k: i32,
+    eps: f32,
+}
+
+// SAFETY: plain #[repr(C)] data the kernels take by value, laid out as
+// their C structs (sizes checked by static_assert there and by a test here).
+unsafe impl DeviceRepr for GemmParams {}
+unsafe impl DeviceRepr for AttnParams {}
+unsafe impl DeviceRepr for RopeParams {}
+
+/// Splits along k of a product with a weight of `out` rows and `k`
+/// columns: enough blocks to fill a GPU at one activation row (256 with
+/// 64-row tiles), each split at least 16 k-slices (1,024 columns) long.
+/// A function of the weight's shape alone, never of the batch: the order
+/// of every output's sum is fixed by the model.
+pub fn gemm_splits(out: usize, k: usize) -> usize {
+    let m_blocks = out.div_ceil(GEMM_BM).max(1);
+    let k_tiles = k.div_ceil(GEMM_BK);
+    256usize.div_ceil(m_blocks).min(k_tiles / 16).max(1)
 }
 
 /// Free KV-cache blocks, shared by every sequence's cache.
@@ -212,10 +390,10 @@ impl BlockPool {
     }
 }
 
-/// Each layer's key and value pools, `[block][kv_head][KV_BLOCK][dim]`.
+/// Each layer's key and value pools, bf16 `[block][kv_head][KV_BLOCK][dim]`.
 struct KvPools {
-    k: Vec<CudaSlice<f32>>,
-    v: Vec<CudaSlice<f32>>,
+    k: Vec<DeviceBuf<u16>>,
+    v: Vec<DeviceBuf<u16>>,
     blocks: Arc<BlockPool>,
 }
 
@@ -265,88 +443,183 @@ impl KvStore for CudaCache {
     }
 }
 
-/// Activations on the device: `rows × width` f32; `None` after a failure
-/// (reported by [`Device::sync`]).
+/// A device allocation that lives as long as the model (weights, vectors,
+/// the KV pools, the RoPE table) and its address.
+pub struct DeviceBuf<T> {
+    ptr: u64,
+    len: usize,
+    _mem: CudaSlice<T>,
+}
+
+/// How an activation's elements are stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DType {
+    Bf16,
+    F32,
+}
+
+impl DType {
+    fn bytes(self) -> usize {
+        match self {
+            DType::Bf16 => 2,
+            DType::F32 => 4,
+        }
+    }
+}
+
+/// Activations on the device: `rows × width` in the pass's arena; `None`
+/// after a failure (reported by [`Device::sync`]).
 pub struct CudaAct {
+    /// Rows as stored and launched: in a graphed pass, padded to its bucket.
     rows: usize,
+    /// Rows the forward pass asked for (what comes back to the host).
+    real: usize,
     width: usize,
-    data: Option<CudaSlice<f32>>,
-    pool: Arc<ActPool>,
+    dtype: DType,
+    mem: Option<ArenaPtr>,
 }
 
-impl Drop for CudaAct {
-    fn drop(&mut self) {
-        if let Some(d) = self.data.take() {
-            self.pool.give(d);
-        }
-    }
-}
-
-/// Device buffers of dropped activations, kept by length for the next
-/// activation of that length: a decode step's shapes are the last step's,
-/// so once the first has run a step allocates nothing.
-#[derive(Default)]
-struct ActPool {
-    free: Mutex<PooledBuffers>,
-}
-
-#[derive(Default)]
-struct PooledBuffers {
-    by_len: std::collections::HashMap<usize, Vec<CudaSlice<f32>>>,
-    /// Floats held in `by_len`.
-    floats: usize,
-}
-
-/// Buffers kept per length (a layer has fewer live activations of one shape).
-const POOLED_PER_LENGTH: usize = 8;
-
-/// Floats the pool holds at most (256 MiB): prompts of ever new lengths
-/// (a server's) must not keep a buffer of each; past it the pool starts over.
-const POOLED_FLOATS: usize = 64 << 20;
-
-impl ActPool {
-    fn take(&self, n: usize) -> Option<CudaSlice<f32>> {
-        let mut free = self.free.lock().ok()?;
-        let buffer = free.by_len.get_mut(&n)?.pop()?;
-        free.floats -= n;
-        Some(buffer)
-    }
-
-    fn give(&self, buffer: CudaSlice<f32>) {
-        let Ok(mut free) = self.free.lock() else {
-            return;
-        };
-        let n = buffer.len();
-        if n > POOLED_FLOATS {
-            return;
-        }
-        if free.floats + n > POOLED_FLOATS {
-            *free = PooledBuffers::default();
-        }
-        let same = free.by_len.entry(n).or_default();
-        if same.len() < POOLED_PER_LENGTH {
-            same.push(buffer);
-            free.floats += n;
-        }
-    }
+/// An address in the arena and the pass it belongs to.
+#[derive(Debug, Clone, Copy)]
+struct ArenaPtr {
+    ptr: u64,
+    pass: u64,
 }
 
 /// A bf16 weight matrix on the device, `rows × cols`.
 pub struct CudaWeight {
     rows: usize,
     cols: usize,
-    data: CudaSlice<u16>,
+    buf: DeviceBuf<u16>,
 }
 
 /// The RoPE table on the device.
 pub struct CudaRope {
-    cos: CudaSlice<f32>,
-    sin: CudaSlice<f32>,
+    cos: DeviceBuf<f32>,
+    sin: DeviceBuf<f32>,
     half: usize,
 }
 
-/// A vector of step metadata and its copy on the device.
-type StepMeta = (Vec<i32>, Arc<CudaSlice<i32>>);
+/// The device memory of one forward pass: activations and index metadata,
+/// handed out in order from chunks and all given back when the next pass
+/// begins. A pass that outgrows its chunk takes another; the next pass
+/// then starts from one chunk as large as the last pass needed, so a
+/// steady decode allocates nothing.
+struct Arena {
+    chunks: Vec<CudaSlice<u8>>,
+    /// Base address of the last chunk, its size and bytes used in it.
+    base: u64,
+    size: usize,
+    used: usize,
+    /// Bytes this pass has taken, over every chunk.
+    taken: usize,
+    /// Counts passes; an activation of an earlier pass is refused.
+    pass: u64,
+}
+
+/// Alignment of every arena allocation (as cudaMalloc's).
+const ARENA_ALIGN: usize = 256;
+
+/// The first chunk's size.
+const ARENA_FIRST: usize = 16 << 20;
+
+impl Arena {
+    fn new() -> Self {
+        Arena {
+            chunks: Vec::new(),
+            base: 0,
+            size: 0,
+            used: 0,
+            taken: 0,
+            pass: 1,
+        }
+    }
+}
+
+/// A kernel launch: the function, its geometry and its parameters' bytes
+/// (each parameter at its offset). What a graphed pass records instead of
+/// launching, and compares with the graph it replays.
+#[derive(Debug, Clone, PartialEq)]
+struct Launch {
+    func: usize,
+    grid: (u32, u32, u32),
+    block: (u32, u32, u32),
+    shared: u32,
+    /// The parameters, 8-byte aligned.
+    words: Vec<u64>,
+    offsets: Vec<usize>,
+}
+
+impl Launch {
+    fn new(f: &CudaFunction, cfg: LaunchConfig) -> Self {
+        Launch {
+            func: f.cu_function() as usize,
+            grid: cfg.grid_dim,
+            block: cfg.block_dim,
+            shared: cfg.shared_mem_bytes,
+            words: Vec::new(),
+            offsets: Vec::new(),
+        }
+    }
+
+    /// Appends one parameter's bytes.
+    fn param(mut self, bytes: &[u8]) -> Self {
+        let at = self.words.len() * 8;
+        self.offsets.push(at);
+        for chunk in bytes.chunks(8) {
+            let mut w = [0u8; 8];
+            w[..chunk.len()].copy_from_slice(chunk);
+            self.words.push(u64::from_le_bytes(w));
+        }
+        self
+    }
+}
+
+/// The bytes of a parameter struct.
+fn bytes_of<P: DeviceRepr>(p: &P) -> &[u8] {
+    // SAFETY: P is plain #[repr(C)] data; its bytes are read, not interpreted.
+    unsafe { std::slice::from_raw_parts((p as *const P).cast::<u8>(), std::mem::size_of::<P>()) }
+}
+
+/// A decode pass (every item one new token), recorded rather than run: its
+/// rows padded to a power of two (its bucket), its launches, and the
+/// metadata to upload before they run. At its end the launches run as the
+/// bucket's CUDA graph: replayed when they equal a graph's, else captured.
+struct Recording {
+    real: usize,
+    padded: usize,
+    launches: Vec<Launch>,
+    uploads: Vec<(u64, Vec<u8>)>,
+}
+
+/// A captured graph (cudarc's handle, used under the `graphs` lock only, as
+/// CUDA requires of graph objects) and the launches it holds.
+struct Graph {
+    launches: Vec<Launch>,
+    exec: cudarc::driver::CudaGraph,
+}
+
+// SAFETY: a Graph is only touched with the `graphs` mutex held, which
+// serializes every call on it as CUDA's graph thread-safety rules ask.
+unsafe impl Send for Graph {}
+
+/// Graphs kept per bucket (a greedy step and a sampling step differ).
+const GRAPHS_PER_BUCKET: usize = 4;
+
+/// Decode passes of up to this many rows run as graphs.
+const MAX_GRAPH_ROWS: usize = 256;
+
+/// Which metadata vector a pass uploads: each kind once a pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Meta {
+    Tokens,
+    Pos,
+    Slots,
+    Tiles,
+    RowTable,
+    Tables,
+    Gather,
+}
 
 /// One NVIDIA GPU.
 pub struct Cuda {
@@ -354,11 +627,28 @@ pub struct Cuda {
     ctx: Arc<CudaContext>,
     k: Kernels,
     info: DeviceInfo,
+    /// Multiprocessors: how many blocks fill the device.
+    sms: usize,
+    /// The kernels' pipeline depths, as compiled.
+    pipes: Pipelines,
     kv: OnceLock<KvPools>,
     failed: Mutex<Option<String>>,
-    /// This step's uploaded metadata, by content.
-    meta: Mutex<Vec<StepMeta>>,
-    acts: Arc<ActPool>,
+    arena: Mutex<Arena>,
+    /// This pass's uploaded metadata, by kind and content.
+    meta: Mutex<Vec<(Meta, Vec<i32>, u64)>>,
+    /// Attention's chunk splits, when set (tests); else by the rule.
+    attention_splits: AtomicUsize,
+    /// The pass being recorded for a graph, if this pass is one.
+    recording: Mutex<Option<Recording>>,
+    /// Captured decode graphs, by bucket.
+    graphs: Mutex<std::collections::HashMap<usize, Vec<Graph>>>,
+    graphs_on: std::sync::atomic::AtomicBool,
+    /// Graphs captured and replayed so far.
+    captured: AtomicUsize,
+    replayed: AtomicUsize,
+    /// Positions the RoPE table covers: the context, which fixes a graphed
+    /// pass's block tables and attention partials.
+    context: AtomicUsize,
 }
 
 /// The error of an unusable device, in one line with what to do.
@@ -369,18 +659,33 @@ fn unusable(device: &str, cause: impl std::fmt::Display) -> BackendError {
     }
 }
 
+/// A kernel argument, as the launch passes it.
+#[derive(Debug, Clone, Copy)]
+enum Arg {
+    Ptr(u64),
+    I32(i32),
+    F32(f32),
+}
+
 impl Cuda {
     /// Opens GPU `ordinal`: loads the driver and NVRTC, compiles and loads
     /// the kernels for its compute capability.
     pub fn open(ordinal: usize) -> Result<Self, BackendError> {
-        Self::open_on(ordinal, false)
+        Self::open_on(ordinal, false, None)
     }
 
     /// Opens the CUDA emulator's device: the same kernels and host code,
     /// executed on the CPU.
     pub fn open_emulated() -> Result<Self, BackendError> {
+        Self::open_emulated_with(None)
+    }
+
+    /// The emulator's device with the kernels' pipelines as `pipes` says
+    /// (`None`: as they fit, as on a GPU), so the depths a GPU of another
+    /// kind would take run here too.
+    pub fn open_emulated_with(pipes: Option<Pipelines>) -> Result<Self, BackendError> {
         load_emulator().map_err(|e| unusable(&super::DeviceChoice::CudaEmulated.to_string(), e))?;
-        Self::open_on(0, true)
+        Self::open_on(0, true, pipes)
     }
 
     /// The device `--device` names (`cuda[:N]` or `cuda-emulated`).
@@ -392,7 +697,11 @@ impl Cuda {
         }
     }
 
-    fn open_on(ordinal: usize, emulated: bool) -> Result<Self, BackendError> {
+    fn open_on(
+        ordinal: usize,
+        emulated: bool,
+        pipes: Option<Pipelines>,
+    ) -> Result<Self, BackendError> {
         let name = if emulated {
             super::DeviceChoice::CudaEmulated
         } else {
@@ -438,10 +747,26 @@ impl Cuda {
         // SAFETY: the engine uses one stream, so no cross-stream waits are lost.
         unsafe { ctx.disable_event_tracking() };
         let (major, minor) = ctx.compute_capability().map_err(|e| unusable(&name, e))?;
+        if major < 8 {
+            return Err(unusable(
+                &name,
+                format!("compute capability {major}.{minor}: the kernels need 8.0 or later (bf16 tensor cores)"),
+            ));
+        }
+        let sms = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| unusable(&name, e))?
+            .max(1) as usize;
+        let smem = ctx
+            .attribute(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN)
+            .map_err(|e| unusable(&name, e))?
+            .max(0) as usize;
+        let pipes = pipes.unwrap_or_else(|| Pipelines::fitting(smem));
         let arch = format!("compute_{major}{minor}");
         let mut functions = std::collections::HashMap::new();
         for (set, body) in statebench_kernels::cuda::SOURCES {
-            let c = compile(set, body, &arch).map_err(|e| unusable(&name, crate::one_line(&e)))?;
+            let c = compile_with(set, body, &arch, pipes)
+                .map_err(|e| unusable(&name, crate::one_line(&e)))?;
             let module = ctx
                 .load_module(Ptx::from_src(c.ptx))
                 .map_err(|e| unusable(&name, format!("loading kernels `{set}`: {e}")))?;
@@ -452,18 +777,36 @@ impl Cuda {
                 .load_function(kernel)
                 .map_err(|e| unusable(&name, format!("kernel {kernel}: {e}")))
         };
+        // Kernels whose shared memory is over the 48 KiB every launch may take.
+        let wide = |func: CudaFunction, bytes: usize| {
+            func.set_attribute(
+                CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+            .map_err(|e| unusable(&name, format!("shared memory of {bytes} bytes: {e}")))?;
+            Ok::<_, BackendError>(func)
+        };
+        let mut attention = Vec::new();
+        for d in HEAD_DIMS {
+            attention.push(wide(
+                f("attention", &format!("attention_d{d}"))?,
+                pipes.attention_smem(d),
+            )?);
+        }
         let k = Kernels {
-            gemm: f("gemm", "gemm_bf16")?,
+            gemm: wide(f("gemm", "gemm")?, pipes.gemm_smem())?,
+            gemm_reduce: f("gemm", "gemm_reduce")?,
             rms_norm: f("norm", "rms_norm")?,
-            rope: f("rope", "rope")?,
-            kv_write: f("attention", "kv_write")?,
-            attention: f("attention", "attention")?,
+            rope_kv: f("rope", "rope_kv")?,
+            attention,
+            attention_merge: f("attention", "attention_merge")?,
             embed: f("elementwise", "embed")?,
             add_bias: f("elementwise", "add_bias")?,
             add: f("elementwise", "add")?,
             silu_mul: f("elementwise", "silu_mul")?,
             gather_rows: f("elementwise", "gather_rows")?,
-            argmax: f("elementwise", "argmax")?,
+            argmax_f32: f("elementwise", "argmax_f32")?,
+            argmax_bf16: f("elementwise", "argmax_bf16")?,
         };
         let mut driver = 0i32;
         // SAFETY: writes one integer.
@@ -490,16 +833,102 @@ impl Cuda {
             }
             .to_string(),
         };
+        let stream = ctx.new_stream().map_err(|e| unusable(&name, e))?;
         Ok(Cuda {
-            stream: ctx.default_stream(),
+            stream,
             ctx,
             k,
             info,
+            sms,
+            pipes,
             kv: OnceLock::new(),
             failed: Mutex::new(None),
+            arena: Mutex::new(Arena::new()),
             meta: Mutex::new(Vec::new()),
-            acts: Arc::default(),
+            attention_splits: AtomicUsize::new(0),
+            recording: Mutex::new(None),
+            graphs: Mutex::new(std::collections::HashMap::new()),
+            graphs_on: std::sync::atomic::AtomicBool::new(true),
+            captured: AtomicUsize::new(0),
+            replayed: AtomicUsize::new(0),
+            context: AtomicUsize::new(0),
         })
+    }
+
+    /// Makes attention split each tile's chunks over `n` blocks (`None`:
+    /// as many as fill the device). The arithmetic is the same for every
+    /// `n`; the test that proves it sets this.
+    pub fn set_attention_splits(&self, n: Option<usize>) {
+        self.attention_splits
+            .store(n.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// Whether decode passes run as CUDA graphs (on by default). A graph
+    /// changes no arithmetic; the test that proves it turns them off.
+    pub fn set_graphs(&self, on: bool) {
+        self.graphs_on.store(on, Ordering::Relaxed);
+    }
+
+    /// Decode graphs captured and replayed since the device opened.
+    pub fn graph_counts(&self) -> (usize, usize) {
+        (
+            self.captured.load(Ordering::Relaxed),
+            self.replayed.load(Ordering::Relaxed),
+        )
+    }
+
+    /// The rows a pass of `rows` stores and launches: its bucket when the
+    /// pass is recorded for a graph and `rows` are its rows.
+    fn padded(&self, rows: usize) -> usize {
+        match self.recording.lock().ok().as_deref() {
+            Some(Some(r)) if r.real == rows => r.padded,
+            _ => rows,
+        }
+    }
+
+    /// `v` (one value per row) padded to the pass's bucket with `fill(row)`.
+    fn pad(&self, mut v: Vec<i32>, fill: impl Fn(usize) -> i32) -> Vec<i32> {
+        let padded = self.padded(v.len());
+        for r in v.len()..padded {
+            v.push(fill(r));
+        }
+        v
+    }
+
+    fn is_recording(&self) -> bool {
+        matches!(self.recording.lock().ok().as_deref(), Some(Some(_)))
+    }
+
+    /// Each row's position, padding rows -1.
+    fn positions(&self, pos: &[usize]) -> Vec<i32> {
+        self.pad(pos.iter().map(|&p| p as i32).collect(), |_| -1)
+    }
+
+    /// Where each row's block table starts, and the tables: one after
+    /// another, or, in a graphed pass, one per row at a fixed stride (the
+    /// blocks the context can take), so its arena and launches do not
+    /// change as the caches grow.
+    fn block_tables(&self, caches: &[&CudaCache], rows: &BatchRows) -> (Vec<i32>, Vec<i32>) {
+        let n_rows = self.padded(rows.len());
+        if self.is_recording() {
+            let stride = self.context.load(Ordering::Relaxed).div_ceil(KV_BLOCK);
+            let mut tables = vec![0i32; n_rows * stride];
+            for (r, &item) in rows.item.iter().enumerate() {
+                for (j, &b) in caches[item].blocks.iter().take(stride).enumerate() {
+                    tables[r * stride + j] = b as i32;
+                }
+            }
+            let row_table = (0..n_rows).map(|r| (r * stride) as i32).collect();
+            return (row_table, tables);
+        }
+        let mut tables: Vec<i32> = Vec::new();
+        let mut offsets = Vec::with_capacity(caches.len());
+        for c in caches {
+            offsets.push(tables.len() as i32);
+            tables.extend(c.blocks.iter().map(|&b| b as i32));
+        }
+        let row_table = rows.item.iter().map(|&i| offsets[i]).collect();
+        (row_table, tables)
     }
 
     /// None once an operation of this step has failed: the rest of the
@@ -519,57 +948,226 @@ impl Cuda {
         }
     }
 
-    /// A step's index metadata (positions, block tables, cache slots) on
-    /// the device: every layer of a step asks for the same vectors, so each
-    /// distinct one is uploaded once a step (`sync` ends the step).
-    fn step_meta(&self, v: Vec<i32>) -> Option<Arc<CudaSlice<i32>>> {
-        let mut meta = self.meta.lock().ok()?;
-        if let Some((_, d)) = meta.iter().find(|(h, _)| *h == v) {
-            return Some(Arc::clone(d));
+    /// A persistent device allocation holding `v`.
+    fn persistent<T: DeviceRepr>(&self, v: &[T], what: &str) -> Result<DeviceBuf<T>, BackendError> {
+        let mem = self
+            .stream
+            .clone_htod(v)
+            .map_err(|e| unusable(&self.info.name, format!("uploading {what}: {e}")))?;
+        let (ptr, _) = mem.device_ptr(&self.stream);
+        Ok(DeviceBuf {
+            ptr,
+            len: v.len(),
+            _mem: mem,
+        })
+    }
+
+    /// `bytes` of this pass's arena.
+    fn arena_alloc(&self, bytes: usize) -> Option<ArenaPtr> {
+        let bytes = bytes.max(1).div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
+        let mut a = self.arena.lock().ok()?;
+        if a.used + bytes > a.size {
+            let size = bytes.max(2 * a.size).max(ARENA_FIRST);
+            self.arena_chunk(&mut a, size)?;
         }
-        let d = Arc::new(self.upload(&v)?);
-        meta.push((v, Arc::clone(&d)));
+        let ptr = a.base + a.used as u64;
+        a.used += bytes;
+        a.taken += bytes;
+        Some(ArenaPtr { ptr, pass: a.pass })
+    }
+
+    /// Starts a new chunk of `size` bytes.
+    fn arena_chunk(&self, a: &mut Arena, size: usize) -> Option<()> {
+        // SAFETY: every kernel writes what it hands on before it is read.
+        let chunk = unsafe { self.stream.alloc::<u8>(size) }
+            .map_err(|e| self.fail(format!("device memory: {e}")))
+            .ok()?;
+        let (base, _) = chunk.device_ptr(&self.stream);
+        a.base = base;
+        a.size = size;
+        a.used = 0;
+        a.chunks.push(chunk);
+        Some(())
+    }
+
+    /// The device address of `x`, if it holds data of this pass.
+    fn addr(&self, x: &CudaAct) -> Option<u64> {
+        let m = x.mem?;
+        let pass = self.arena.lock().ok()?.pass;
+        if m.pass != pass {
+            self.fail("an activation of an earlier forward pass was used (a bug)");
+            return None;
+        }
+        Some(m.ptr)
+    }
+
+    /// A fresh activation of this pass.
+    fn new_act(&self, real: usize, width: usize, dtype: DType) -> CudaAct {
+        let rows = self.padded(real);
+        let mem = self
+            .healthy()
+            .and_then(|()| self.arena_alloc(rows * width * dtype.bytes()));
+        CudaAct {
+            rows,
+            real,
+            width,
+            dtype,
+            mem,
+        }
+    }
+
+    /// Copies `v` to a fresh arena allocation.
+    fn upload<T: DeviceRepr>(&self, v: &[T]) -> Option<ArenaPtr> {
+        let dst = self.arena_alloc(std::mem::size_of_val(v))?;
+        if v.is_empty() {
+            return Some(dst);
+        }
+        if let Some(rec) = self.recording.lock().ok()?.as_mut() {
+            // SAFETY: plain data, read as bytes.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v))
+            };
+            rec.uploads.push((dst.ptr, bytes.to_vec()));
+            return Some(dst);
+        }
+        // SAFETY: the allocation holds `v`'s bytes; the driver has copied a
+        // pageable source by the time the call returns.
+        unsafe { cudarc::driver::result::memcpy_htod_async(dst.ptr, v, self.stream.cu_stream()) }
+            .map_err(|e| self.fail(format!("copy to device: {e}")))
+            .ok()?;
+        Some(dst)
+    }
+
+    /// A pass's index metadata on the device: every layer asks for the
+    /// same vectors, so each is uploaded once a pass (by kind, so a graphed
+    /// pass lays out its arena the same way whatever the values).
+    fn step_meta(&self, kind: Meta, v: Vec<i32>) -> Option<u64> {
+        let meta = self.meta.lock().ok()?;
+        if let Some((_, _, d)) = meta.iter().find(|(k, h, _)| *k == kind && *h == v) {
+            return Some(*d);
+        }
+        drop(meta);
+        let d = self.upload(&v)?.ptr;
+        self.meta.lock().ok()?.push((kind, v, d));
         Some(d)
     }
 
-    fn upload<T: DeviceRepr>(&self, v: &[T]) -> Option<CudaSlice<T>> {
-        self.stream
-            .clone_htod(v)
+    /// Launches `f` with `args` in order; a failure is recorded.
+    fn launch(&self, f: &CudaFunction, cfg: LaunchConfig, args: &[Arg]) -> Option<()> {
+        let mut l = Launch::new(f, cfg);
+        for a in args {
+            l = match a {
+                Arg::Ptr(p) => l.param(&p.to_le_bytes()),
+                Arg::I32(i) => l.param(&i.to_le_bytes()),
+                Arg::F32(x) => l.param(&x.to_le_bytes()),
+            };
+        }
+        self.submit(l)
+    }
+
+    /// Launches `f` with its one parameter struct.
+    fn launch_with<P: DeviceRepr>(
+        &self,
+        f: &CudaFunction,
+        cfg: LaunchConfig,
+        params: &P,
+    ) -> Option<()> {
+        self.submit(Launch::new(f, cfg).param(bytes_of(params)))
+    }
+
+    /// Runs a launch now, or records it when the pass is being recorded.
+    fn submit(&self, l: Launch) -> Option<()> {
+        self.healthy()?;
+        if let Some(rec) = self.recording.lock().ok()?.as_mut() {
+            rec.launches.push(l);
+            return Some(());
+        }
+        self.issue(&l)
+    }
+
+    /// Issues one launch on the stream.
+    fn issue(&self, l: &Launch) -> Option<()> {
+        let base = l.words.as_ptr().cast::<u8>();
+        let mut params: Vec<*mut std::ffi::c_void> = l
+            .offsets
+            .iter()
+            // SAFETY: every offset lies inside `words`.
+            .map(|&o| unsafe { base.add(o) } as *mut std::ffi::c_void)
+            .collect();
+        // SAFETY: `func` is one of this device's loaded kernels and the
+        // parameters are its own, in order, as the call site built them.
+        unsafe {
+            cudarc::driver::result::launch_kernel(
+                l.func as cudarc::driver::sys::CUfunction,
+                l.grid,
+                l.block,
+                l.shared,
+                self.stream.cu_stream(),
+                &mut params,
+            )
+        }
+        .map_err(|e| self.fail(format!("kernel launch: {e}")))
+        .ok()
+    }
+
+    /// Ends a recorded pass: its launches run as the bucket's graph
+    /// (replayed when they equal a captured one, else captured now) after
+    /// its metadata is uploaded. Nothing for a pass that was not recorded.
+    fn finish_pass(&self) -> Option<()> {
+        let rec = self.recording.lock().ok()?.take()?;
+        self.healthy()?;
+        let mut graphs = self.graphs.lock().ok()?;
+        let kept = graphs.entry(rec.padded).or_default();
+        let at = match kept.iter().position(|g| g.launches == rec.launches) {
+            Some(i) => {
+                self.replayed.fetch_add(1, Ordering::Relaxed);
+                i
+            }
+            None => {
+                let exec = self.capture(&rec.launches)?;
+                self.captured.fetch_add(1, Ordering::Relaxed);
+                if kept.len() == GRAPHS_PER_BUCKET {
+                    kept.remove(0);
+                }
+                kept.push(Graph {
+                    launches: rec.launches,
+                    exec,
+                });
+                kept.len() - 1
+            }
+        };
+        for (dst, bytes) in &rec.uploads {
+            // SAFETY: `dst` was allocated in this pass's arena for `bytes`.
+            unsafe {
+                cudarc::driver::result::memcpy_htod_async(*dst, bytes, self.stream.cu_stream())
+            }
             .map_err(|e| self.fail(format!("copy to device: {e}")))
-            .ok()
-    }
-
-    fn alloc(&self, n: usize) -> Option<CudaSlice<f32>> {
-        let n = n.max(1);
-        // Reused buffers hold an earlier activation's values: every kernel
-        // writes all of its output (the emulator's NaN-filled fresh memory
-        // checks that on a step's first run of each shape).
-        if let Some(reused) = self.acts.take(n) {
-            return Some(reused);
+            .ok()?;
         }
-        // SAFETY: every kernel that gets this buffer writes all of it.
-        unsafe { self.stream.alloc::<f32>(n) }
-            .map_err(|e| self.fail(format!("device memory: {e}")))
+        kept[at]
+            .exec
+            .launch()
+            .map_err(|e| self.fail(format!("graph launch: {e}")))
             .ok()
     }
 
-    /// A launch's outcome: a failure is recorded, and the result is None.
-    fn launched<T>(&self, r: Result<T, cudarc::driver::DriverError>) -> Option<()> {
-        r.map(|_| ())
-            .map_err(|e| self.fail(format!("kernel launch: {e}")))
-            .ok()
+    /// Captures `launches` as one graph.
+    fn capture(&self, launches: &[Launch]) -> Option<cudarc::driver::CudaGraph> {
+        use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+        self.stream
+            .begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(|e| self.fail(format!("graph capture: {e}")))
+            .ok()?;
+        let issued = launches.iter().all(|l| self.issue(l).is_some());
+        let graph = self
+            .stream
+            .end_capture(CUgraphInstantiate_flags(0))
+            .map_err(|e| self.fail(format!("graph capture: {e}")))
+            .ok()??;
+        issued.then_some(graph)
     }
 
-    fn wrap(&self, rows: usize, width: usize, data: Option<CudaSlice<f32>>) -> CudaAct {
-        CudaAct {
-            rows,
-            width,
-            data,
-            pool: Arc::clone(&self.acts),
-        }
-    }
-
-    /// Blocks to cover `rows` elements with 256 threads each.
+    /// Blocks of 256 threads covering `n` elements.
     fn grid(n: usize) -> LaunchConfig {
         LaunchConfig {
             grid_dim: (n.div_ceil(256).max(1) as u32, 1, 1),
@@ -595,11 +1193,133 @@ impl Cuda {
         }
         Some(())
     }
+
+    /// Grows every item's cache by its rows and returns where each row's
+    /// keys and values go: block · KV_BLOCK + offset.
+    fn slots(&self, caches: &mut [&mut CudaCache], rows: &BatchRows) -> Option<Vec<i32>> {
+        let mut slots = Vec::with_capacity(rows.len());
+        for (cache, span) in caches.iter_mut().zip(&rows.spans) {
+            self.grow(cache, span.len())?;
+            for p in cache.len..cache.len + span.len() {
+                let b = cache.blocks[p / KV_BLOCK] as usize;
+                slots.push((b * KV_BLOCK + p % KV_BLOCK) as i32);
+            }
+        }
+        Some(slots)
+    }
+
+    /// One matrix product `y = x Wᵀ` over the weight segments `parts`
+    /// (their rows end to end, each with its bias), with `epi`'s epilogue
+    /// into `y` (row stride `ldy`), split along k as the fused weight's
+    /// shape says.
+    fn gemm(
+        &self,
+        parts: &[Segment<'_>],
+        x: &CudaAct,
+        epi: Epilogue,
+        y: u64,
+        ldy: usize,
+    ) -> Option<()> {
+        self.healthy()?;
+        let xp = self.addr(x)?;
+        if x.dtype != DType::Bf16 {
+            self.fail("the matrix product takes bf16 activations (a bug)");
+            return None;
+        }
+        let k = parts[0].0.cols;
+        let mut p = GemmParams {
+            x: xp,
+            y,
+            rows: x.rows as i32,
+            k: k as i32,
+            ldy: ldy as i32,
+            epilogue: epi as i32,
+            ..GemmParams::default()
+        };
+        let mut end = 0;
+        for (i, (w, bias)) in parts.iter().enumerate() {
+            if w.cols != k || x.width != k {
+                self.fail(format!(
+                    "matrix product of {} columns with activations {} wide (a bug)",
+                    w.cols, x.width
+                ));
+                return None;
+            }
+            end += w.rows;
+            p.w[i] = w.buf.ptr;
+            p.bias[i] = bias.map_or(0, |b| b.ptr);
+            p.seg_end[i] = end as i32;
+        }
+        for i in parts.len()..3 {
+            p.seg_end[i] = end as i32;
+        }
+        p.out = end as i32;
+        let splits = gemm_splits(end, k);
+        p.splits = splits as i32;
+        if splits > 1 {
+            p.partial = self.arena_alloc(splits * x.rows * end * 4)?.ptr;
+        }
+        let cfg = LaunchConfig {
+            grid_dim: (
+                x.rows.div_ceil(GEMM_BN).max(1) as u32,
+                end.div_ceil(GEMM_BM) as u32,
+                splits as u32,
+            ),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: self.pipes.gemm_smem() as u32,
+        };
+        self.launch_with(&self.k.gemm, cfg, &p)?;
+        if splits > 1 {
+            let features = if epi == Epilogue::SwiGlu {
+                end / 2
+            } else {
+                end
+            };
+            self.launch_with(&self.k.gemm_reduce, Self::grid(x.rows * features), &p)?;
+        }
+        Some(())
+    }
+
+    /// The fused RoPE/norm/KV-write kernel (`rope.cu`) over `rows` rows.
+    fn rope_kv(&self, p: RopeParams) -> Option<()> {
+        let cfg = LaunchConfig {
+            grid_dim: (p.rows.max(1) as u32, 1, 1),
+            block_dim: (128, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        if p.rows == 0 {
+            return Some(());
+        }
+        self.launch_with(&self.k.rope_kv, cfg, &p)
+    }
+
+    /// Copies a device vector of `n` elements to the host.
+    fn download<T: DeviceRepr + Default + Clone>(&self, ptr: u64, n: usize) -> Option<Vec<T>> {
+        let mut out = vec![T::default(); n];
+        if n == 0 {
+            return Some(out);
+        }
+        // SAFETY: `ptr` holds `n` elements of T; the sync below waits for the copy.
+        unsafe {
+            cudarc::driver::result::memcpy_dtoh_async(&mut out, ptr, self.stream.cu_stream())
+        }
+        .map_err(|e| self.fail(format!("copy from device: {e}")))
+        .ok()?;
+        self.stream.synchronize().map_err(|e| self.fail(e)).ok()?;
+        Some(out)
+    }
+}
+
+/// One segment of a fused weight: its rows and their bias.
+type Segment<'a> = (&'a CudaWeight, Option<&'a DeviceBuf<f32>>);
+
+fn seg(l: &Linear<Cuda>) -> Segment<'_> {
+    (&l.w, l.b.as_ref())
 }
 
 impl Device for Cuda {
     type Weight = CudaWeight;
-    type Vector = CudaSlice<f32>;
+    type Vector = DeviceBuf<f32>;
     type Act = CudaAct;
     type Rope = CudaRope;
     type Cache = CudaCache;
@@ -610,21 +1330,25 @@ impl Device for Cuda {
 
     fn weight(&self, w: HostWeight) -> Result<CudaWeight, BackendError> {
         let (rows, cols) = (w.rows(), w.cols());
+        if !cols.is_multiple_of(8) {
+            return Err(unusable(
+                &self.info.name,
+                format!("a weight of {cols} columns: the matrix product needs a multiple of 8"),
+            ));
+        }
         let bits: Vec<u16> = match w {
             HostWeight::Bf16 { bits, .. } => bits,
             HostWeight::Matrix(m) => m.to_f32().into_iter().map(f32_to_bf16).collect(),
         };
-        let data = self
-            .stream
-            .clone_htod(&bits)
-            .map_err(|e| unusable(&self.info.name, format!("uploading weights: {e}")))?;
-        Ok(CudaWeight { rows, cols, data })
+        Ok(CudaWeight {
+            rows,
+            cols,
+            buf: self.persistent(&bits, "weights")?,
+        })
     }
 
-    fn vector(&self, v: Vec<f32>) -> Result<CudaSlice<f32>, BackendError> {
-        self.stream
-            .clone_htod(&v)
-            .map_err(|e| unusable(&self.info.name, format!("uploading weights: {e}")))
+    fn vector(&self, v: Vec<f32>) -> Result<DeviceBuf<f32>, BackendError> {
+        self.persistent(&v, "weights")
     }
 
     fn rope_table(
@@ -633,18 +1357,23 @@ impl Device for Cuda {
         theta: f32,
         max_pos: usize,
     ) -> Result<CudaRope, BackendError> {
-        if head_dim > MAX_HEAD_DIM {
+        if !HEAD_DIMS.contains(&head_dim) {
             return Err(unusable(
                 &self.info.name,
-                format!("head dimension {head_dim} is over the attention kernel's {MAX_HEAD_DIM}"),
+                format!("head dimension {head_dim}: the attention kernel takes {HEAD_DIMS:?}"),
             ));
         }
         let t = RopeTable::new(head_dim, theta, max_pos);
+        self.context.store(max_pos, Ordering::Relaxed);
         Ok(CudaRope {
-            cos: self.vector(t.cos().to_vec())?,
-            sin: self.vector(t.sin().to_vec())?,
+            cos: self.persistent(t.cos(), "the RoPE table")?,
+            sin: self.persistent(t.sin(), "the RoPE table")?,
             half: t.half(),
         })
+    }
+
+    fn kv_bytes_per_position(&self, heads: Heads) -> usize {
+        heads.kv * heads.dim * 2 * 2
     }
 
     fn reserve_kv(
@@ -659,8 +1388,17 @@ impl Device for Cuda {
                 "the KV cache is already reserved (one model per device)",
             ));
         }
-        let block_floats = heads.kv * KV_BLOCK * heads.dim;
-        let block_bytes = layers * 2 * block_floats * 4;
+        if heads.kv == 0 || !heads.q.is_multiple_of(heads.kv) || heads.q / heads.kv > MAX_GROUP {
+            return Err(unusable(
+                &self.info.name,
+                format!(
+                    "{} query heads over {} KV heads: attention takes groups of at most {MAX_GROUP}",
+                    heads.q, heads.kv
+                ),
+            ));
+        }
+        let block_elems = heads.kv * KV_BLOCK * heads.dim;
+        let block_bytes = layers * 2 * block_elems * 2;
         let (free, _) = self
             .ctx
             .mem_get_info()
@@ -674,15 +1412,23 @@ impl Device for Cuda {
                 format!("no device memory left for a KV cache ({free} bytes free)"),
             ));
         }
+        let pool = || -> Result<DeviceBuf<u16>, BackendError> {
+            // SAFETY: a position is written (rope_kv) before attention reads
+            // it; positions past a row's end are zero-filled when staged.
+            let mem = unsafe { self.stream.alloc::<u16>(blocks * block_elems) }
+                .map_err(|e| unusable(&self.info.name, format!("KV cache: {e}")))?;
+            let (ptr, _) = mem.device_ptr(&self.stream);
+            Ok(DeviceBuf {
+                ptr,
+                len: blocks * block_elems,
+                _mem: mem,
+            })
+        };
         let mut k = Vec::with_capacity(layers);
         let mut v = Vec::with_capacity(layers);
         for _ in 0..layers {
-            for pool in [&mut k, &mut v] {
-                // SAFETY: a block is written (kv_write) before attention reads it.
-                let p = unsafe { self.stream.alloc::<f32>(blocks * block_floats) }
-                    .map_err(|e| unusable(&self.info.name, format!("KV cache: {e}")))?;
-                pool.push(p);
-            }
+            k.push(pool()?);
+            v.push(pool()?);
         }
         let free_blocks = (0..blocks as u32).rev().collect();
         let pools = KvPools {
@@ -696,115 +1442,258 @@ impl Device for Cuda {
         Ok(blocks * block_bytes)
     }
 
+    fn begin_pass(&self, rows: &BatchRows) {
+        if let Ok(mut rec) = self.recording.lock() {
+            // A decode pass (one new token an item) is recorded and run as
+            // its bucket's graph.
+            let decode = rows.spans.iter().all(|s| s.len() == 1);
+            let n = rows.len();
+            *rec = (self.graphs_on.load(Ordering::Relaxed)
+                && decode
+                && n > 0
+                && n <= MAX_GRAPH_ROWS
+                && self.context.load(Ordering::Relaxed) > 0)
+                .then(|| Recording {
+                    real: n,
+                    padded: n.next_power_of_two(),
+                    launches: Vec::new(),
+                    uploads: Vec::new(),
+                });
+        }
+        if let Ok(mut a) = self.arena.lock() {
+            a.pass += 1;
+            if a.chunks.len() > 1 {
+                // The last pass outgrew its chunk: one as large as it took.
+                let size = a.taken.max(ARENA_FIRST);
+                a.chunks.clear();
+                a.size = 0;
+                let _ = self.arena_chunk(&mut a, size);
+            }
+            a.used = 0;
+            a.taken = 0;
+        }
+        if let Ok(mut meta) = self.meta.lock() {
+            meta.clear();
+        }
+    }
+
     fn act(&self, width: usize, data: Vec<f32>) -> CudaAct {
         let rows = data.len() / width.max(1);
-        self.wrap(rows, width, self.upload(&data))
+        let bits: Vec<u16> = data.into_iter().map(f32_to_bf16).collect();
+        let mem = self.healthy().and_then(|()| self.upload(&bits));
+        CudaAct {
+            rows,
+            real: rows,
+            width,
+            dtype: DType::Bf16,
+            mem,
+        }
     }
 
     fn embed(&self, table: &CudaWeight, tokens: &[u32]) -> CudaAct {
-        let (rows, hidden) = (tokens.len(), table.cols);
+        let hidden = table.cols;
         let ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
-        let (rows_i, hidden_i) = (rows as i32, hidden as i32);
-        let out = (|| {
-            self.healthy()?;
-            let ids = self.upload(&ids)?;
-            let mut out = self.alloc(rows * hidden)?;
-            let mut b = self.stream.launch_builder(&self.k.embed);
-            b.arg(&table.data)
-                .arg(&ids)
-                .arg(&mut out)
-                .arg(&rows_i)
-                .arg(&hidden_i);
-            // SAFETY: embed(table, tokens, x, rows, hidden), x has rows × hidden floats.
-            self.launched(unsafe { b.launch(Self::grid(rows * hidden)) })?;
-            Some(out)
+        let mut out = self.new_act(tokens.len(), hidden, DType::Bf16);
+        let rows = out.rows;
+        let ok = (|| {
+            let ids = self.step_meta(Meta::Tokens, self.pad(ids, |_| 0))?;
+            let y = self.addr(&out)?;
+            // embed(table, tokens, x, rows, hidden)
+            self.launch(
+                &self.k.embed,
+                Self::grid(rows * hidden),
+                &[
+                    Arg::Ptr(table.buf.ptr),
+                    Arg::Ptr(ids),
+                    Arg::Ptr(y),
+                    Arg::I32(rows as i32),
+                    Arg::I32(hidden as i32),
+                ],
+            )
         })();
-        self.wrap(rows, hidden, out)
+        if ok.is_none() {
+            out.mem = None;
+        }
+        out
     }
 
-    fn rms_norm(&self, x: &CudaAct, weight: &CudaSlice<f32>, eps: f32) -> CudaAct {
-        let w = weight.len();
-        let w_i = w as i32;
-        let out = (|| {
-            self.healthy()?;
-            let xd = x.data.as_ref()?;
-            let mut out = self.alloc(x.rows * x.width)?;
+    fn rms_norm(&self, x: &CudaAct, weight: &DeviceBuf<f32>, eps: f32) -> CudaAct {
+        let w = weight.len;
+        let mut out = self.new_act(x.real, x.width, DType::Bf16);
+        let ok = (|| {
+            let (xp, y) = (self.addr(x)?, self.addr(&out)?);
             let cfg = LaunchConfig {
-                grid_dim: ((x.rows * x.width / w).max(1) as u32, 1, 1),
+                grid_dim: ((x.rows * x.width / w.max(1)).max(1) as u32, 1, 1),
                 block_dim: (256, 1, 1),
                 shared_mem_bytes: 0,
             };
-            let mut b = self.stream.launch_builder(&self.k.rms_norm);
-            b.arg(xd).arg(weight).arg(&mut out).arg(&w_i).arg(&eps);
-            // SAFETY: rms_norm(x, weight, y, width, eps), one block per chunk.
-            self.launched(unsafe { b.launch(cfg) })?;
-            Some(out)
+            // rms_norm(x, weight, y, width, eps), one block per chunk of `width`.
+            self.launch(
+                &self.k.rms_norm,
+                cfg,
+                &[
+                    Arg::Ptr(xp),
+                    Arg::Ptr(weight.ptr),
+                    Arg::Ptr(y),
+                    Arg::I32(w as i32),
+                    Arg::F32(eps),
+                ],
+            )
         })();
-        self.wrap(x.rows, x.width, out)
+        if ok.is_none() {
+            out.mem = None;
+        }
+        out
     }
 
     fn matmul(&self, w: &CudaWeight, x: &CudaAct) -> CudaAct {
-        let (rows_i, k_i, out_i) = (x.rows as i32, w.cols as i32, w.rows as i32);
-        let out = (|| {
-            self.healthy()?;
-            let xd = x.data.as_ref()?;
-            let mut out = self.alloc(x.rows * w.rows)?;
-            let cfg = LaunchConfig {
-                grid_dim: (x.rows.div_ceil(16) as u32, w.rows.div_ceil(64) as u32, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let mut b = self.stream.launch_builder(&self.k.gemm);
-            b.arg(xd)
-                .arg(&w.data)
-                .arg(&mut out)
-                .arg(&rows_i)
-                .arg(&k_i)
-                .arg(&out_i);
-            // SAFETY: gemm_bf16(x, w, y, rows, k, out) over 16 × 64 tiles.
-            self.launched(unsafe { b.launch(cfg) })?;
-            Some(out)
-        })();
-        self.wrap(x.rows, w.rows, out)
+        let mut out = self.new_act(x.real, w.rows, DType::Bf16);
+        let ok = self
+            .addr(&out)
+            .and_then(|y| self.gemm(&[(w, None)], x, Epilogue::Bf16, y, w.rows));
+        if ok.is_none() {
+            out.mem = None;
+        }
+        out
     }
 
-    fn add_bias(&self, y: &mut CudaAct, bias: &CudaSlice<f32>) {
-        let (rows_i, width_i) = (y.rows as i32, y.width as i32);
-        let n = y.rows * y.width;
+    fn logits(&self, head: &CudaWeight, x: &CudaAct) -> CudaAct {
+        let mut out = self.new_act(x.real, head.rows, DType::F32);
+        let ok = self
+            .addr(&out)
+            .and_then(|y| self.gemm(&[(head, None)], x, Epilogue::F32, y, head.rows));
+        if ok.is_none() {
+            out.mem = None;
+        }
+        out
+    }
+
+    fn attention_inputs(
+        &self,
+        attn: &Attention<Cuda>,
+        h: &CudaAct,
+        layer: usize,
+        s: &mut Step<'_, '_, Cuda>,
+    ) -> CudaAct {
+        let heads = s.heads;
+        let (qd, kvd) = (heads.q * heads.dim, heads.kv * heads.dim);
+        let width = qd + 2 * kvd;
+        let qkv = self.new_act(h.real, width, DType::Bf16);
+        let mut q = self.new_act(h.real, qd, DType::Bf16);
+        let rows = q.rows;
         let ok = (|| {
-            self.healthy()?;
-            let yd = y.data.as_mut()?;
-            let mut b = self.stream.launch_builder(&self.k.add_bias);
-            b.arg(yd).arg(bias).arg(&rows_i).arg(&width_i);
-            // SAFETY: add_bias(y, bias, rows, width).
-            self.launched(unsafe { b.launch(Self::grid(n)) })
+            let qkv_p = self.addr(&qkv)?;
+            self.gemm(
+                &[seg(&attn.q), seg(&attn.k), seg(&attn.v)],
+                h,
+                Epilogue::Bf16,
+                qkv_p,
+                width,
+            )?;
+            let mut caches: Vec<&mut CudaCache> =
+                s.items.iter_mut().map(|it| &mut *it.cache).collect();
+            let slots = self.slots(&mut caches, s.rows)?;
+            let pools = self.kv.get()?;
+            let p = RopeParams {
+                q_src: qkv_p,
+                q_dst: self.addr(&q)?,
+                k_src: qkv_p + (qd * 2) as u64,
+                v_src: qkv_p + ((qd + kvd) * 2) as u64,
+                kpool: pools.k[layer].ptr,
+                vpool: pools.v[layer].ptr,
+                q_norm: attn.q_norm.as_ref().map_or(0, |v| v.ptr),
+                k_norm: attn.k_norm.as_ref().map_or(0, |v| v.ptr),
+                cos_t: s.rope.cos.ptr,
+                sin_t: s.rope.sin.ptr,
+                pos: self.step_meta(Meta::Pos, self.positions(&s.rows.pos))?,
+                slots: self.step_meta(Meta::Slots, self.pad(slots, |_| -1))?,
+                rows: rows as i32,
+                q_ld: width as i32,
+                kv_ld: width as i32,
+                heads: heads.q as i32,
+                kv_heads: heads.kv as i32,
+                dim: heads.dim as i32,
+                rotate_k: 1,
+                eps: s.eps,
+            };
+            self.rope_kv(p)
         })();
         if ok.is_none() {
-            y.data = None;
+            q.mem = None;
+        }
+        q
+    }
+
+    fn project_add(&self, w: &Linear<Cuda>, h: &CudaAct, x: &mut CudaAct) {
+        let ok = self
+            .addr(x)
+            .and_then(|y| self.gemm(&[seg(w)], h, Epilogue::Residual, y, x.width));
+        if ok.is_none() {
+            x.mem = None;
+        }
+    }
+
+    fn mlp_add(&self, mlp: &Mlp<Cuda>, h: &CudaAct, x: &mut CudaAct) {
+        let inter = mlp.gate.w.rows;
+        let act = self.new_act(h.real, inter, DType::Bf16);
+        let ok = (|| {
+            let a = self.addr(&act)?;
+            self.gemm(
+                &[seg(&mlp.gate), seg(&mlp.up)],
+                h,
+                Epilogue::SwiGlu,
+                a,
+                inter,
+            )?;
+            let y = self.addr(x)?;
+            self.gemm(&[seg(&mlp.down)], &act, Epilogue::Residual, y, x.width)
+        })();
+        if ok.is_none() {
+            x.mem = None;
+        }
+    }
+
+    fn add_bias(&self, y: &mut CudaAct, bias: &DeviceBuf<f32>) {
+        let n = y.rows * y.width;
+        let ok = (|| {
+            let yp = self.addr(y)?;
+            // add_bias(y, bias, rows, width)
+            self.launch(
+                &self.k.add_bias,
+                Self::grid(n),
+                &[
+                    Arg::Ptr(yp),
+                    Arg::Ptr(bias.ptr),
+                    Arg::I32(y.rows as i32),
+                    Arg::I32(y.width as i32),
+                ],
+            )
+        })();
+        if ok.is_none() {
+            y.mem = None;
         }
     }
 
     fn rope(&self, x: &mut CudaAct, heads: usize, pos: &[usize], table: &CudaRope) {
-        let n = x.rows * heads * table.half;
-        let (rows_i, heads_i, half_i) = (x.rows as i32, heads as i32, table.half as i32);
-        let pos: Vec<i32> = pos.iter().map(|&p| p as i32).collect();
+        let dim = 2 * table.half;
         let ok = (|| {
-            self.healthy()?;
-            let pos = self.step_meta(pos)?;
-            let xd = x.data.as_mut()?;
-            let mut b = self.stream.launch_builder(&self.k.rope);
-            b.arg(xd)
-                .arg(&table.cos)
-                .arg(&table.sin)
-                .arg(&*pos)
-                .arg(&rows_i)
-                .arg(&heads_i)
-                .arg(&half_i);
-            // SAFETY: rope(x, cos, sin, pos, rows, heads, half), in place.
-            self.launched(unsafe { b.launch(Self::grid(n)) })
+            let xp = self.addr(x)?;
+            let p = RopeParams {
+                q_src: xp,
+                q_dst: xp,
+                cos_t: table.cos.ptr,
+                sin_t: table.sin.ptr,
+                pos: self.step_meta(Meta::Pos, self.positions(pos))?,
+                rows: x.rows as i32,
+                q_ld: (heads * dim) as i32,
+                heads: heads as i32,
+                dim: dim as i32,
+                ..RopeParams::default()
+            };
+            self.rope_kv(p)
         })();
         if ok.is_none() {
-            x.data = None;
+            x.mem = None;
         }
     }
 
@@ -817,36 +1706,24 @@ impl Device for Cuda {
         rows: &BatchRows,
         heads: Heads,
     ) {
-        let (Some(kd), Some(vd)) = (k.data.as_ref(), v.data.as_ref()) else {
-            return;
-        };
-        let (rows_i, kv_i, dim_i) = (rows.len() as i32, heads.kv as i32, heads.dim as i32);
         let _ = (|| {
-            self.healthy()?;
-            // Where each row's position goes: block * KV_BLOCK + offset.
-            let mut slots = Vec::with_capacity(rows.len());
-            for (cache, span) in caches.iter_mut().zip(&rows.spans) {
-                self.grow(cache, span.len())?;
-                for p in cache.len..cache.len + span.len() {
-                    let b = cache.blocks[p / KV_BLOCK] as usize;
-                    slots.push((b * KV_BLOCK + p % KV_BLOCK) as i32);
-                }
-            }
+            let (kp, vp) = (self.addr(k)?, self.addr(v)?);
+            let slots = self.slots(caches, rows)?;
             let pools = self.kv.get()?;
-            let slots = self.step_meta(slots)?;
-            let n = rows.len() * heads.kv * heads.dim;
-            let mut b = self.stream.launch_builder(&self.k.kv_write);
-            b.arg(kd)
-                .arg(vd)
-                .arg(&pools.k[layer])
-                .arg(&pools.v[layer])
-                .arg(&*slots)
-                .arg(&rows_i)
-                .arg(&kv_i)
-                .arg(&dim_i);
-            // SAFETY: kv_write(k, v, kpool, vpool, slots, rows, kv_heads, dim);
-            // every slot lies in a block this cache holds.
-            self.launched(unsafe { b.launch(Self::grid(n)) })
+            let p = RopeParams {
+                k_src: kp,
+                v_src: vp,
+                kpool: pools.k[layer].ptr,
+                vpool: pools.v[layer].ptr,
+                pos: self.step_meta(Meta::Pos, self.positions(&rows.pos))?,
+                slots: self.step_meta(Meta::Slots, self.pad(slots, |_| -1))?,
+                rows: k.rows as i32,
+                kv_ld: (heads.kv * heads.dim) as i32,
+                kv_heads: heads.kv as i32,
+                dim: heads.dim as i32,
+                ..RopeParams::default()
+            };
+            self.rope_kv(p)
         })();
     }
 
@@ -858,154 +1735,214 @@ impl Device for Cuda {
         rows: &BatchRows,
         heads: Heads,
     ) -> CudaAct {
-        let (q_i, kv_i, dim_i) = (heads.q as i32, heads.kv as i32, heads.dim as i32);
-        let scale = 1.0f32 / (heads.dim as f32).sqrt();
-        let out = (|| {
-            self.healthy()?;
-            let qd = q.data.as_ref()?;
+        let mut out = self.new_act(rows.len(), q.width, DType::Bf16);
+        let n_rows = out.rows;
+        let ok = (|| {
+            let (qp, op) = (self.addr(q)?, self.addr(&out)?);
             let pools = self.kv.get()?;
-            // Every item's block table, one after another, and where each row's starts.
-            let mut tables: Vec<i32> = Vec::new();
-            let mut offsets = Vec::with_capacity(caches.len());
-            for c in caches {
-                offsets.push(tables.len() as i32);
-                tables.extend(c.blocks.iter().map(|&b| b as i32));
+            let d = HEAD_DIMS.iter().position(|&d| d == heads.dim).or_else(|| {
+                self.fail(format!(
+                    "head dimension {} has no attention kernel",
+                    heads.dim
+                ));
+                None
+            })?;
+            let group = heads.q / heads.kv;
+            let per_tile = (MAX_GROUP / group).max(1);
+            let (row_table, tables) = self.block_tables(caches, rows);
+            let row_pos = self.positions(&rows.pos);
+            // Tiles: up to `per_tile` consecutive rows of one item (padding
+            // rows, one a tile, compute zeros).
+            let mut tiles: Vec<i32> = Vec::new();
+            for span in &rows.spans {
+                let mut at = span.start;
+                while at < span.end {
+                    let n = per_tile.min(span.end - at);
+                    tiles.extend([at as i32, n as i32]);
+                    at += n;
+                }
             }
-            let row_table: Vec<i32> = rows.item.iter().map(|&i| offsets[i]).collect();
-            let row_pos: Vec<i32> = rows.pos.iter().map(|&p| p as i32).collect();
-            let tables = self.step_meta(tables)?;
-            let row_table = self.step_meta(row_table)?;
-            let row_pos = self.step_meta(row_pos)?;
-            let mut out = self.alloc(rows.len() * q.width)?;
-            let cfg = LaunchConfig {
-                grid_dim: (rows.len() as u32, heads.kv as u32, 1),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
+            for r in rows.len()..n_rows {
+                tiles.extend([r as i32, 1]);
+            }
+            let n_tiles = tiles.len() / 2;
+            let chunk_cap = if n_rows > rows.len() || self.is_recording() {
+                self.context.load(Ordering::Relaxed).div_ceil(ATTN_CHUNK)
+            } else {
+                rows.pos
+                    .iter()
+                    .map(|p| p / ATTN_CHUNK + 1)
+                    .max()
+                    .unwrap_or(1)
+            }
+            .max(1);
+            // Blocks enough for one wave over the multiprocessors.
+            let splits = match self.attention_splits.load(Ordering::Relaxed) {
+                0 => self.sms.div_ceil((n_tiles * heads.kv).max(1)),
+                n => n,
+            }
+            .clamp(1, chunk_cap);
+            let partial = if splits > 1 {
+                self.arena_alloc(n_rows * heads.q * chunk_cap * (heads.dim + 2) * 4)?
+                    .ptr
+            } else {
+                0
             };
-            let mut b = self.stream.launch_builder(&self.k.attention);
-            b.arg(qd)
-                .arg(&pools.k[layer])
-                .arg(&pools.v[layer])
-                .arg(&mut out)
-                .arg(&*row_pos)
-                .arg(&*row_table)
-                .arg(&*tables)
-                .arg(&q_i)
-                .arg(&kv_i)
-                .arg(&dim_i)
-                .arg(&scale);
-            // SAFETY: attention(q, kpool, vpool, out, row_pos, row_table,
-            // tables, heads, kv_heads, dim, scale); one block per (row, KV head).
-            self.launched(unsafe { b.launch(cfg) })?;
-            Some(out)
+            let p = AttnParams {
+                q: qp,
+                kpool: pools.k[layer].ptr,
+                vpool: pools.v[layer].ptr,
+                out: op,
+                partial,
+                tiles: self.step_meta(Meta::Tiles, tiles)?,
+                row_pos: self.step_meta(Meta::Pos, row_pos)?,
+                row_table: self.step_meta(Meta::RowTable, row_table)?,
+                tables: self.step_meta(Meta::Tables, tables)?,
+                heads: heads.q as i32,
+                kv_heads: heads.kv as i32,
+                dim: heads.dim as i32,
+                splits: splits as i32,
+                chunk_cap: chunk_cap as i32,
+                scale_log2: std::f32::consts::LOG2_E / (heads.dim as f32).sqrt(),
+            };
+            let cfg = LaunchConfig {
+                grid_dim: (n_tiles as u32, heads.kv as u32, splits as u32),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: self.pipes.attention_smem(heads.dim) as u32,
+            };
+            self.launch_with(&self.k.attention[d], cfg, &p)?;
+            if splits > 1 {
+                let merge = LaunchConfig {
+                    grid_dim: (n_rows as u32, heads.q as u32, 1),
+                    block_dim: (heads.dim as u32, 1, 1),
+                    shared_mem_bytes: 0,
+                };
+                self.launch_with(&self.k.attention_merge, merge, &p)?;
+            }
+            Some(())
         })();
-        self.wrap(rows.len(), q.width, out)
+        if ok.is_none() {
+            out.mem = None;
+        }
+        out
     }
 
     fn silu_mul(&self, gate: &mut CudaAct, up: &CudaAct) {
         let n = gate.rows * gate.width;
-        let n_i = n as i32;
         let ok = (|| {
-            self.healthy()?;
-            let u = up.data.as_ref()?;
-            let g = gate.data.as_mut()?;
-            let mut b = self.stream.launch_builder(&self.k.silu_mul);
-            b.arg(g).arg(u).arg(&n_i);
-            // SAFETY: silu_mul(gate, up, n).
-            self.launched(unsafe { b.launch(Self::grid(n)) })
+            let (g, u) = (self.addr(gate)?, self.addr(up)?);
+            // silu_mul(gate, up, n)
+            self.launch(
+                &self.k.silu_mul,
+                Self::grid(n),
+                &[Arg::Ptr(g), Arg::Ptr(u), Arg::I32(n as i32)],
+            )
         })();
         if ok.is_none() {
-            gate.data = None;
+            gate.mem = None;
         }
     }
 
     fn add(&self, x: &mut CudaAct, y: &CudaAct) {
         let n = x.rows * x.width;
-        let n_i = n as i32;
         let ok = (|| {
-            self.healthy()?;
-            let yd = y.data.as_ref()?;
-            let xd = x.data.as_mut()?;
-            let mut b = self.stream.launch_builder(&self.k.add);
-            b.arg(xd).arg(yd).arg(&n_i);
-            // SAFETY: add(x, y, n).
-            self.launched(unsafe { b.launch(Self::grid(n)) })
+            let (xp, yp) = (self.addr(x)?, self.addr(y)?);
+            // add(x, y, n)
+            self.launch(
+                &self.k.add,
+                Self::grid(n),
+                &[Arg::Ptr(xp), Arg::Ptr(yp), Arg::I32(n as i32)],
+            )
         })();
         if ok.is_none() {
-            x.data = None;
+            x.mem = None;
         }
     }
 
     fn gather(&self, x: &CudaAct, rows: &[usize]) -> CudaAct {
         let idx: Vec<i32> = rows.iter().map(|&r| r as i32).collect();
-        let (n_i, width_i) = (rows.len() as i32, x.width as i32);
-        let out = (|| {
-            self.healthy()?;
-            let xd = x.data.as_ref()?;
-            let idx = self.upload(&idx)?;
-            let mut out = self.alloc(rows.len() * x.width)?;
-            let mut b = self.stream.launch_builder(&self.k.gather_rows);
-            b.arg(xd).arg(&idx).arg(&mut out).arg(&n_i).arg(&width_i);
-            // SAFETY: gather_rows(x, rows, y, n, width).
-            self.launched(unsafe { b.launch(Self::grid(rows.len() * x.width)) })?;
-            Some(out)
+        let mut out = self.new_act(rows.len(), x.width, x.dtype);
+        let n = out.rows;
+        let ok = (|| {
+            if x.dtype != DType::Bf16 {
+                self.fail("gather takes bf16 activations (a bug)");
+                return None;
+            }
+            let (xp, yp) = (self.addr(x)?, self.addr(&out)?);
+            // Padding rows read themselves.
+            let idx = self.step_meta(Meta::Gather, self.pad(idx, |r| r as i32))?;
+            // gather_rows(x, rows, y, n, width)
+            self.launch(
+                &self.k.gather_rows,
+                Self::grid(n * x.width),
+                &[
+                    Arg::Ptr(xp),
+                    Arg::Ptr(idx),
+                    Arg::Ptr(yp),
+                    Arg::I32(n as i32),
+                    Arg::I32(x.width as i32),
+                ],
+            )
         })();
-        self.wrap(rows.len(), x.width, out)
+        if ok.is_none() {
+            out.mem = None;
+        }
+        out
     }
 
     fn to_host(&self, x: CudaAct) -> Vec<Vec<f32>> {
-        let Some(d) = x.data.as_ref() else {
+        let Some(ptr) = self.addr(&x) else {
             return Vec::new();
         };
-        match self.stream.clone_dtoh(d) {
-            Ok(v) => v
-                .chunks_exact(x.width.max(1))
-                .map(<[f32]>::to_vec)
-                .collect(),
-            Err(e) => {
-                self.fail(format!("copy from device: {e}"));
-                Vec::new()
-            }
-        }
-    }
-
-    fn argmax(&self, x: &CudaAct) -> Vec<u32> {
-        let picks = (|| {
-            self.healthy()?;
-            let xd = x.data.as_ref()?;
-            // SAFETY: the kernel writes one index per row.
-            let mut out = unsafe { self.stream.alloc::<u32>(x.rows.max(1)) }
-                .map_err(|e| self.fail(format!("device memory: {e}")))
-                .ok()?;
-            let cfg = LaunchConfig {
-                grid_dim: (x.rows as u32, 1, 1),
-                block_dim: (256, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            let width_i = x.width as i32;
-            let mut b = self.stream.launch_builder(&self.k.argmax);
-            b.arg(xd).arg(&mut out).arg(&width_i);
-            // SAFETY: argmax(x, out, width), one block per row.
-            self.launched(unsafe { b.launch(cfg) })?;
-            self.stream
-                .clone_dtoh(&out)
-                .map_err(|e| self.fail(format!("copy from device: {e}")))
-                .ok()
-        })();
-        picks
-            .map(|mut p| {
-                p.truncate(x.rows);
-                p
+        self.finish_pass();
+        let n = x.real * x.width;
+        let values: Option<Vec<f32>> = match x.dtype {
+            DType::F32 => self.download::<f32>(ptr, n),
+            DType::Bf16 => self
+                .download::<u16>(ptr, n)
+                .map(|b| b.into_iter().map(super::bf16_to_f32).collect()),
+        };
+        values
+            .map(|v| {
+                v.chunks_exact(x.width.max(1))
+                    .map(<[f32]>::to_vec)
+                    .collect()
             })
             .unwrap_or_default()
     }
 
+    fn argmax(&self, x: &CudaAct) -> Vec<u32> {
+        let picks = (|| {
+            let xp = self.addr(x)?;
+            let out = self.arena_alloc(x.rows.max(1) * 4)?.ptr;
+            let cfg = LaunchConfig {
+                grid_dim: (x.rows.max(1) as u32, 1, 1),
+                block_dim: (1024, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            let f = match x.dtype {
+                DType::F32 => &self.k.argmax_f32,
+                DType::Bf16 => &self.k.argmax_bf16,
+            };
+            // argmax_*(x, out, width), one block per row.
+            self.launch(
+                f,
+                cfg,
+                &[Arg::Ptr(xp), Arg::Ptr(out), Arg::I32(x.width as i32)],
+            )?;
+            self.finish_pass();
+            self.download::<u32>(out, x.real)
+        })();
+        picks.unwrap_or_default()
+    }
+
     fn sync(&self) -> Result<(), BackendError> {
+        // A recorded pass that never reached its end (it failed) runs nothing.
+        if let Ok(mut rec) = self.recording.lock() {
+            *rec = None;
+        }
         if let Err(e) = self.stream.synchronize() {
             self.fail(e);
-        }
-        if let Ok(mut meta) = self.meta.lock() {
-            meta.clear();
         }
         let failed = self.failed.lock().ok().and_then(|mut f| f.take());
         match failed {
@@ -1041,7 +1978,29 @@ mod tests {
         assert_eq!(pool.free.lock().unwrap().len(), 8);
         drop(c);
         assert_eq!(pool.free.lock().unwrap().len(), 10);
-        assert_eq!(CudaCache::footprint(17), 32);
+        assert_eq!(CudaCache::footprint(KV_BLOCK + 1), 2 * KV_BLOCK);
         assert_eq!(CudaCache::footprint(0), 0);
+    }
+
+    /// The parameter structs as the kernels' C structs lay them out
+    /// (`static_assert`s in the `.cu` files say the same sizes).
+    #[test]
+    fn kernel_parameter_structs_have_their_c_sizes() {
+        assert_eq!(std::mem::size_of::<GemmParams>(), 112);
+        assert_eq!(std::mem::size_of::<AttnParams>(), 96);
+        assert_eq!(std::mem::size_of::<RopeParams>(), 128);
+    }
+
+    #[test]
+    fn splits_depend_on_the_weight_alone() {
+        // Qwen3-8B: q/k/v fused, o, gate/up fused, down, lm_head.
+        assert_eq!(gemm_splits(6144, 4096), 3);
+        assert_eq!(gemm_splits(4096, 4096), 4);
+        assert_eq!(gemm_splits(24576, 4096), 1);
+        assert_eq!(gemm_splits(4096, 12288), 4);
+        assert_eq!(gemm_splits(151_936, 4096), 1);
+        // Short k: never split below 16 slices.
+        assert_eq!(gemm_splits(64, 1023), 1);
+        assert_eq!(gemm_splits(48, 12_288), 12);
     }
 }

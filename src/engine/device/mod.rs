@@ -15,12 +15,15 @@ pub mod check;
 pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
+#[cfg(feature = "cuda")]
+pub mod ptxas;
 
 use std::ops::Range;
 
 use statebench_kernels::Matrix;
 
 use super::kv_cache::KvStore;
+use super::model::{Attention, Linear, Mlp, Step};
 use crate::backend::BackendError;
 
 pub use cpu::{Activations, Cpu};
@@ -279,6 +282,18 @@ pub trait Device: Sync + Send {
         Ok(budget)
     }
 
+    /// Bytes one position takes in one layer's cache: the keys and values
+    /// of every KV head (f32 unless the device stores them otherwise).
+    fn kv_bytes_per_position(&self, heads: Heads) -> usize {
+        heads.kv * heads.dim * 2 * 4
+    }
+
+    /// A forward pass over `rows` begins: no activation of an earlier
+    /// pass is used again (a device may reuse their memory).
+    fn begin_pass(&self, rows: &BatchRows) {
+        let _ = rows;
+    }
+
     /// Activations from the host: `data` is `rows × width`, row-major.
     fn act(&self, width: usize, data: Vec<f32>) -> Self::Act;
     /// One embedding row per token.
@@ -287,6 +302,42 @@ pub trait Device: Sync + Send {
     fn rms_norm(&self, x: &Self::Act, weight: &Self::Vector, eps: f32) -> Self::Act;
     /// `x Wᵀ`: `rows × in` → `rows × out`.
     fn matmul(&self, w: &Self::Weight, x: &Self::Act) -> Self::Act;
+    /// The output head's logits, `rows × vocab` (f32 on every device).
+    fn logits(&self, head: &Self::Weight, x: &Self::Act) -> Self::Act {
+        self.matmul(head, x)
+    }
+    /// One layer's attention inputs: q, k and v projected from `h`,
+    /// Qwen3's per-head norms, RoPE, and k and v written to every item's
+    /// cache; returns q, `rows × (q · dim)`. A device may fuse the steps.
+    fn attention_inputs(
+        &self,
+        attn: &Attention<Self>,
+        h: &Self::Act,
+        layer: usize,
+        s: &mut Step<'_, '_, Self>,
+    ) -> Self::Act
+    where
+        Self: Sized,
+    {
+        super::model::attention_inputs(self, attn, h, layer, s)
+    }
+    /// `x ← x + h Wᵀ (+ b)`: a projection added to the residual stream.
+    fn project_add(&self, w: &Linear<Self>, h: &Self::Act, x: &mut Self::Act)
+    where
+        Self: Sized,
+    {
+        let y = w.forward(self, h);
+        self.add(x, &y);
+    }
+    /// `x ← x + down(silu(h W_gateᵀ) · h W_upᵀ)`: the MLP added to the
+    /// residual stream.
+    fn mlp_add(&self, mlp: &Mlp<Self>, h: &Self::Act, x: &mut Self::Act)
+    where
+        Self: Sized,
+    {
+        let y = mlp.forward(self, h);
+        self.add(x, &y);
+    }
     /// Adds a bias to every row.
     fn add_bias(&self, y: &mut Self::Act, bias: &Self::Vector);
     /// Rotates `heads` heads of every row by its position.
