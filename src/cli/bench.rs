@@ -56,9 +56,20 @@ pub struct BenchArgs {
     /// Steps S of the --cell benchmark.
     #[arg(long, default_value_t = 5)]
     pub cell_steps: usize,
+    /// Instead of measuring: the CUDA engine's performance model for
+    /// Qwen3-8B on an H200 (each kernel's bytes, FLOPs and predicted time
+    /// from its tile schedule), as Markdown. Predictions, not measurements.
+    #[cfg(feature = "cuda")]
+    #[arg(long, conflicts_with_all = ["cell", "grid"])]
+    pub gpu_model: bool,
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if a.gpu_model {
+        print!("{}", gpu_model());
+        return Ok(());
+    }
     if a.cell {
         return cell(a);
     }
@@ -212,4 +223,56 @@ fn cell(a: BenchArgs) -> Result<()> {
         );
     }
     emit(&out)
+}
+
+/// The performance model's tables: one row a scenario, then each kernel of
+/// three of them.
+#[cfg(feature = "cuda")]
+fn gpu_model() -> String {
+    use statebench::engine::device::perf_model::{predict_scenario, scenarios, H200, QWEN3_8B};
+    let (shape, gpu) = (QWEN3_8B, H200);
+    let mut out = format!(
+        "Predicted, not measured: {} on an {} ({} SMs, {:.2} TB/s attained, {:.0} TFLOP/s of mma.sync bf16, {:.1} µs a graph node).\n\n",
+        shape.name,
+        gpu.name,
+        gpu.sms,
+        gpu.bandwidth / 1e12,
+        gpu.mma / 1e12,
+        gpu.launch * 1e6
+    );
+    out += "| scenario | predicted | step | bandwidth roofline |\n|---|---:|---:|---:|\n";
+    let all = scenarios();
+    for sc in &all {
+        let (secs, roof, _) = predict_scenario(&shape, &gpu, sc);
+        out += &format!(
+            "| {} | {:.0} tok/s | {:.2} ms | {:.0} tok/s |\n",
+            sc.name,
+            sc.tokens as f64 / secs,
+            secs * 1e3,
+            sc.tokens as f64 / roof
+        );
+    }
+    for sc in [&all[0], &all[3], &all[4]] {
+        let (secs, _, costs) = predict_scenario(&shape, &gpu, sc);
+        out += &format!(
+            "\n{} ({:.2} ms):\n\n| kernel | launches | GB | TFLOP | blocks | ms | bound by |\n|---|---:|---:|---:|---:|---:|---|\n",
+            sc.name,
+            secs * 1e3
+        );
+        for k in costs {
+            let mem = k.bytes / gpu.bandwidth;
+            let tc = k.flops / gpu.mma;
+            out += &format!(
+                "| {} | {} | {:.3} | {:.2} | {} | {:.3} | {} |\n",
+                k.kernel.trim(),
+                k.launches,
+                k.bytes / 1e9,
+                k.flops / 1e12,
+                k.blocks,
+                k.secs * 1e3,
+                if tc > mem { "tensor cores" } else { "memory" }
+            );
+        }
+    }
+    out
 }

@@ -16,6 +16,8 @@ pub mod cpu;
 #[cfg(feature = "cuda")]
 pub mod cuda;
 #[cfg(feature = "cuda")]
+pub mod perf_model;
+#[cfg(feature = "cuda")]
 pub mod ptxas;
 
 use std::ops::Range;
