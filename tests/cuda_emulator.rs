@@ -181,6 +181,73 @@ fn votes_keep_their_results_and_static_shared_is_per_block() {
     }
 }
 
+const ADD_ONE: &str = r#"
+extern "C" __global__ void add_one(unsigned int* x) {
+    x[threadIdx.x] += 1;
+}
+"#;
+
+/// A capture records launches without running them; the graph runs them,
+/// in order, each time it is launched. Work of this thread off a stream is
+/// refused while it captures, and work on the capturing stream invalidates
+/// the capture; another thread's launches on its own stream go on.
+#[test]
+fn graphs_replay_what_a_capture_recorded_and_other_threads_go_on() {
+    use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
+    if !engine_common::emulator_built() {
+        return;
+    }
+    let (legacy, f) = kernel("graph", ADD_ONE, "add_one");
+    let ctx = legacy.context().clone();
+    let (a, b) = (
+        ctx.new_stream().expect("stream"),
+        ctx.new_stream().expect("stream"),
+    );
+    let launch = |s: &Arc<CudaStream>, x: &mut cudarc::driver::CudaSlice<u32>| {
+        let mut l = s.launch_builder(&f);
+        l.arg(x);
+        // SAFETY: add_one(x): one word a thread, 32 words.
+        unsafe { l.launch(warp()) }
+    };
+    let mut x = a.alloc_zeros::<u32>(32).expect("alloc");
+    let mut y = b.alloc_zeros::<u32>(32).expect("alloc");
+    a.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .expect("captures");
+    launch(&a, &mut x).expect("recorded");
+    launch(&a, &mut x).expect("recorded");
+    assert!(
+        launch(&legacy, &mut y).is_err(),
+        "the legacy stream during this thread's capture"
+    );
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            launch(&b, &mut y).expect("another thread's stream runs");
+            b.synchronize().expect("syncs");
+        });
+    });
+    let graph = a
+        .end_capture(CUgraphInstantiate_flags(0))
+        .expect("ends")
+        .expect("a graph");
+    assert_eq!(
+        a.clone_dtoh(&x).expect("download"),
+        vec![0; 32],
+        "nothing ran"
+    );
+    assert_eq!(b.clone_dtoh(&y).expect("download"), vec![1; 32]);
+    graph.launch().expect("replays");
+    graph.launch().expect("replays");
+    assert_eq!(a.clone_dtoh(&x).expect("download"), vec![4; 32]);
+    // A copy on the capturing stream invalidates the capture.
+    a.begin_capture(CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .expect("captures");
+    assert!(a.clone_dtoh(&x).is_err(), "a copy while capturing");
+    assert!(
+        a.end_capture(CUgraphInstantiate_flags(0)).is_err(),
+        "invalidated"
+    );
+}
+
 // Kernels that must fail, each in a child process.
 const BAD: &str = r#"
 extern "C" __global__ void divergent_warp(float* out) {

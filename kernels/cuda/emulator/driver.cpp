@@ -5,9 +5,10 @@
 // Every operation runs to completion when it is called, so streams and
 // events are in order by construction. Stream capture records kernel
 // launches (their parameters copied) into a graph, and launching the graph
-// runs them in order; any other work on a capturing stream (a copy, a
-// memset, an allocation, a synchronization) is refused and invalidates the
-// capture, stricter than a GPU where a GPU would allow it. "Device" allocations are 256-byte
+// runs them in order; other work on a capturing stream (a copy, a memset,
+// an allocation, a synchronization) is refused and invalidates the
+// capture, and so is the capturing thread's work off any stream: stricter
+// than a GPU where a GPU would allow some of it. Other threads go on. "Device" allocations are 256-byte
 // aligned host blocks with poisoned redzones on both sides (checked by
 // AddressSanitizer in the kernels) and are filled with 0xff bytes, NaN as
 // f32, so a read of memory nothing wrote shows in the results. A kernel
@@ -109,8 +110,6 @@ const char kName[] = "statebench CUDA emulator (sm_80 model, host memory)";
 struct State {
     std::mutex lock;
     bool initialized = false;
-    // Streams capturing now: work that is not on a stream is refused then.
-    int capturing = 0;
     // Base of each live allocation → its size.
     std::map<uintptr_t, size_t> allocations;
     size_t allocated = 0;
@@ -127,6 +126,12 @@ State& state() {
 }
 
 thread_local Context* current = nullptr;
+
+// Captures this thread has begun and not ended (capture mode
+// thread-local, as the engine asks): while one is open, this thread's work
+// that is not on a stream (the legacy stream, synchronous copies) is
+// refused. Other threads go on as they would on a GPU.
+thread_local int capturing_here = 0;
 
 size_t memory_bytes() {
     const char* v = std::getenv("STATEBENCH_EMULATOR_MEMORY_GIB");
@@ -237,15 +242,13 @@ int sticky() {
 }
 
 // Work other than a kernel launch: refused on a capturing stream (which it
-// invalidates), and, without a stream, while any stream captures.
+// invalidates), and, without a stream, while this thread captures.
 int not_capturing(Stream* stream) {
     if (stream && stream->capturing) {
         stream->invalidated = true;
         return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
     }
-    State& s = state();
-    std::lock_guard<std::mutex> g(s.lock);
-    return !stream && s.capturing > 0 ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
+    return !stream && capturing_here > 0 ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
 // Runs one launch now; a failure makes the context fail for good.
@@ -480,9 +483,7 @@ API int cuStreamBeginCapture_v2(Stream* s, int) {
     if (int e = sticky()) return e;
     s->capturing = new Graph();
     s->invalidated = false;
-    State& st = state();
-    std::lock_guard<std::mutex> g(st.lock);
-    st.capturing++;
+    capturing_here++;
     return CUDA_SUCCESS;
 }
 API int cuStreamEndCapture(Stream* s, Graph** out) {
@@ -490,11 +491,7 @@ API int cuStreamEndCapture(Stream* s, Graph** out) {
     if (!s->capturing) return CUDA_ERROR_ILLEGAL_STATE;
     Graph* graph = s->capturing;
     s->capturing = nullptr;
-    {
-        State& st = state();
-        std::lock_guard<std::mutex> g(st.lock);
-        st.capturing--;
-    }
+    if (capturing_here > 0) capturing_here--;
     if (s->invalidated) {
         delete graph;
         *out = nullptr;
@@ -542,9 +539,10 @@ API int cuEventCreate(Event** e, unsigned int) {
     *e = new Event{std::chrono::steady_clock::now(), false};
     return CUDA_SUCCESS;
 }
-API int cuEventRecord(Event* e, Stream* s) {
+// Recording an event on a capturing stream is allowed, as on a GPU (it
+// orders nothing here).
+API int cuEventRecord(Event* e, Stream*) {
     if (!e) return CUDA_ERROR_INVALID_HANDLE;
-    if (int err = not_capturing(s)) return err;
     e->at = std::chrono::steady_clock::now();
     e->recorded = true;
     return sticky();
@@ -758,6 +756,6 @@ API int cuLaunchKernel(Function* f, unsigned int gx, unsigned int gy, unsigned i
         stream->capturing->nodes.push_back(std::move(node));
         return CUDA_SUCCESS;
     }
-    if (int e = not_capturing(nullptr)) return e;
+    if (int e = not_capturing(stream)) return e;
     return run(f, c, params);
 }
