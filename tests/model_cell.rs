@@ -316,3 +316,49 @@ fn a_separate_embedding_model_is_loaded_and_recorded() {
         assert!(m.embed_calls > 0 && m.embed_tokens > 0 && m.embed_failures == 0);
     }
 }
+
+/// A live cell through the CUDA engine on the emulator: the tiny Qwen2 as
+/// agent (a 2,048-token context, so a turn's 400 reply tokens run and the
+/// next turn overflows), the raw and checklist rungs, two episodes each,
+/// all four episode-arms batched and then one at a time: the same
+/// episodes, turns and replies, and the manifest names the emulated device
+/// and its arithmetic.
+#[cfg(feature = "cuda")]
+#[test]
+fn live_cell_on_the_emulated_gpu_is_batch_invariant() {
+    if !engine_common::emulator_built() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let model = engine_common::tiny_copy(tmp.path(), "tiny-qwen2", 2048);
+    let model = model.to_str().unwrap();
+    let run = |live: &str| {
+        let out = tmp.path().join(format!("live-{live}"));
+        let mut args = cell_args(model, out.to_str().unwrap(), live);
+        let at = args.iter().position(|a| *a == "--device").unwrap() + 1;
+        args[at] = "cuda-emulated";
+        let at = args.iter().position(|a| *a == "--arms").unwrap() + 1;
+        args[at] = "raw,checklist";
+        let at = args.iter().position(|a| *a == "--episodes").unwrap() + 1;
+        args[at] = "2";
+        let o = bin().args(args).output().unwrap();
+        assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        out
+    };
+    let (batched, alone) = (run("4"), run("1"));
+    let records = read_run(&batched).unwrap().episodes;
+    assert_eq!(records.len(), 4);
+    assert!(
+        records.iter().all(|r| r.usage.completion_tokens > 0),
+        "{records:?}"
+    );
+    let manifest = std::fs::read_to_string(batched.join("manifest.json")).unwrap();
+    assert!(manifest.contains("cuda-emulated"), "{manifest}");
+    assert!(manifest.contains("statebench-cuda/2"), "{manifest}");
+    assert_eq!(
+        engine_common::stable_records(&batched),
+        engine_common::stable_records(&alone),
+        "batched equals one at a time"
+    );
+    assert_eq!(transcripts(&batched), transcripts(&alone));
+}

@@ -84,7 +84,7 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
     let id = engine.model_id()?;
     let device = engine.model().device.info();
     println!(
-        "setup: model {} | {} | weights {} | {} threads | f32 activations and KV cache | {} {}",
+        "setup: model {} | {} | weights {} | {} threads | {} {} | arithmetic {}",
         id.name,
         id.format,
         a.model
@@ -93,7 +93,8 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
             .map_or_else(String::new, |v| v.get_name().to_string()),
         a.model.threads,
         device.name,
-        device.hardware
+        device.hardware,
+        device.arithmetic.split(':').next().unwrap_or_default()
     );
     let b = bench::engine(
         engine,

@@ -17,7 +17,7 @@ use super::{emit, ModelArgs};
 
 #[derive(Subcommand)]
 pub enum CheckCommand {
-    /// Every device operation against the CPU's on random inputs: max abs and relative error.
+    /// Every device operation against the CPU's on random inputs: max abs and relative error, bf16 units, and whether it is within what the device's rounding allows.
     Kernels(KernelArgs),
     /// One request's tokens alone, in batches beside requests of other lengths, cached and cold.
     Invariance(InvarianceArgs),
@@ -124,6 +124,8 @@ fn ptxas(a: &PtxasArgs) -> Result<()> {
 #[derive(Serialize)]
 struct KernelRow {
     kernel: &'static str,
+    /// Within what the device's rounding allows (`check::agrees`).
+    ok: bool,
     max_abs: f32,
     max_rel: f32,
     max_bf16_ulps: f32,
@@ -148,9 +150,16 @@ fn kernels(a: KernelArgs) -> Result<()> {
         #[allow(unreachable_patterns)]
         other => bail!("--device {other}: this statebench was built without it"),
     };
+    // The CUDA device rounds its results to bf16; candle's are f32.
+    let rounding = if matches!(a.device, DeviceChoice::Cuda(_) | DeviceChoice::CudaEmulated) {
+        check::Rounding::Bf16
+    } else {
+        check::Rounding::F32
+    };
     let rows: Vec<KernelRow> = diffs
         .into_iter()
         .map(|d| KernelRow {
+            ok: check::agrees(&d, rounding),
             kernel: d.kernel,
             max_abs: d.max_abs,
             max_rel: d.max_rel,

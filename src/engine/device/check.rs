@@ -86,6 +86,39 @@ fn diff(kernel: &'static str, a: &[Vec<f32>], b: &[Vec<f32>]) -> KernelDiff {
     }
 }
 
+/// What a device rounds its results to, which decides how close to the
+/// CPU's they must be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rounding {
+    /// f32 results (candle, Metal): within 1e-4, argmax exact.
+    F32,
+    /// bf16 results (CUDA): gathers exact; a result rounded once
+    /// (products, norms, RoPE, SwiGLU, adds) within one bf16 unit in the
+    /// last place (half for the rounding, the rest for sums in another
+    /// order); a bias added to a product rounded before it within two
+    /// half-units of the largest result; attention, whose softmax weights
+    /// are bf16 (each off by up to 2⁻⁹ of itself), within 2⁻⁸ of values in
+    /// [-1, 1].
+    Bf16,
+}
+
+/// Whether one operation's difference is within what `rounding` allows.
+pub fn agrees(d: &KernelDiff, rounding: Rounding) -> bool {
+    if d.values == 0 {
+        return false;
+    }
+    let exact = matches!(d.kernel, "embed" | "gather" | "argmax");
+    match rounding {
+        Rounding::F32 => d.max_abs <= if exact { 0.0 } else { 1e-4 },
+        Rounding::Bf16 => match d.kernel {
+            _ if exact => d.max_abs == 0.0,
+            "add_bias" => d.max_abs <= d.scale * 2f32.powi(-7),
+            "attention prefill" | "attention decode" => d.max_abs <= 2f32.powi(-8),
+            _ => d.max_bf16_ulps <= 1.0,
+        },
+    }
+}
+
 /// One unit in the last place of `x` as a bf16: 2^(exponent − 7), at
 /// least 2⁻¹⁶ (exponents below −8 count as −8).
 fn bf16_ulp(x: f32) -> f32 {

@@ -502,9 +502,9 @@ pub struct CudaRope {
 
 /// The device memory of one forward pass: activations and index metadata,
 /// handed out in order from chunks and all given back when the next pass
-/// begins. A pass that outgrows its chunk takes another; the next pass
-/// then starts from one chunk as large as the last pass needed, so a
-/// steady decode allocates nothing.
+/// begins. A pass that outgrows its chunk takes another (as large as it
+/// asks, at least 16 MiB); the next pass then starts from one chunk as
+/// large as the last pass took, so a steady decode allocates nothing.
 struct Arena {
     chunks: Vec<CudaSlice<u8>>,
     /// Base address of the last chunk, its size and bytes used in it.
@@ -967,7 +967,7 @@ impl Cuda {
         let bytes = bytes.max(1).div_ceil(ARENA_ALIGN) * ARENA_ALIGN;
         let mut a = self.arena.lock().ok()?;
         if a.used + bytes > a.size {
-            let size = bytes.max(2 * a.size).max(ARENA_FIRST);
+            let size = bytes.max(ARENA_FIRST);
             self.arena_chunk(&mut a, size)?;
         }
         let ptr = a.base + a.used as u64;
