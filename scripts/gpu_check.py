@@ -7,18 +7,23 @@ scripts/gpu-build.sh (target/gpu/statebench, target/gpu/devices).
 
 Parts, each reporting its own error and never stopping the others:
   (a) kernels: every CUDA operation against the CPU's on random inputs
-      (`statebench check kernels`), and the CUDA tests of tests/devices.rs
-      pointed at the GPU (STATEBENCH_TEST_GPU=real: kernels at model shapes,
-      tiny models against the CPU, invariance, KV exhaustion);
+      (`statebench check kernels`, each within its bf16 bound), and the CUDA
+      tests of tests/devices.rs pointed at the GPU (STATEBENCH_TEST_GPU=real:
+      kernels at model shapes, tiny models against their bf16 reference,
+      split and unsplit attention bit for bit, graphs, invariance, KV
+      exhaustion);
   (b) reference: tiny Qwen2/Qwen3 last-position logits against transformers
-      on the same GPU, in f32 with the matrices rounded to bf16 as the engine
-      holds them (TF32 off), and the greedy paths;
+      on the same GPU, in f32 with the matrices rounded to bf16 (TF32 off):
+      how far bf16 activations move them, and the greedy paths;
   (c) invariance: one request's token hash alone and in batches of 3, 32 and
       128 beside requests of other lengths, cached and cold, in two processes;
   (d) speed on a Qwen3-8B-shaped bf16 checkpoint made here: prefill tok/s
-      (2k-token prompt), decode aggregate tok/s at batch 1, 32, 64, 128, each
-      beside its memory-bandwidth roofline and beside PyTorch's cuBLAS running
-      the same matrix shapes;
+      (2k-token prompt), decode aggregate tok/s at batch 1, 32, 64, 128 with
+      1k contexts, each beside its memory-bandwidth roofline, the
+      performance model's prediction (`statebench bench --gpu-model`) and
+      PyTorch running the same step's matrix products (cuBLAS) and attention
+      (SDPA); the goals (batch 1 >= 180, batch 128 >= 9,000, prefill >=
+      10,000 tok/s, each within 2x of PyTorch) decide its marks;
   (e) a live ladder cell on the tiny model through the whole pipeline.
 
 Prints each row as it is made and rewrites $OUT/gpu-check.json (when $OUT is
@@ -48,9 +53,12 @@ START = time.time()
 WORK = Path(tempfile.mkdtemp(prefix="statebench-gpu-check-"))
 TINY = ROOT / "tests/fixtures/engine"
 
-# Tolerances, stated once.
-KERNEL_TOL = 1e-3  # max abs, CUDA vs CPU operation (bf16-exact weights)
-LOGIT_TOL = 2e-3  # max abs, engine vs transformers f32 on bf16-rounded weights
+# Tolerances and goals, stated once. The engine's activations are bf16
+# (statebench-cuda/2): on the emulator they move the tiny models' logits
+# from transformers' f32 ones (matrices rounded to bf16) by up to 0.14; the
+# tight check is the Rust test against the same arithmetic on the host.
+LOGIT_TOL = 0.3  # max abs, engine vs transformers f32 on bf16-rounded weights
+GOALS = {"prefill": 10_000, 1: 180, 128: 9_000}  # tok/s on the Qwen3-8B shape
 
 rows: list[dict] = []
 
@@ -112,9 +120,8 @@ def kernels() -> None:
         row("a kernels", "skipped", None, "DEVICE=cpu", "nothing to compare the CPU with")
         return
     for d in json.loads(sb("check", "kernels", "--device", DEVICE)):
-        tol = 0.0 if d["kernel"] == "argmax" else KERNEL_TOL
-        row("a kernels", d["kernel"], d["max_abs"] <= tol,
-            f"max abs {d['max_abs']:.2e}", f"max rel {d['max_rel']:.2e}, {d['values']} values, tolerance {tol}")
+        row("a kernels", d["kernel"], d["ok"], f"max abs {d['max_abs']:.2e}",
+            f"{d['max_bf16_ulps']:.2f} bf16 units, {d['values']} values (bound: check::agrees)")
     if TESTS.exists():
         # The device tests run on the CUDA emulator unless told to use GPU 0.
         env = dict(os.environ, STATEBENCH_ROOT=str(ROOT), STATEBENCH_REQUIRE="1",
@@ -172,7 +179,8 @@ def reference() -> None:
             same += int(out["greedy"] == greedy)
         row("b reference", f"{name} logits vs transformers ({dev})", worst <= LOGIT_TOL,
             f"max abs {worst:.2e}", f"{len(cases)} prompts, tolerance {LOGIT_TOL}")
-        row("b reference", f"{name} greedy paths", same == len(cases), f"{same}/{len(cases)} equal", "8 tokens each")
+        row("b reference", f"{name} greedy paths", None, f"{same}/{len(cases)} equal",
+            "8 tokens each; bf16 activations may flip near ties")
 
 
 @part("c invariance")
@@ -265,10 +273,13 @@ def copy_bandwidth() -> float:
     return 2 * x.numel() * 4 * n / (time.time() - t)
 
 
-def cublas_tokens_per_s(m: int) -> float:
-    """PyTorch (cuBLAS) bf16 matrix products of one Qwen3-8B forward step
-    for m rows: every layer's projections and the output head."""
+def torch_tokens_per_s(m: int, context: int, sequences: int) -> float:
+    """PyTorch on one Qwen3-8B forward step of m rows over `sequences`
+    sequences, each row attending to `context` positions: every layer's
+    projections (cuBLAS, bf16) and attention (SDPA: decode rows against
+    their caches, or a causal prefill), and the output head."""
     import torch
+    import torch.nn.functional as F
 
     s = QWEN3_8B
     h, i, hd = s["hidden"], s["intermediate"], s["head_dim"]
@@ -277,12 +288,24 @@ def cublas_tokens_per_s(m: int) -> float:
     ws = [torch.randn(k, n, device="cuda", dtype=torch.bfloat16) for k, n in shapes]
     head = torch.randn(h, s["vocab"], device="cuda", dtype=torch.bfloat16)
     x = {k: torch.randn(m, k, device="cuda", dtype=torch.bfloat16) for k in {h, i, s["heads"] * hd}}
+    rows = m // sequences
+    q = torch.randn(sequences, s["heads"], rows, hd, device="cuda", dtype=torch.bfloat16)
+    kv = torch.randn(sequences, s["kv_heads"], context, hd, device="cuda", dtype=torch.bfloat16)
+    group = s["heads"] // s["kv_heads"]
+
+    def attend():
+        try:
+            return F.scaled_dot_product_attention(q, kv, kv, is_causal=rows > 1, enable_gqa=True)
+        except TypeError:  # torch before 2.5: the KV heads repeated
+            k = kv.repeat_interleave(group, dim=1)
+            return F.scaled_dot_product_attention(q, k, k, is_causal=rows > 1)
 
     def step():
         for _ in range(s["layers"]):
             for (k, _n), w in zip(shapes, ws):
                 x[k] @ w
-        x[h][-min(m, 128):] @ head
+            attend()
+        x[h][-sequences:] @ head
 
     step()
     torch.cuda.synchronize()
@@ -292,6 +315,17 @@ def cublas_tokens_per_s(m: int) -> float:
         step()
     torch.cuda.synchronize()
     return m * reps / (time.time() - t)
+
+
+def predictions() -> dict:
+    """The performance model's tok/s by scenario (decode batch, or 'prefill')."""
+    out = {}
+    for line in sb("bench", "--gpu-model").splitlines():
+        if line.startswith("| decode, batch"):
+            out[int(line.split("batch")[1].split(",")[0])] = float(line.split("|")[2].split("tok/s")[0])
+        elif line.startswith("| prefill"):
+            out["prefill"] = float(line.split("|")[2].split("tok/s")[0])
+    return out
 
 
 @part("d speed (Qwen3-8B shape)")
@@ -309,14 +343,18 @@ def speed() -> None:
     bw = copy_bandwidth()
     row("d speed (Qwen3-8B shape)", "copy bandwidth (torch)", None, f"{bw / 1e12:.2f} TB/s", "read + written")
     s = QWEN3_8B
-    kv_per_token = s["layers"] * 2 * s["kv_heads"] * s["head_dim"] * 4  # f32 keys and values
+    kv_per_token = s["layers"] * 2 * s["kv_heads"] * s["head_dim"] * 2  # bf16 keys and values
+    predicted = predictions()
     # Prefill first: its rate decides how long the decode contexts can be.
     out = sb("bench", "--device", DEVICE, "--model", str(model), "--prefill-tokens", "2048",
              "--batches", "1", "--decode-steps", "4", "--decode-context", "64", "--turns", "0",
              "--kv-budget-gib", "48", timeout=240)
     prefill = float(out.split("prefill:")[1].split("=")[1].split("tok/s")[0])
-    row("d speed (Qwen3-8B shape)", "prefill, 2048-token prompt", prefill >= 10_000,
-        f"{prefill:.0f} tok/s", f"target >= 10000; cuBLAS GEMMs alone {cublas_tokens_per_s(2048):.0f} tok/s")
+    torch_prefill = torch_tokens_per_s(2048, 2048, 1)
+    row("d speed (Qwen3-8B shape)", "prefill, 2048-token prompt",
+        prefill >= GOALS["prefill"] and prefill >= 0.5 * torch_prefill, f"{prefill:.0f} tok/s",
+        f"goal >= {GOALS['prefill']} and within 2x of PyTorch ({torch_prefill:.0f} tok/s); "
+        f"predicted {predicted.get('prefill', 0):.0f}")
     # Decode at the stated 1k context: batches are dropped from the largest
     # down when the time left cannot prefill their contexts, never the
     # context shortened.
@@ -338,12 +376,13 @@ def speed() -> None:
         tps = float(line.split(":")[2].split("tok/s")[0])
         step_bytes = weight_bytes + b * context * kv_per_token
         roof = b / (step_bytes / bw)
-        target = 0.6 if b == 128 else 0.7 if b == 1 else None
-        ok = None if target is None else tps >= target * roof
+        torch_tps = torch_tokens_per_s(b, context, b)
+        goal = GOALS.get(b)
+        ok = tps >= 0.5 * torch_tps and (goal is None or tps >= goal)
         row("d speed (Qwen3-8B shape)", f"decode batch {b}, context {context}", ok,
             f"{tps:.0f} tok/s ({tps / roof:.0%} of roofline {roof:.0f})",
-            f"cuBLAS GEMMs alone {cublas_tokens_per_s(b):.0f} tok/s"
-            + (f"; target >= {target:.0%} of roofline" if target else ""))
+            f"PyTorch {torch_tps:.0f} tok/s; predicted {predicted.get(b, 0):.0f}"
+            + (f"; goal >= {goal}" if goal else "") + "; within 2x of PyTorch")
 
 
 @part("e live cell")

@@ -55,11 +55,11 @@ pub struct Gpu {
     pub pipes: Pipelines,
 }
 
-/// An H200: 4.8 TB/s of HBM3e, of which a streaming copy attains about
-/// 90%; 989 TFLOP/s of dense bf16 through Hopper's wgmma, of which the
+/// An H200: 4.8 TB/s of HBM3e, of which a device-to-device copy attains
+/// about 90% (4.3 TB/s); 989 TFLOP/s of dense bf16 through Hopper's wgmma, of which the
 /// sm_80 `mma.sync` path these kernels use attains about 60% (assumed:
 /// it issues from one warp at a time and cannot use the wgmma pipes' full
-/// width); about 1.5 µs a kernel node in a replayed graph; 50 MB of L2;
+/// width); about 1.5 µs a kernel node in a replayed graph; 60 MB of L2;
 /// about 1 µs from a load to its data under load.
 pub const H200: Gpu = Gpu {
     name: "H200",
@@ -67,7 +67,7 @@ pub const H200: Gpu = Gpu {
     bandwidth: 4.8e12 * 0.9,
     mma: 989e12 * 0.6,
     launch: 1.5e-6,
-    l2: 50e6,
+    l2: 60e6,
     latency: 1e-6,
     pipes: Pipelines::DEEP,
 };
