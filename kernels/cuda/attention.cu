@@ -24,10 +24,11 @@
 // sequence) and one KV head: the 64 "M-rows" (row, query head of the
 // group) of mma's A operand share every K/V sub-tile, staged once in
 // shared memory (cp.async, double-buffered where shared memory allows) for
-// all of the group's query heads. Blocks along z split a tile's chunks (chunk c to block c mod
-// splits) when tiles alone would leave the GPU idle; each chunk's result
-// then goes to `partial` and attention_merge folds them in order. With one
-// split the block folds as it goes: the same fold, the same bits.
+// all of the group's query heads. Blocks along z split a tile's chunks
+// (chunk c to block c mod splits) when tiles alone would leave the GPU
+// idle; each chunk's result then goes to `partial` and attention_merge
+// folds them in order. With one split the block folds as it goes: the
+// same fold, the same bits.
 
 // The host's `AttnParams` (cuda.rs), field for field.
 struct AttnParams {
@@ -48,7 +49,6 @@ struct AttnParams {
     float scale_log2;       // softmax scale · log2(e)
 };
 static_assert(sizeof(AttnParams) == 96, "AttnParams differs from the host's");
-
 
 #define ATTN_THREADS 128
 #define ATTN_M 64  // M-rows a block: 4 warps of 16

@@ -58,7 +58,6 @@ struct GemmParams {
 };
 static_assert(sizeof(GemmParams) == 112, "GemmParams differs from the host's");
 
-
 // 16-byte chunk `c` (of 8 per 64-wide row) of row `r`, swizzled.
 __device__ __forceinline__ int gemm_swizzle(int r, int c) {
     return r * GEMM_BK + ((c ^ (r & 7)) << 3);

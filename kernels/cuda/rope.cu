@@ -33,7 +33,6 @@ struct RopeParams {
 };
 static_assert(sizeof(RopeParams) == 128, "RopeParams differs from the host's");
 
-
 #define ROPE_THREADS 128
 #define ROPE_MAX_DIM 256
 
