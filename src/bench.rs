@@ -15,7 +15,7 @@ use crate::ladder::arms::Arm;
 use crate::ladder::run::cell::{
     progress_bar, run_cell, run_cells, CellConfig, CellError, CellJob, CellParts,
 };
-use crate::ladder::run::runlog::{read_run, read_turns, RunRead};
+use crate::ladder::run::runlog::{read_run, read_turns, Locking, RunRead};
 
 /// What `bench` measures on the engine.
 #[derive(Debug, Clone)]
@@ -372,6 +372,7 @@ pub fn grid(
             parts: p,
             out: dir("grid", i),
             seeds: None,
+            locking: Locking::Own,
         })
         .collect();
     let bar = progress_bar(true);

@@ -17,6 +17,7 @@ pub mod http_server;
 pub mod ladder;
 pub mod report;
 pub mod rng;
+pub mod rundir;
 pub mod stats;
 pub mod wire;
 

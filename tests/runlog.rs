@@ -143,7 +143,7 @@ fn corrupt_middle_line_is_an_error_with_its_line_number() {
 
 #[test]
 fn resuming_across_a_change_of_engine_arithmetic_is_refused() {
-    use statebench::ladder::run::runlog::{Manifest, RunDir, RUN_FORMAT};
+    use statebench::ladder::run::runlog::{Locking, Manifest, RunDir, RUN_FORMAT};
     let tmp = tempfile::tempdir().unwrap();
     let manifest = |arithmetic: &str| Manifest {
         format: RUN_FORMAT.into(),
@@ -160,10 +160,19 @@ fn resuming_across_a_change_of_engine_arithmetic_is_refused() {
         crate_version: "0".into(),
         git_commit: "unknown".into(),
     };
-    RunDir::open(tmp.path(), &manifest(statebench_kernels::ARITHMETIC)).unwrap();
-    RunDir::open(tmp.path(), &manifest(statebench_kernels::ARITHMETIC))
-        .expect("same engine resumes");
-    match RunDir::open(tmp.path(), &manifest("older kernels")) {
+    RunDir::open(
+        tmp.path(),
+        &manifest(statebench_kernels::ARITHMETIC),
+        Locking::Own,
+    )
+    .unwrap();
+    RunDir::open(
+        tmp.path(),
+        &manifest(statebench_kernels::ARITHMETIC),
+        Locking::Own,
+    )
+    .expect("same engine resumes");
+    match RunDir::open(tmp.path(), &manifest("older kernels"), Locking::Own) {
         Err(RunLogError::ConfigMismatch { key, .. }) => assert_eq!(key, "model.arithmetic"),
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("a run made by other kernels must not resume"),

@@ -21,10 +21,11 @@ use statebench::ladder::run::cell::{
 };
 use statebench::ladder::run::grid::{read_runs, AgentKind, Axes, Grid, GridManifest, Shard, FLAGS};
 use statebench::ladder::run::replay::{read_episode, read_replies, score_replies, EpisodeFile};
-use statebench::ladder::run::runlog::read_run;
+use statebench::ladder::run::runlog::{read_run, Locking};
 use statebench::ladder::run::runner::RunOptions;
 use statebench::ladder::score::{perfect_labels, ChannelCounts, Label, Violation};
 use statebench::report::{self, Format};
+use statebench::rundir::DirLock;
 
 use super::{emit, BackendArgs};
 
@@ -618,6 +619,7 @@ fn grid(a: GridArgs) -> Result<()> {
         bail!("{source}: model = [...] names in-process models; with --endpoint leave it out");
     }
     let cache = EpisodeSpec::cache_from(&a.paraphrase_cache)?;
+    let lock = DirLock::acquire(&out)?;
     GridManifest::new(&grid, shard).create_or_check(&out)?;
     let started = std::time::Instant::now();
     let bar = progress_bar(!a.quiet);
@@ -682,6 +684,7 @@ fn grid(a: GridArgs) -> Result<()> {
                     parts: p,
                     out: out.join(&c.name),
                     seeds: seeds[i].clone(),
+                    locking: Locking::Grid(&lock),
                 }
             })
             .collect();

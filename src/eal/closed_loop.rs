@@ -133,7 +133,7 @@ pub fn run_loop(
             "the closed loop runs one writer chain per arm (no best-of-k)".into(),
         ));
     }
-    open(dir, config, model)?;
+    let _lock = open(dir, config, model)?;
     let path = dir.join("loop.jsonl");
     repair_tail(&path).map_err(|e| StudyError::Io {
         path: path.clone(),

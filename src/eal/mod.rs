@@ -42,12 +42,8 @@ pub use domain::EalDomain;
 /// Reading or writing EAL files.
 #[derive(Debug, thiserror::Error)]
 pub enum EalError {
-    #[error("{path}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Dir(#[from] crate::rundir::DirError),
     #[error("{path}:{line}: not a case")]
     Parse {
         path: PathBuf,
@@ -67,11 +63,9 @@ pub fn cases_jsonl(cases: &[Case]) -> String {
 
 /// Reads a case file written by [`cases_jsonl`].
 pub fn read_cases(path: &Path) -> Result<Vec<Case>, EalError> {
-    let text = std::fs::read_to_string(path).map_err(|source| EalError::Io {
-        path: path.into(),
-        source,
-    })?;
-    text.lines()
+    let (lines, _) = crate::rundir::read_log_lines(path)?;
+    lines
+        .iter()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
         .map(|(i, l)| {

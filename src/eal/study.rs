@@ -34,6 +34,7 @@ use super::writer::{
 use crate::backend::shared::Client;
 use crate::backend::{BackendError, ChatReply, ChatRequest, ToolCall, Usage};
 use crate::ladder::run::runlog::{first_difference, git_commit, repair_tail, sort_keys};
+use crate::rundir::{self, DirError, DirLock};
 
 /// Format tag of an EAL run directory.
 pub const FORMAT: &str = "statebench-eal/1";
@@ -242,6 +243,9 @@ pub enum StudyError {
         #[source]
         source: std::io::Error,
     },
+    /// A lock held elsewhere, or a file that cannot be one of the study's.
+    #[error(transparent)]
+    Dir(#[from] DirError),
     #[error("{path}:{line}")]
     Parse {
         path: PathBuf,
@@ -289,12 +293,7 @@ fn jsonl<T: Serialize>(items: &[T]) -> String {
 
 /// Reads complete lines of a JSON-lines file; a torn last line is skipped.
 pub fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>, StudyError> {
-    if !path.exists() {
-        return Ok(Vec::new());
-    }
-    let text = fs::read_to_string(path).map_err(io(path))?;
-    let complete = text.ends_with('\n');
-    let lines: Vec<&str> = text.lines().collect();
+    let (lines, complete) = rundir::read_log_lines(path)?;
     let mut out = Vec::new();
     for (i, l) in lines.iter().enumerate() {
         if l.trim().is_empty() {
@@ -317,7 +316,7 @@ pub fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>, S
 
 /// Reads one JSON file (a manifest, a bundle).
 pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, StudyError> {
-    let text = fs::read_to_string(path).map_err(io(path))?;
+    let text = rundir::read_manifest_text(path)?;
     serde_json::from_str(&text).map_err(|source| StudyError::Parse {
         path: path.into(),
         line: 1,
@@ -403,7 +402,7 @@ pub fn run(
             "a closed-loop configuration runs with `eal loop`".into(),
         ));
     }
-    open(dir, config, model)?;
+    let _lock = open(dir, config, model)?;
     let mut summary = RunSummary::default();
     if !dir.join("bundle.json").exists() {
         progress("formation: writer chains");
@@ -460,13 +459,17 @@ pub fn run(
 }
 
 /// Validates the configuration and opens (or creates) the run directory
-/// under its manifest.
-pub(crate) fn open(dir: &Path, config: &StudyConfig, model: &StudyModel) -> Result<(), StudyError> {
+/// under its manifest, locked for this process while the lock lives.
+pub(crate) fn open(
+    dir: &Path,
+    config: &StudyConfig,
+    model: &StudyModel,
+) -> Result<DirLock, StudyError> {
     config.validate()?;
     if config.uses_model() && model.client.is_none() {
         return Err(StudyError::NoModel);
     }
-    fs::create_dir_all(dir).map_err(io(dir))?;
+    let lock = DirLock::acquire(dir)?;
     let manifest = Manifest {
         format: FORMAT.into(),
         config: config.clone(),
@@ -474,7 +477,8 @@ pub(crate) fn open(dir: &Path, config: &StudyConfig, model: &StudyModel) -> Resu
         crate_version: env!("CARGO_PKG_VERSION").into(),
         git_commit: git_commit(),
     };
-    check_manifest(dir, &manifest)
+    check_manifest(dir, &manifest)?;
+    Ok(lock)
 }
 
 fn check_manifest(dir: &Path, manifest: &Manifest) -> Result<(), StudyError> {
@@ -662,8 +666,9 @@ pub(crate) fn check_bundle(dir: &Path) -> Result<Vec<Case>, StudyError> {
     let bundle: Bundle = read_json(&bpath)?;
     for name in FROZEN {
         let path = dir.join(name);
-        let ok = match (fs::read(&path), bundle.files.get(name)) {
-            (Ok(bytes), Some(h)) => &sha256(&bytes) == h,
+        // Only a regular file can hold the bytes the bundle hashed.
+        let ok = match (rundir::regular_file(&path), bundle.files.get(name)) {
+            (Ok(true), Some(h)) => fs::read(&path).is_ok_and(|bytes| &sha256(&bytes) == h),
             _ => false,
         };
         if !ok {

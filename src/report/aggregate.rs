@@ -98,6 +98,17 @@ pub struct ArmSummary {
     /// Calls at dispatch, for cells in the native tool harness.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub tools: Option<ToolSummary>,
+    /// Episodes whose agent calls the backend failed: kept out of every
+    /// figure above (they measure the backend, not the agent).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub failed_episodes: u64,
+    /// The failed agent calls of those episodes.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub failed_calls: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// What the native tool harness dispatched for one arm.
@@ -185,6 +196,9 @@ pub struct CellReport {
     pub arms: Vec<ArmSummary>,
     /// Adjacent contrasts.
     pub contrasts: Vec<Contrast>,
+    /// Log lines counted once though written more than once.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub duplicates: u64,
 }
 
 /// The whole report.
@@ -383,6 +397,8 @@ fn summarize(
             refused: per(t.refused as f64),
             malformed: per(t.malformed as f64),
         }),
+        failed_episodes: 0,
+        failed_calls: 0,
     }
 }
 
@@ -422,7 +438,14 @@ pub fn build(runs: &[RunRead]) -> Report {
         };
         let arms: Vec<ArmSummary> = order
             .iter()
-            .map(|&a| summarize(a, &by_arm(a), &run.probes, native))
+            .map(|&a| {
+                let mut s = summarize(a, &by_arm(a), &run.probes, native);
+                for e in run.failed.iter().filter(|e| e.arm == a) {
+                    s.failed_episodes += 1;
+                    s.failed_calls += u64::from(e.failed_calls);
+                }
+                s
+            })
             .collect();
         let mut contrasts = Vec::new();
         for w in order.windows(2) {
@@ -444,6 +467,7 @@ pub fn build(runs: &[RunRead]) -> Report {
             dir: run.dir.display().to_string(),
             arms,
             contrasts,
+            duplicates: run.duplicates as u64,
         });
     }
     let adj = holm(&raw_p);

@@ -412,6 +412,36 @@ fn tool_table(c: &CellReport) -> Table {
     }
 }
 
+fn failed_table(c: &CellReport) -> Table {
+    Table {
+        head: ["arm", "failed episodes", "failed calls"]
+            .map(String::from)
+            .to_vec(),
+        rows: c
+            .arms
+            .iter()
+            .filter(|a| a.failed_episodes > 0)
+            .map(|a| {
+                vec![
+                    a.arm.clone(),
+                    a.failed_episodes.to_string(),
+                    a.failed_calls.to_string(),
+                ]
+            })
+            .collect(),
+    }
+}
+
+fn duplicates_table(c: &CellReport) -> Table {
+    Table {
+        head: vec!["duplicate lines dropped".into()],
+        rows: (c.duplicates > 0)
+            .then(|| vec![c.duplicates.to_string()])
+            .into_iter()
+            .collect(),
+    }
+}
+
 /// Renders the report.
 pub fn render(r: &Report, format: Format) -> String {
     match format {
@@ -428,7 +458,7 @@ fn csv(r: &Report) -> String {
     for ch in Channel::ALL {
         s += &format!(",{}", ch.name());
     }
-    s += ",prompt_tokens,cached_tokens,completion_tokens,refused,silent_refusals,wall_s\n";
+    s += ",prompt_tokens,cached_tokens,completion_tokens,refused,silent_refusals,wall_s,failed_episodes,failed_calls,duplicates\n";
     for c in &r.cells {
         let g = &c.config;
         for a in &c.arms {
@@ -463,13 +493,16 @@ fn csv(r: &Report) -> String {
             let x = &a.accounting;
             let _ = writeln!(
                 s,
-                ",{:.1},{:.1},{:.1},{},{},{:.3}",
+                ",{:.1},{:.1},{:.1},{},{},{:.3},{},{},{}",
                 x.prompt_tokens,
                 x.cached_tokens,
                 x.completion_tokens,
                 x.refused,
                 x.silent_refusals,
-                x.wall_s
+                x.wall_s,
+                a.failed_episodes,
+                a.failed_calls,
+                c.duplicates
             );
         }
     }
@@ -780,6 +813,14 @@ fn tables(r: &Report, style: Style) -> String {
             (
                 "Trap-turn probe (re-executions on redo probes, A.4)",
                 trap_table(c),
+            ),
+            (
+                "Failed agent calls (their episodes are kept out of every table above; a resume runs them again)",
+                failed_table(c),
+            ),
+            (
+                "Run log (lines written more than once, each counted once)",
+                duplicates_table(c),
             ),
         ];
         s += &style.heading(2, &title);

@@ -46,6 +46,19 @@ pub struct Reply {
     /// An error the call ended in (scored as an empty reply).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// Whether `error` is the conversation outgrowing the model's context
+    /// even at the smallest reply budget: the arm's own transcript, scored
+    /// as an empty reply like any silence, where any other error is a
+    /// failed call that measures the backend.
+    #[serde(skip)]
+    pub outgrown: bool,
+}
+
+impl Reply {
+    /// Whether the call failed (an error other than an outgrown context).
+    pub fn failed(&self) -> bool {
+        self.error.is_some() && !self.outgrown
+    }
 }
 
 /// An agent under test or a scripted validation agent.

@@ -134,14 +134,14 @@ impl Agent for ModelAgent {
                     text,
                     tool_calls,
                     usage,
-                    error: None,
+                    ..Default::default()
                 }
             }
             Ok(r) => Reply {
                 text: r.content,
                 tool_calls: r.tool_calls,
                 usage,
-                error: None,
+                ..Default::default()
             },
             Err(e) => {
                 // A failed forward step (device error, non-finite values)
@@ -154,6 +154,7 @@ impl Agent for ModelAgent {
                 }
                 Reply {
                     usage,
+                    outgrown: matches!(e, BackendError::ContextOverflow { .. }),
                     error: Some(crate::one_line(&e)),
                     ..Default::default()
                 }

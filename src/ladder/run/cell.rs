@@ -10,7 +10,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
-use super::runlog::{git_commit, Manifest, RunDir, RunLogError, RUN_FORMAT};
+use super::runlog::{git_commit, Locking, Manifest, RunDir, RunLogError, RUN_FORMAT};
 use super::runner::{run_episode, Compiled, RunOptions};
 use crate::backend::shared::Client;
 use crate::backend::{BackendError, ModelIdentity};
@@ -233,10 +233,19 @@ pub enum CellError {
     DuplicateArm(Arm),
     #[error("{episodes} episodes x {arms} arms is more than one cell holds (at most {MAX_EPISODE_ARMS} episode-arms; split it into cells)")]
     TooLarge { episodes: u64, arms: usize },
+    /// The backend keeps failing calls: the episodes so far are logged
+    /// (counted apart from the rates) and a resume runs them again.
+    #[error("{episodes} episodes in a row ended in failed agent calls; stopping (a resume runs them again). Last error: {last}")]
+    CallsFailing { episodes: u32, last: String },
 }
 
 /// Episode-arms in one cell at most (each is a log line and a job).
 pub const MAX_EPISODE_ARMS: u64 = 100_000_000;
+
+/// Episodes in a row (as they finish, over every cell of the run) with a
+/// failed agent call after which a run stops: a backend that fails every
+/// call would otherwise log the whole cell as failed episodes.
+pub const FAILING_EPISODES: u32 = 3;
 
 /// What the parts behind a cell are. A cell runs many episodes at once, so
 /// every episode-arm gets its own agent and matcher (a conversation each).
@@ -401,6 +410,7 @@ pub fn run_cell(
         parts,
         out: out.to_path_buf(),
         seeds: None,
+        locking: Locking::Own,
     };
     let bar = progress_bar(progress);
     let p = run_cells(&[job], cache, concurrency, &bar)?;
@@ -418,6 +428,7 @@ pub struct CellJob<'a> {
     pub out: PathBuf,
     /// A subset of `cfg.seeds()`, or None for all.
     pub seeds: Option<Vec<u64>>,
+    pub locking: Locking<'a>,
 }
 
 /// Runs (or resumes) several cells through one pool of `concurrency`
@@ -447,7 +458,7 @@ pub fn run_cells(
             crate_version: env!("CARGO_PKG_VERSION").to_string(),
             git_commit: git_commit(),
         };
-        let dir = RunDir::open(&c.out, &manifest)?;
+        let dir = RunDir::open(&c.out, &manifest, c.locking)?;
         let seeds: Vec<u64> = match &c.seeds {
             Some(s) => s.clone(),
             None => c.cfg.seeds().collect(),
@@ -488,6 +499,7 @@ pub fn run_cells(
         failed: Mutex::new(None),
         tokens: AtomicUsize::new(0),
         done: AtomicUsize::new(0),
+        failing: Mutex::new(0),
         started: Instant::now(),
         bar,
     };
@@ -543,6 +555,8 @@ struct Workers<'a> {
     tokens: AtomicUsize,
     /// Episode-arms run so far.
     done: AtomicUsize,
+    /// Episodes in a row, as they finished, with a failed agent call.
+    failing: Mutex<u32>,
     started: Instant,
     bar: &'a ProgressBar,
 }
@@ -595,6 +609,19 @@ impl Workers<'_> {
             Err(_) => return Ok(()),
         }
         self.tick(cell, rec.usage.completion_tokens);
+        let mut failing = self.failing.lock().expect("no worker panics holding it");
+        *failing = if rec.failed_calls > 0 {
+            *failing + 1
+        } else {
+            0
+        };
+        if *failing >= FAILING_EPISODES {
+            let last = turns.iter().rev().find_map(|t| t.errors.last());
+            return Err(CellError::CallsFailing {
+                episodes: *failing,
+                last: last.cloned().unwrap_or_default(),
+            });
+        }
         Ok(())
     }
 

@@ -127,19 +127,27 @@ pub enum GridError {
     Shard(String),
     #[error("{dir}: {why}")]
     Dir { dir: String, why: String },
+    #[error("{path}: the axes cross into {cells} cells, more than a grid holds (at most {MAX_CELLS}; split it into several grids)")]
+    TooManyCells { path: String, cells: String },
+    /// A lock held elsewhere, or a file that cannot be a grid's.
+    #[error(transparent)]
+    Files(#[from] crate::rundir::DirError),
 }
 
 /// What messages call axes given as flags.
 pub const FLAGS: &str = "grid flags";
 
+/// Most cells in one grid: ten times Table 2's crossed with every model of
+/// a sweep, and few enough that the cells' names and configurations fit in
+/// memory and the grid directory; a larger study is several grids (or
+/// shards of them).
+pub const MAX_CELLS: u64 = 10_000;
+
 impl Axes {
     /// Reads a grid file.
     pub fn read(path: &Path) -> Result<Axes, GridError> {
         let p = path.display().to_string();
-        let text = std::fs::read_to_string(path).map_err(|source| GridError::Io {
-            path: p.clone(),
-            source,
-        })?;
+        let text = crate::rundir::read_manifest_text(path)?;
         let axes: Axes = toml::from_str(&text).map_err(|e| GridError::Parse {
             // The line number and the line itself, which names the key and value.
             line: e
@@ -217,13 +225,24 @@ impl Grid {
         } else {
             axes.cross.clone()
         };
+        // Counted before anything is crossed: a grid of 10^7 cells would
+        // exhaust memory before it could be refused.
+        let mut total: Option<u64> = Some(0);
+        for cross in &crosses {
+            total = total.and_then(|t| t.checked_add(cross_size(&axes, cross)?));
+        }
+        if total.is_none_or(|t| t > MAX_CELLS) {
+            return Err(GridError::TooManyCells {
+                path: source.into(),
+                cells: total.map_or("more than 2^64".into(), |t| t.to_string()),
+            });
+        }
         let mut cells: Vec<GridCell> = Vec::new();
+        let mut seen = std::collections::HashSet::new();
         for cross in &crosses {
             for c in expand(&axes, cross, source)? {
-                if !cells
-                    .iter()
-                    .any(|x| x.config == c.config && x.model == c.model)
-                {
+                let key = serde_json::to_string(&(&c.config, &c.model)).expect("cells serialize");
+                if seen.insert(key) {
                     cells.push(c);
                 }
             }
@@ -281,6 +300,30 @@ fn bad(source: &str, key: &'static str, value: impl std::fmt::Display, why: Stri
         value: value.to_string(),
         why,
     }
+}
+
+/// How many cells one cross makes (duplicates included), or None past
+/// 2^64: the product of its axes' lengths, an unset axis counting one.
+fn cross_size(top: &Axes, x: &Axes) -> Option<u64> {
+    fn len<T>(cross: &Option<Vec<T>>, top: &Option<Vec<T>>) -> u64 {
+        cross
+            .as_ref()
+            .or(top.as_ref())
+            .map_or(1, |v| v.len() as u64)
+    }
+    [
+        len(&x.model, &top.model),
+        len(&x.thinking, &top.thinking),
+        len(&x.domain, &top.domain),
+        len(&x.steps, &top.steps),
+        len(&x.density, &top.density),
+        len(&x.brief, &top.brief),
+        len(&x.protocol, &top.protocol),
+        len(&x.paraphrase_tier, &top.paraphrase_tier),
+        len(&x.ambiguous_rate, &top.ambiguous_rate),
+    ]
+    .into_iter()
+    .try_fold(1u64, |n, k| n.checked_mul(k))
 }
 
 /// The cells of one cross, in a fixed order (model, thinking, domain, S,
@@ -615,10 +658,7 @@ impl GridManifest {
             return Ok(None);
         }
         let p = path.display().to_string();
-        let text = std::fs::read_to_string(&path).map_err(|source| GridError::Io {
-            path: p.clone(),
-            source,
-        })?;
+        let text = crate::rundir::read_manifest_text(&path)?;
         serde_json::from_str(&text)
             .map(Some)
             .map_err(|e| GridError::Parse {
@@ -689,6 +729,21 @@ pub fn read_runs(dirs: &[PathBuf]) -> Result<Vec<RunRead>, GridError> {
     let mut grid: Option<(String, String)> = None;
     // Cell name → its run in `runs`.
     let mut merged: std::collections::BTreeMap<String, usize> = Default::default();
+    // A directory named twice would count its cells twice (and double the
+    // multiple-comparison correction).
+    let mut named: std::collections::BTreeMap<PathBuf, &Path> = Default::default();
+    for d in dirs {
+        let real = std::fs::canonicalize(d).unwrap_or_else(|_| d.clone());
+        if let Some(first) = named.insert(real, d) {
+            return Err(GridError::Dir {
+                dir: d.display().to_string(),
+                why: format!(
+                    "is named twice (also as {}): a report reads each directory once",
+                    first.display()
+                ),
+            });
+        }
+    }
     for d in dirs {
         let Some(m) = GridManifest::read(d)? else {
             runs.push(read_run(d).map_err(|e| dir_error(d, e))?);
@@ -732,6 +787,7 @@ pub fn read_runs(dirs: &[PathBuf]) -> Result<Vec<RunRead>, GridError> {
                 });
             }
             into.foreign += run.foreign;
+            into.duplicates += run.duplicates;
             into.paths.append(&mut run.paths);
             into.episodes.append(&mut run.episodes);
             for (k, v) in run.probes {

@@ -10,7 +10,7 @@
 //! the directory is reopened and ignored when it is read.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -21,6 +21,7 @@ use super::cell::{CellConfig, CellModel};
 use super::runner::{EpisodeRecord, TurnRecord};
 use super::trap::Probes;
 use crate::ladder::arms::Arm;
+use crate::rundir::{self, DirError, DirLock};
 
 /// Format tag of a run directory.
 pub const RUN_FORMAT: &str = "statebench-run/1";
@@ -55,6 +56,9 @@ pub enum RunLogError {
         /// Value requested.
         new: String,
     },
+    /// A lock held elsewhere, or a file that cannot be a log.
+    #[error(transparent)]
+    Dir(#[from] DirError),
     /// Not a run directory.
     #[error("{0} is not a statebench run directory (no manifest.json)")]
     NotARun(String),
@@ -155,14 +159,24 @@ pub fn first_difference(
     }
 }
 
-/// An open run directory.
+/// An open run directory. Its logs are opened for each append, so a grid
+/// of many cells holds no file of a cell that is not writing.
 pub struct RunDir {
     dir: PathBuf,
     attempt: u32,
     config_hash: String,
     finished: BTreeSet<(u64, Arm)>,
-    episodes: File,
-    turns: File,
+    /// This directory's lock, or None inside a grid whose lock covers it.
+    _lock: Option<DirLock>,
+}
+
+/// Who keeps other processes out of a run directory while it is written.
+#[derive(Clone, Copy)]
+pub enum Locking<'a> {
+    /// The directory's own lock (a cell run alone).
+    Own,
+    /// The grid directory's lock, held by this process for the cells in it.
+    Grid(&'a DirLock),
 }
 
 #[derive(Serialize)]
@@ -207,7 +221,7 @@ impl Manifest {
 /// Drops a torn last line (no trailing newline), reading only the file's
 /// end.
 pub fn repair_tail(path: &Path) -> Result<(), RunLogError> {
-    if !path.exists() {
+    if !rundir::regular_file(path)? {
         return Ok(());
     }
     let (len, last) = last_line(path)?;
@@ -236,7 +250,7 @@ pub fn repair_tail(path: &Path) -> Result<(), RunLogError> {
 /// blocks, so a long log costs what its last line does.
 fn last_line(path: &Path) -> Result<(u64, Option<(u64, bool)>), RunLogError> {
     use std::io::{Read, Seek, SeekFrom};
-    let mut f = File::open(path).map_err(io(path))?;
+    let mut f = rundir::open_regular(path)?;
     let len = f.metadata().map_err(io(path))?.len();
     if len == 0 {
         return Ok((0, None));
@@ -264,17 +278,17 @@ fn last_line(path: &Path) -> Result<(u64, Option<(u64, bool)>), RunLogError> {
 /// The attempt of a log's last complete line (attempts only grow), or 0.
 fn last_attempt(path: &Path) -> Result<u32, RunLogError> {
     use std::io::{Read, Seek, SeekFrom};
-    if !path.exists() {
+    if !rundir::regular_file(path)? {
         return Ok(0);
     }
     let (len, last) = last_line(path)?;
     let Some((start, true)) = last else {
         return Ok(0);
     };
-    let mut f = File::open(path).map_err(io(path))?;
+    let mut f = rundir::open_regular(path)?;
     f.seek(SeekFrom::Start(start)).map_err(io(path))?;
     let mut line = String::new();
-    f.take(len - start)
+    f.take((len - start).min(rundir::LINE_CAP as u64))
         .read_to_string(&mut line)
         .map_err(io(path))?;
     Ok(serde_json::from_str::<Tagged<serde::de::IgnoredAny>>(&line).map_or(0, |t| t.attempt))
@@ -291,37 +305,55 @@ fn read_lines_where<T: for<'de> Deserialize<'de>>(
     path: &Path,
     keep: impl Fn(&str) -> bool,
 ) -> Result<Vec<Tagged<T>>, RunLogError> {
-    if !path.exists() {
-        return Ok(Vec::new());
-    }
-    let text = fs::read_to_string(path).map_err(io(path))?;
-    let complete = text.ends_with('\n');
-    let lines: Vec<&str> = text.lines().collect();
+    let (lines, complete) = rundir::read_log_lines(path)?;
     let mut out = Vec::with_capacity(lines.len());
     for (i, line) in lines.iter().enumerate() {
         if line.trim().is_empty() || !keep(line) {
             continue;
         }
-        match serde_json::from_str::<Tagged<T>>(line) {
-            Ok(t) => out.push(t),
-            Err(_) if i + 1 == lines.len() && !complete => {}
-            Err(source) => {
-                return Err(RunLogError::Parse {
-                    path: path.display().to_string(),
-                    line: i + 1,
-                    source,
-                })
-            }
-        }
+        out.extend(parse_line(path, &lines, complete, i)?);
     }
     Ok(out)
 }
 
+/// Parses line `i` of a log; None for a torn last line.
+fn parse_line<T: for<'de> Deserialize<'de>>(
+    path: &Path,
+    lines: &[String],
+    complete: bool,
+    i: usize,
+) -> Result<Option<Tagged<T>>, RunLogError> {
+    match serde_json::from_str::<Tagged<T>>(&lines[i]) {
+        Ok(t) => Ok(Some(t)),
+        Err(_) if i + 1 == lines.len() && !complete => Ok(None),
+        Err(source) => Err(RunLogError::Parse {
+            path: path.display().to_string(),
+            line: i + 1,
+            source,
+        }),
+    }
+}
+
 impl RunDir {
     /// Opens (or creates) a run directory for this manifest; refuses one
-    /// made with another configuration, and logs without a manifest.
-    pub fn open(dir: &Path, manifest: &Manifest) -> Result<RunDir, RunLogError> {
-        fs::create_dir_all(dir).map_err(io(dir))?;
+    /// made with another configuration, logs without a manifest, and a
+    /// directory another process is writing (a cell run alone also refuses
+    /// the cell of a running grid).
+    pub fn open(dir: &Path, manifest: &Manifest, locking: Locking) -> Result<RunDir, RunLogError> {
+        let lock = match locking {
+            Locking::Own => {
+                let lock = DirLock::acquire(dir)?;
+                if let Some(parent) = dir.parent() {
+                    DirLock::check_free(parent)?;
+                }
+                Some(lock)
+            }
+            Locking::Grid(_) => {
+                fs::create_dir_all(dir).map_err(io(dir))?;
+                DirLock::check_free(dir)?;
+                None
+            }
+        };
         let mpath = dir.join("manifest.json");
         let epath = dir.join("episodes.jsonl");
         let tpath = dir.join("turns.jsonl");
@@ -357,24 +389,17 @@ impl RunDir {
             .unwrap_or(0)
             .max(last_attempt(&tpath)?)
             + 1;
-        let open = |p: &Path| {
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .map_err(io(p))
-        };
         Ok(RunDir {
             dir: dir.to_path_buf(),
             attempt,
+            // An episode whose agent calls failed runs again.
             finished: done
                 .iter()
-                .filter(|t| t.belongs(&config_hash))
+                .filter(|t| t.belongs(&config_hash) && t.record.failed_calls == 0)
                 .map(|t| (t.record.seed, t.record.arm))
                 .collect(),
             config_hash,
-            episodes: open(&epath)?,
-            turns: open(&tpath)?,
+            _lock: lock,
         })
     }
 
@@ -409,18 +434,27 @@ impl RunDir {
             );
             buf.push('\n');
         }
-        self.turns.write_all(buf.as_bytes()).map_err(io(&tpath))?;
-        self.turns.flush().map_err(io(&tpath))?;
+        let open = |p: &Path| {
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .map_err(io(p))
+        };
+        open(&tpath)?
+            .write_all(buf.as_bytes())
+            .map_err(io(&tpath))?;
         let line = serde_json::to_string(&Line {
             attempt: self.attempt,
             config_hash: &self.config_hash,
             record: rec,
         })
         .expect("episode serializes");
-        self.episodes
+        let mut episodes = open(&epath)?;
+        episodes
             .write_all(format!("{line}\n").as_bytes())
             .map_err(io(&epath))?;
-        self.episodes.sync_data().map_err(io(&epath))?;
+        episodes.sync_data().map_err(io(&epath))?;
         self.finished.insert((rec.seed, rec.arm));
         Ok(())
     }
@@ -437,8 +471,15 @@ pub struct RunRead {
     pub manifest: Manifest,
     /// Finished episodes, first line per (seed, arm).
     pub episodes: Vec<EpisodeRecord>,
+    /// Episodes that ended with failed agent calls and were not run again
+    /// cleanly, first line per (seed, arm): kept out of every rate.
+    pub failed: Vec<EpisodeRecord>,
     /// Episode lines written under another configuration, not counted.
     pub foreign: usize,
+    /// Lines counted once though written more than once: an episode
+    /// finished twice, a turn line repeated (two writers, or a log appended
+    /// to itself).
+    pub duplicates: usize,
     /// The probes of each finished episode's turns, by (seed, arm).
     pub probes: BTreeMap<(u64, Arm), Probes>,
 }
@@ -448,12 +489,10 @@ fn json<T: Serialize>(v: &T) -> Value {
 }
 
 fn read_manifest(mpath: &Path) -> Result<Manifest, RunLogError> {
-    serde_json::from_str(&fs::read_to_string(mpath).map_err(io(mpath))?).map_err(|source| {
-        RunLogError::Parse {
-            path: mpath.display().to_string(),
-            line: 1,
-            source,
-        }
+    serde_json::from_str(&rundir::read_manifest_text(mpath)?).map_err(|source| RunLogError::Parse {
+        path: mpath.display().to_string(),
+        line: 1,
+        source,
     })
 }
 
@@ -465,29 +504,39 @@ pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
     }
     let manifest = read_manifest(&mpath)?;
     let hash = manifest.config_hash();
-    let mut seen = BTreeSet::new();
     let (mine, foreign): (Vec<_>, Vec<_>) =
         read_lines::<EpisodeRecord>(&dir.join("episodes.jsonl"))?
             .into_iter()
             .partition(|t| t.belongs(&hash));
-    let episodes = mine
-        .into_iter()
-        .map(|t| t.record)
-        .filter(|r| seen.insert((r.seed, r.arm)))
+    let keys: Vec<LineKey> = mine
+        .iter()
+        .map(|t| LineKey::of(&t.record, t.attempt))
         .collect();
+    let (counts, duplicates) = counted_lines(&keys);
+    let (mut episodes, mut failed) = (Vec::new(), Vec::new());
+    for (t, counts) in mine.into_iter().zip(counts) {
+        match (counts, t.record.failed_calls) {
+            (false, _) => {}
+            (true, 0) => episodes.push(t.record),
+            (true, _) => failed.push(t.record),
+        }
+    }
     let mut probes: BTreeMap<(u64, Arm), Probes> = BTreeMap::new();
     // Only redo probes and ambiguous probes count: the other lines are not
     // parsed (a report reads 2 or 3 of each episode's 44 turns).
     let needles = Probes::KINDS.map(|k| format!("\"kind\":\"{}\"", k.name()));
     let probe_kinds = |line: &str| needles.iter().any(|n| line.contains(n.as_str()));
-    for t in read_turns_where(dir, probe_kinds)? {
+    let (turns, repeated) = read_turns_counted(dir, probe_kinds)?;
+    for t in turns {
         *probes.entry((t.seed, t.arm)).or_default() += Probes::of_turn(&t);
     }
     let mut run = RunRead {
         dir: dir.to_path_buf(),
         paths: vec![dir.to_path_buf()],
         manifest,
+        duplicates: duplicates + repeated,
         episodes,
+        failed,
         foreign: foreign.len(),
         probes,
     };
@@ -504,36 +553,139 @@ impl RunRead {
         let pos = |a: Arm| arms.iter().position(|x| *x == a);
         self.episodes.sort_by_key(|e| (e.seed, pos(e.arm)));
         self.episodes.dedup_by_key(|e| (e.seed, e.arm));
+        let clean: BTreeSet<(u64, Arm)> = self.episodes.iter().map(|e| (e.seed, e.arm)).collect();
+        self.failed.retain(|e| !clean.contains(&(e.seed, e.arm)));
+        self.failed.sort_by_key(|e| (e.seed, pos(e.arm)));
+        self.failed.dedup_by_key(|e| (e.seed, e.arm));
     }
 }
 
-/// Reads the turn lines of finished episodes (those of unfinished attempts are skipped).
-pub fn read_turns(dir: &Path) -> Result<Vec<TurnRecord>, RunLogError> {
-    read_turns_where(dir, |_| true)
+/// What decides whether an episode line counts.
+#[derive(Clone, Copy)]
+struct LineKey {
+    seed: u64,
+    arm: Arm,
+    attempt: u32,
+    failed: bool,
 }
 
-/// As [`read_turns`], parsing only the lines `keep` accepts.
-fn read_turns_where(
+impl LineKey {
+    fn of(r: &EpisodeRecord, attempt: u32) -> LineKey {
+        LineKey {
+            seed: r.seed,
+            arm: r.arm,
+            attempt,
+            failed: r.failed_calls > 0,
+        }
+    }
+}
+
+/// Which episode lines count, in log order: per (seed, arm) the first clean
+/// line, else the first line (an episode whose agent calls failed); and how
+/// many lines repeat the counted one (failed lines a clean retry replaced
+/// are history, not duplicates).
+fn counted_lines(keys: &[LineKey]) -> (Vec<bool>, usize) {
+    let mut chosen: BTreeMap<(u64, Arm), usize> = BTreeMap::new();
+    for (i, k) in keys.iter().enumerate() {
+        let at = chosen.entry((k.seed, k.arm)).or_insert(i);
+        if keys[*at].failed && !k.failed {
+            *at = i;
+        }
+    }
+    let mut counts = vec![false; keys.len()];
+    let mut duplicates = 0;
+    for (i, k) in keys.iter().enumerate() {
+        let at = chosen[&(k.seed, k.arm)];
+        counts[i] = i == at;
+        duplicates += usize::from(i != at && k.failed == keys[at].failed);
+    }
+    (counts, duplicates)
+}
+
+/// Reads the turn lines of finished episodes, each (seed, arm, turn) once:
+/// those of the attempt whose episode line counts (the first), so turns of
+/// unfinished attempts, of an episode finished twice, and repeated lines
+/// are skipped.
+pub fn read_turns(dir: &Path) -> Result<Vec<TurnRecord>, RunLogError> {
+    read_turns_counted(dir, |_| true).map(|(turns, _)| turns)
+}
+
+/// As [`read_turns`], parsing only the lines `keep` accepts; also counts
+/// the kept lines skipped as duplicates (of finished episodes, not those of
+/// attempts that never finished).
+fn read_turns_counted(
     dir: &Path,
     keep: impl Fn(&str) -> bool,
-) -> Result<Vec<TurnRecord>, RunLogError> {
+) -> Result<(Vec<TurnRecord>, usize), RunLogError> {
     /// What identifies an episode line.
     #[derive(Deserialize)]
     struct Key {
         seed: u64,
         arm: Arm,
+        #[serde(default)]
+        failed_calls: u32,
     }
     let hash = read_manifest(&dir.join("manifest.json"))?.config_hash();
-    let finished: BTreeSet<(u64, Arm, u32)> = read_lines::<Key>(&dir.join("episodes.jsonl"))?
+    let keys: Vec<LineKey> = read_lines::<Key>(&dir.join("episodes.jsonl"))?
         .into_iter()
         .filter(|t| t.belongs(&hash))
-        .map(|t| (t.record.seed, t.record.arm, t.attempt))
+        .map(|t| LineKey {
+            seed: t.record.seed,
+            arm: t.record.arm,
+            attempt: t.attempt,
+            failed: t.record.failed_calls > 0,
+        })
         .collect();
-    let turns: Vec<Tagged<TurnRecord>> = read_lines_where(&dir.join("turns.jsonl"), keep)?;
-    Ok(turns
-        .into_iter()
-        .filter(|t| t.belongs(&hash))
-        .filter(|t| finished.contains(&(t.record.seed, t.record.arm, t.attempt)))
-        .map(|t| t.record)
-        .collect())
+    let (counts, _) = counted_lines(&keys);
+    let counted: BTreeMap<(u64, Arm), LineKey> = keys
+        .iter()
+        .zip(counts)
+        .filter(|(_, c)| *c)
+        .map(|(k, _)| ((k.seed, k.arm), *k))
+        .collect();
+    // Attempts that finished an episode, and whether their line was failed.
+    let finished: BTreeMap<(u64, Arm, u32), bool> = keys
+        .iter()
+        .map(|k| ((k.seed, k.arm, k.attempt), k.failed))
+        .collect();
+    /// What identifies a turn line.
+    #[derive(Deserialize)]
+    struct TurnKey {
+        seed: u64,
+        arm: Arm,
+        turn: usize,
+    }
+    let mut seen = BTreeSet::new();
+    let mut repeated = 0;
+    let mut out = Vec::new();
+    let path = dir.join("turns.jsonl");
+    let (lines, complete) = rundir::read_log_lines(&path)?;
+    // Every line's key is read (duplicates are counted over all of them);
+    // only the lines `keep` accepts are parsed whole.
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
+        }
+        let Some(t) = parse_line::<TurnKey>(&path, &lines, complete, i)? else {
+            continue;
+        };
+        let (seed, arm) = (t.record.seed, t.record.arm);
+        if !t.belongs(&hash) {
+            continue;
+        }
+        let (Some(&failed), Some(c)) = (
+            finished.get(&(seed, arm, t.attempt)),
+            counted.get(&(seed, arm)),
+        ) else {
+            continue;
+        };
+        if c.attempt != t.attempt {
+            repeated += usize::from(failed == c.failed);
+        } else if !seen.insert((seed, arm, t.record.turn)) {
+            repeated += 1;
+        } else if keep(line) {
+            out.extend(parse_line::<TurnRecord>(&path, &lines, complete, i)?.map(|t| t.record));
+        }
+    }
+    Ok((out, repeated))
 }

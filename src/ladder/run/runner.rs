@@ -228,6 +228,11 @@ pub struct EpisodeRecord {
     /// Tool calls that could not be read (native harness).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub malformed_calls: u32,
+    /// Agent calls the backend failed (an error, not a reply): such an
+    /// episode measures the backend, not the agent, so reports count it
+    /// apart from the rates and a resume runs it again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failed_calls: u32,
     /// Directive obedience per kind.
     pub directives: BTreeMap<DirectiveKind, Obedience>,
     /// Matcher statistics.
@@ -263,6 +268,7 @@ struct Tally {
     refused: u32,
     silent: u32,
     malformed: u32,
+    failed_calls: u32,
     matcher: MatcherStats,
     directives: BTreeMap<DirectiveKind, Obedience>,
 }
@@ -274,6 +280,7 @@ impl std::ops::AddAssign for Tally {
         self.refused += t.refused;
         self.silent += t.silent;
         self.malformed += t.malformed;
+        self.failed_calls += t.failed_calls;
         self.matcher += t.matcher;
         for (k, o) in t.directives {
             *self.directives.entry(k).or_default() += o;
@@ -341,6 +348,7 @@ pub fn run_episode(
         refused: tally.refused,
         silent_refusals: tally.silent,
         malformed_calls: tally.malformed,
+        failed_calls: tally.failed_calls,
         directives: tally.directives,
         matcher: tally.matcher,
         usage: tally.usage,
@@ -381,6 +389,8 @@ struct Exchange {
     notices: Vec<String>,
     usage: Usage,
     calls: u32,
+    /// Agent calls that failed.
+    failed: u32,
 }
 
 impl Episodic<'_> {
@@ -439,6 +449,7 @@ impl Episodic<'_> {
                 refused
             },
             malformed: x.malformed.len() as u32,
+            failed_calls: x.failed,
             matcher: matched
                 .as_ref()
                 .map(|m| MatcherStats::of(m, turn))
@@ -589,11 +600,13 @@ impl Episodic<'_> {
         }
         let (ep, turn, prompt, matched) = (self.ep, a.turn, a.prompt, a.matched);
         let first = agent.reply(&prompt.messages, &[], &self.oracle(a, false));
+        let failed = u32::from(first.failed());
         let (bookings, notices) = self.state.gate(ep, turn, prompt, matched, &first.text, 0);
         let mut x = Exchange {
             chain: vec![Message::new(Role::Assistant, first.text.clone())],
             replies: vec![first.text],
             bookings,
+            failed,
             errors: first.error.into_iter().collect(),
             notices,
             usage: first.usage,
@@ -607,6 +620,7 @@ impl Episodic<'_> {
             let (b2, n2) = self.state.gate(ep, turn, prompt, matched, &second.text, 1);
             x.calls += 1;
             x.usage += second.usage;
+            x.failed += u32::from(second.failed());
             x.errors.extend(second.error);
             x.bookings.extend(b2);
             x.chain.push(Message::new(Role::User, notice));
@@ -641,6 +655,7 @@ impl Episodic<'_> {
             let r = agent.reply(&messages, &self.tools, &self.oracle(a, round > 0));
             x.calls += 1;
             x.usage += r.usage;
+            x.failed += u32::from(r.failed());
             x.errors.extend(r.error);
             if crate::backend::tools::has_tool_call_block(&r.text) {
                 x.malformed.push(format!(
