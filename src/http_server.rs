@@ -4,8 +4,9 @@
 //!
 //! The server is a small HTTP/1.1 over `std::net` (one request per
 //! connection, `Connection: close`, bodies by `Content-Length` up to
-//! 32 MiB, 30 s read timeouts): owning the socket lets it notice a client
-//! that hung up, and drop its request from the batch at once.
+//! 32 MiB, 30 s read timeouts, a bounded number of connections at once):
+//! owning the socket lets it notice a client that hung up, and drop its
+//! request from the batch at once.
 //!
 //! Every HTTP request runs on its own thread and sends its chat to the one
 //! [`SharedBackend`](crate::backend::shared::SharedBackend) thread, so concurrent HTTP requests meet in the
@@ -28,7 +29,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -48,6 +49,13 @@ const MAX_BODY: usize = 32 << 20;
 const MAX_HEAD: usize = 64 << 10;
 /// How long a client may take to send its request, or to take the answer.
 const IO_TIMEOUT: Duration = Duration::from_secs(30);
+/// Connections served at once by default (a thread each); past the bound a
+/// connection gets 503 at once, so a flood of clients cannot exhaust
+/// threads or descriptors.
+pub const MAX_CONNECTIONS: usize = 512;
+/// Longest pause of the accept loop after accept fails (out of descriptors):
+/// it waits instead of spinning, doubling from a millisecond.
+const MAX_ACCEPT_PAUSE: Duration = Duration::from_secs(1);
 
 /// Why the server could not start.
 #[derive(Debug, thiserror::Error)]
@@ -67,6 +75,7 @@ pub enum ServeError {
 pub struct Listener {
     tcp: TcpListener,
     addr: SocketAddr,
+    max_connections: usize,
 }
 
 impl Listener {
@@ -88,7 +97,17 @@ impl Listener {
             .ok_or_else(|| bind(std::io::Error::other("resolves to no address")))?;
         let tcp = TcpListener::bind(addr).map_err(bind)?;
         let addr = tcp.local_addr().map_err(bind)?;
-        Ok(Listener { tcp, addr })
+        Ok(Listener {
+            tcp,
+            addr,
+            max_connections: MAX_CONNECTIONS,
+        })
+    }
+
+    /// Serves at most `n` connections at once (default [`MAX_CONNECTIONS`]).
+    pub fn max_connections(mut self, n: usize) -> Listener {
+        self.max_connections = n.max(1);
+        self
     }
 
     /// The bound address (with the actual port when 0 was asked).
@@ -98,7 +117,11 @@ impl Listener {
 
     /// Starts answering with the served engine behind `client`.
     pub fn serve(self, client: Client, model: ModelIdentity) -> Result<Server, ServeError> {
-        let Listener { tcp, addr } = self;
+        let Listener {
+            tcp,
+            addr,
+            max_connections,
+        } = self;
         let shared = Arc::new(Shared {
             client,
             model,
@@ -106,18 +129,46 @@ impl Listener {
         });
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
+        let open = Arc::new(AtomicUsize::new(0));
         let join = std::thread::Builder::new()
             .name("statebench-http-accept".into())
             .spawn(move || {
+                let mut pause = Duration::ZERO;
                 for conn in tcp.incoming() {
                     if stopping.load(Ordering::SeqCst) {
                         break;
                     }
-                    let Ok(stream) = conn else { continue };
+                    let mut stream = match conn {
+                        Ok(s) => {
+                            pause = Duration::ZERO;
+                            s
+                        }
+                        Err(_) => {
+                            pause = (pause * 2).clamp(Duration::from_millis(1), MAX_ACCEPT_PAUSE);
+                            std::thread::sleep(pause);
+                            continue;
+                        }
+                    };
+                    if open.load(Ordering::SeqCst) >= max_connections {
+                        let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+                        answer(
+                            &mut stream,
+                            Err(HttpError(
+                                503,
+                                "server_error",
+                                format!("{max_connections} connections are open; retry later"),
+                            )),
+                        );
+                        continue;
+                    }
                     let s = Arc::clone(&shared);
+                    let guard = OpenConnection::new(&open);
                     let spawned = std::thread::Builder::new()
                         .name("statebench-http-request".into())
-                        .spawn(move || handle(stream, &s));
+                        .spawn(move || {
+                            let _guard = guard;
+                            handle(stream, &s)
+                        });
                     if let Err(e) = spawned {
                         eprintln!("statebench serve: could not start a request thread: {e}");
                     }
@@ -215,14 +266,36 @@ struct HttpRequest {
     body: Vec<u8>,
 }
 
+/// One connection counted as open while this lives.
+struct OpenConnection(Arc<AtomicUsize>);
+
+impl OpenConnection {
+    fn new(open: &Arc<AtomicUsize>) -> Self {
+        open.fetch_add(1, Ordering::SeqCst);
+        OpenConnection(Arc::clone(open))
+    }
+}
+
+impl Drop for OpenConnection {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
 fn handle(mut stream: TcpStream, s: &Shared) {
     let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
-    let answer = match read_request(&mut stream) {
+    let result = match read_request(&mut stream) {
         Ok(rq) => route(&rq, s, &stream),
         Err(e) => Err(e),
     };
-    let (status, body) = match answer {
+    answer(&mut stream, result);
+}
+
+/// Writes the answer (a body, or an error as OpenAI's error object) and
+/// closes the connection.
+fn answer(stream: &mut TcpStream, result: Result<String, HttpError>) {
+    let (status, body) = match result {
         Ok(body) => (200, body),
         // The client went away; there is nobody to answer.
         Err(HttpError(499, ..)) => return,
@@ -259,6 +332,7 @@ fn reason(status: u16) -> &'static str {
         411 => "Length Required",
         413 => "Payload Too Large",
         431 => "Request Header Fields Too Large",
+        503 => "Service Unavailable",
         _ => "Internal Server Error",
     }
 }
@@ -294,16 +368,22 @@ fn read_request(stream: &mut TcpStream) -> Result<HttpRequest, HttpError> {
     let (Some(method), Some(target)) = (first.next(), first.next()) else {
         return Err(HttpError::bad("malformed request line"));
     };
-    let mut length = 0usize;
+    let mut length: Option<usize> = None;
     for line in lines {
         let Some((name, value)) = line.split_once(':') else {
             return Err(HttpError::bad(format!("malformed header line '{line}'")));
         };
         let (name, value) = (name.trim().to_ascii_lowercase(), value.trim());
         if name == "content-length" {
-            length = value
+            let n = value
                 .parse()
                 .map_err(|_| HttpError::bad(format!("Content-Length '{value}' is not a length")))?;
+            // Two lengths that differ leave the body's end ambiguous (the
+            // way requests are smuggled past a proxy).
+            if length.is_some_and(|l| l != n) {
+                return Err(HttpError::bad("conflicting Content-Length headers"));
+            }
+            length = Some(n);
         }
         if name == "transfer-encoding" && !value.eq_ignore_ascii_case("identity") {
             return Err(HttpError(
@@ -313,6 +393,7 @@ fn read_request(stream: &mut TcpStream) -> Result<HttpRequest, HttpError> {
             ));
         }
     }
+    let length = length.unwrap_or(0);
     if length > MAX_BODY {
         return Err(HttpError(
             413,
@@ -386,7 +467,11 @@ fn route(rq: &HttpRequest, s: &Shared, stream: &TcpStream) -> Result<String, Htt
             let texts = req
                 .into_texts()
                 .map_err(|e| HttpError::bad(crate::one_line(&e)))?;
-            let e = s.client.embed(texts).map_err(|e| backend_error(&e))?;
+            let e = match s.client.embed_unless(texts, &|| client_gone(stream)) {
+                Ok(e) => e,
+                Err(BackendError::Cancelled) => return Err(HttpError(499, "", String::new())),
+                Err(e) => return Err(backend_error(&e)),
+            };
             Ok(json(&EmbeddingResponse::from_embeddings(&e, &s.model.name)))
         }
         (_, "/v1/models" | "/v1/chat/completions" | "/v1/embeddings" | "/health") => Err(HttpError(

@@ -35,10 +35,16 @@ pub enum WireError {
     NoTokens,
     #[error("temperature must be a number >= 0")]
     Temperature,
+    #[error("seed must be an integer from -2^63 to 2^64-1, got {0}")]
+    Seed(String),
     #[error("no choices")]
     NoChoices,
+    #[error("the reply holds {0} tool calls, more than the {MAX_TOOL_CALLS} a reply may make")]
+    TooManyCalls(usize),
     #[error("input is empty")]
     NoInput,
+    #[error("input holds {0} texts, more than the {MAX_EMBED_INPUTS} one request may embed")]
+    TooManyInputs(usize),
     #[error("encoding_format '{0}' is not supported (float)")]
     EncodingFormat(String),
     #[error("the reply does not hold one embedding for each of the {0} inputs")]
@@ -54,6 +60,13 @@ impl WireError {
         }
     }
 }
+
+/// Most tool calls read from one reply: each is dispatched and answered in
+/// the conversation, so a reply of thousands would grow it without bound.
+pub const MAX_TOOL_CALLS: usize = 128;
+
+/// Most texts one embeddings request may hold (OpenAI's bound too).
+pub const MAX_EMBED_INPUTS: usize = 2048;
 
 /// `max_tokens` when a request gives none.
 pub const DEFAULT_MAX_TOKENS: usize = 1024;
@@ -72,9 +85,10 @@ pub struct ChatCompletionRequest {
     /// The API's default is 1.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub temperature: Option<f32>,
-    /// Some clients send negative seeds; they wrap to u64.
+    /// An integer from -2^63 to 2^64 - 1 (some clients send negative seeds;
+    /// they wrap to u64); anything else is refused, not wrapped or rounded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub seed: Option<i128>,
+    pub seed: Option<serde_json::Number>,
     #[serde(default, skip_serializing_if = "Stop::is_empty")]
     pub stop: Stop,
     #[serde(default)]
@@ -230,7 +244,7 @@ impl ChatCompletionRequest {
             tools: req.tools.clone(),
             max_tokens: Some(req.max_tokens as u64),
             temperature: Some(req.temperature),
-            seed: Some(i128::from(req.seed)),
+            seed: Some(req.seed.into()),
             stop: Stop::Many(req.stop.clone()),
             chat_template_kwargs: Some(TemplateKwargs {
                 enable_thinking: Some(req.thinking),
@@ -269,6 +283,14 @@ impl ChatCompletionRequest {
         if !(temperature.is_finite() && temperature >= 0.0) {
             return Err(WireError::Temperature);
         }
+        let seed = match &self.seed {
+            None => 0,
+            Some(n) => match (n.as_u64(), n.as_i64()) {
+                (Some(u), _) => u,
+                (None, Some(i)) => i as u64,
+                (None, None) => return Err(WireError::Seed(n.to_string())),
+            },
+        };
         Ok(ChatRequest {
             messages,
             max_tokens,
@@ -278,7 +300,7 @@ impl ChatCompletionRequest {
                 .and_then(|k| k.enable_thinking)
                 .unwrap_or(true),
             temperature,
-            seed: self.seed.unwrap_or(0) as u64,
+            seed,
             tools: self.tools,
         })
     }
@@ -443,6 +465,9 @@ impl ChatCompletion {
             Some(r) => (Some(r), raw),
             None => crate::backend::split_thinking(&raw),
         };
+        if m.tool_calls.len() > MAX_TOOL_CALLS {
+            return Err(WireError::TooManyCalls(m.tool_calls.len()));
+        }
         let calls = m.tool_calls.into_iter().enumerate();
         Ok(ChatReply {
             content,
@@ -495,6 +520,9 @@ impl EmbeddingRequest {
         };
         if texts.is_empty() {
             return Err(WireError::NoInput);
+        }
+        if texts.len() > MAX_EMBED_INPUTS {
+            return Err(WireError::TooManyInputs(texts.len()));
         }
         Ok(texts)
     }

@@ -454,12 +454,7 @@ impl Shared {
                 Err(e) => return Err(remote(url, e)),
             };
             let status = resp.status().as_u16();
-            let text = match resp
-                .body_mut()
-                .with_config()
-                .limit(64 << 20)
-                .read_to_string()
-            {
+            let bytes = match resp.body_mut().with_config().limit(64 << 20).read_to_vec() {
                 Ok(t) => t,
                 Err(e) if transient(&e) => {
                     last = e.to_string();
@@ -467,6 +462,14 @@ impl Shared {
                 }
                 Err(e) => return Err(remote(url, e)),
             };
+            // A body that arrived whole but is not text is the server's
+            // answer, not a transient fault: asking again gets it again.
+            let text = String::from_utf8(bytes).map_err(|e| {
+                remote(
+                    url,
+                    format!("HTTP {status}: the body is not UTF-8 text ({e})"),
+                )
+            })?;
             if (200..300).contains(&status) {
                 return Ok((text, started.elapsed().as_secs_f64()));
             }

@@ -105,6 +105,15 @@ impl Drop for SharedBackend {
     }
 }
 
+/// Tokens embedded in one go on the engine thread (or one text, when it is
+/// longer): a waiting decode step is delayed by about one prefill chunk's
+/// work, not by a whole request of thousands of inputs.
+pub const EMBED_CHUNK_TOKENS: usize = 1024;
+
+/// Texts embedded in one go when their tokens are not known here (a
+/// backend that tokenizes on its own thread).
+const EMBED_CHUNK_TEXTS: usize = 8;
+
 impl Client {
     /// Requests submitted and not yet answered (queued or running).
     pub fn pending(&self) -> Result<usize, BackendError> {
@@ -115,20 +124,60 @@ impl Client {
 
     /// Embeds texts (see [`Backend::embed`]); tokenized on this thread.
     pub fn embed(&self, texts: Vec<String>) -> Result<Embeddings, BackendError> {
-        let tokens = match &self.prompter {
+        self.embed_unless(texts, &|| false)
+    }
+
+    /// As [`Client::embed`], about [`EMBED_CHUNK_TOKENS`] at a time: the
+    /// engine thread embeds synchronously, so between chunks it runs the
+    /// decode steps waiting beside them, and `cancelled` (the caller gone)
+    /// is asked before each chunk ([`BackendError::Cancelled`]). Each
+    /// text's vector does not depend on the texts embedded with it.
+    pub fn embed_unless(
+        &self,
+        texts: Vec<String>,
+        cancelled: &dyn Fn() -> bool,
+    ) -> Result<Embeddings, BackendError> {
+        let mut out = Embeddings {
+            vectors: Vec::with_capacity(texts.len()),
+            prompt_tokens: 0,
+        };
+        let tokens: Option<Vec<Vec<u32>>> = match &self.prompter {
             Some(p) => Some(
                 texts
                     .iter()
                     .map(|t| p.embedding_tokens(t))
-                    .collect::<Result<Vec<_>, _>>()?,
+                    .collect::<Result<_, _>>()?,
             ),
             None => None,
         };
-        let (tx, rx) = mpsc::channel();
-        self.tx
-            .send(Cmd::Embed(texts, tokens, tx))
-            .map_err(|_| gone())?;
-        rx.recv().map_err(|_| gone())?
+        let mut start = 0;
+        while start < texts.len() {
+            if cancelled() {
+                return Err(BackendError::Cancelled);
+            }
+            let end = match &tokens {
+                Some(t) => {
+                    let mut end = start + 1;
+                    let mut sum = t[start].len();
+                    while end < t.len() && sum + t[end].len() <= EMBED_CHUNK_TOKENS {
+                        sum += t[end].len();
+                        end += 1;
+                    }
+                    end
+                }
+                None => (start + EMBED_CHUNK_TEXTS).min(texts.len()),
+            };
+            let chunk_tokens = tokens.as_ref().map(|t| t[start..end].to_vec());
+            let (tx, rx) = mpsc::channel();
+            self.tx
+                .send(Cmd::Embed(texts[start..end].to_vec(), chunk_tokens, tx))
+                .map_err(|_| gone())?;
+            start = end;
+            let e = rx.recv().map_err(|_| gone())??;
+            out.vectors.extend(e.vectors);
+            out.prompt_tokens += e.prompt_tokens;
+        }
+        Ok(out)
     }
 
     /// Opens a conversation.

@@ -18,12 +18,15 @@ pub struct ServeArgs {
     /// Port (0 picks a free one; the address is printed).
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
+    /// Connections served at once; more are answered 503 at once.
+    #[arg(long, default_value_t = statebench::http_server::MAX_CONNECTIONS)]
+    pub max_connections: usize,
 }
 
 /// Binds first (a taken port fails before the model loads), then answers
 /// until killed.
 pub fn run(a: ServeArgs) -> Result<()> {
-    let listener = Listener::bind(&a.host, a.port)?;
+    let listener = Listener::bind(&a.host, a.port)?.max_connections(a.max_connections);
     let shared = SharedBackend::spawn(a.model.load()?)?;
     let model = shared.model_id().clone();
     let server = listener.serve(shared.client(), model.clone())?;
