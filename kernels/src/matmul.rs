@@ -22,6 +22,9 @@ pub enum MatrixError {
     UnsupportedType(String),
     /// The byte length or shape does not fit the type's block layout.
     BadShape(String),
+    /// Value `n` (row-major) of float weights to be quantized is NaN or
+    /// infinite: ggml's rounding would make it 0.
+    NonFinite(usize),
 }
 
 impl std::fmt::Display for MatrixError {
@@ -29,6 +32,7 @@ impl std::fmt::Display for MatrixError {
         match self {
             Self::UnsupportedType(t) => write!(f, "unsupported weight type {t}"),
             Self::BadShape(s) => write!(f, "bad weight shape: {s}"),
+            Self::NonFinite(i) => write!(f, "value {i} is NaN or infinite"),
         }
     }
 }
@@ -215,6 +219,11 @@ impl Matrix {
                 "{} values for {rows}x{cols} {dtype:?}",
                 data.len()
             )));
+        }
+        if dtype != GgmlDType::F32 {
+            if let Some(i) = data.iter().position(|v| !v.is_finite()) {
+                return Err(MatrixError::NonFinite(i));
+            }
         }
         let bs = dtype.block_size();
         let bpr = cols / bs;
@@ -529,6 +538,12 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
     xq.par_chunks_mut(xbpr)
         .zip(x.par_chunks(cols))
         .for_each(|(q, r)| T::VecDotType::from_float(r, q));
+    // ggml's quantization reads NaN as 0: a row holding a NaN or an infinity
+    // gives NaN products instead, so the engine's check sees it.
+    let finite: Vec<bool> = x
+        .par_chunks(cols)
+        .map(|r| r.iter().all(|v| v.is_finite()))
+        .collect();
     let out = OutPtr(y.as_mut_ptr());
     let tasks = rows.div_ceil(ROWS_PER_TASK);
     (0..tasks).into_par_iter().for_each(|t| {
@@ -536,7 +551,11 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
             for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
                 let wr = &w[r * bpr..(r + 1) * bpr];
                 for b in tile..(tile + ROW_TILE).min(n) {
-                    let v = T::vec_dot(cols, wr, &xq[b * xbpr..(b + 1) * xbpr]);
+                    let v = if finite[b] {
+                        T::vec_dot(cols, wr, &xq[b * xbpr..(b + 1) * xbpr])
+                    } else {
+                        f32::NAN
+                    };
                     // SAFETY: as in `matmul_float`.
                     unsafe { *out.at(b * rows + r) = v };
                 }

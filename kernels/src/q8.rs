@@ -237,7 +237,10 @@ fn tile_blocks(bpr: usize, scales: &[f32], sums: &[[i32; 2]]) -> Vec<TileBlock> 
 }
 
 /// ggml's Q8_0 quantization of 32 values, operation for operation:
-/// `d = amax / 127`, `q = round(x / d)` (computed as `x · (1 / d)`).
+/// `d = amax / 127`, `q = round(x / d)` (computed as `x · (1 / d)`). A block
+/// holding a NaN or an infinity gets the scale NaN: ggml's rounding would
+/// turn NaN into 0 and hide it, while a NaN scale carries it into every
+/// product the block takes part in, where the engine's check sees it.
 pub fn quantize_block(x: &[f32]) -> (f16, [i8; 32]) {
     let x: &[f32; 32] = x.try_into().expect("a block of 32 values");
     #[cfg(target_arch = "x86_64")]
@@ -249,8 +252,10 @@ pub fn quantize_block(x: &[f32]) -> (f16, [i8; 32]) {
 }
 
 fn quantize_block_scalar(x: &[f32; 32]) -> (f16, [i8; 32]) {
-    let amax = x.iter().fold(0f32, |m, v| m.max(v.abs()));
-    let d = amax / 127.0;
+    let (amax, finite) = x.iter().fold((0f32, true), |(m, ok), v| {
+        (m.max(v.abs()), ok & v.is_finite())
+    });
+    let d = if finite { amax / 127.0 } else { f32::NAN };
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     (
         f16::from_f32(d),
@@ -272,8 +277,13 @@ unsafe fn quantize_block_avx512(x: &[f32; 32]) -> (f16, [i8; 32]) {
     };
     let a = _mm512_loadu_ps(x.as_ptr());
     let b = _mm512_loadu_ps(x.as_ptr().add(16));
-    let amax = _mm512_reduce_max_ps(_mm512_max_ps(abs(a), abs(b))).max(0.0);
-    let d = amax / 127.0;
+    let (aa, ab) = (abs(a), abs(b));
+    let amax = _mm512_reduce_max_ps(_mm512_max_ps(aa, ab)).max(0.0);
+    // Unordered or above f32::MAX: NaN or infinite.
+    let big = _mm512_set1_ps(f32::MAX);
+    let bad =
+        _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(aa, big) | _mm512_cmp_ps_mask::<_CMP_NLE_UQ>(ab, big);
+    let d = if bad == 0 { amax / 127.0 } else { f32::NAN };
     let id = _mm512_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
     // |x · id| ≤ 127 (plus rounding), within `round_small`'s range.
     let q = |v: __m512| _mm512_cvtepi32_epi8(crate::ops::round_small(_mm512_mul_ps(v, id)));
@@ -581,6 +591,31 @@ mod tests {
             let (d2, q2) = quantize_block_scalar(b);
             assert_eq!((d.to_bits(), q), (d2.to_bits(), q2), "{b:?}");
         }
+    }
+
+    #[test]
+    fn non_finite_values_give_a_nan_scale_on_every_path() {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            for at in [0, 17, 31] {
+                let mut b: [f32; 32] = std::array::from_fn(|j| j as f32 - 16.0);
+                b[at] = bad;
+                let (d, q) = quantize_block(&b);
+                let (d2, q2) = quantize_block_scalar(&b);
+                assert!(d.is_nan() && d2.is_nan(), "{bad} at {at}");
+                assert_eq!(q, q2, "{bad} at {at}");
+            }
+        }
+        // A product reading the block is NaN, not the value taken as 0.
+        let cols = 64;
+        let w: Vec<f32> = (0..8 * cols).map(|i| (i % 7) as f32 - 3.0).collect();
+        let m =
+            crate::Matrix::quantize(candle_core::quantized::GgmlDType::Q8_0, 8, cols, &w).unwrap();
+        let mut x: Vec<f32> = (0..2 * cols).map(|i| (i % 5) as f32).collect();
+        x[cols + 40] = f32::NAN;
+        let mut y = vec![0f32; 16];
+        m.matmul(&x, 2, &mut y);
+        assert!(y[..8].iter().all(|v| v.is_finite()), "{y:?}");
+        assert!(y[8..].iter().all(|v| v.is_nan()), "{y:?}");
     }
 
     #[test]
