@@ -8,6 +8,7 @@
 //! and the chat template and implements [`Backend`].
 
 pub mod device;
+pub mod gguf;
 pub mod known;
 pub mod kv_cache;
 pub mod model;

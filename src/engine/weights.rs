@@ -163,7 +163,7 @@ fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, BackendErro
         .map_err(|e| corrupt(path, format!("invalid JSON: {e}")))
 }
 
-fn io_err(path: &Path, source: std::io::Error) -> BackendError {
+pub(super) fn io_err(path: &Path, source: std::io::Error) -> BackendError {
     if source.kind() == std::io::ErrorKind::NotFound {
         BackendError::MissingFile {
             path: path.to_path_buf(),
@@ -177,7 +177,7 @@ fn io_err(path: &Path, source: std::io::Error) -> BackendError {
     }
 }
 
-fn corrupt(path: &Path, cause: impl Into<String>) -> BackendError {
+pub(super) fn corrupt(path: &Path, cause: impl Into<String>) -> BackendError {
     BackendError::CorruptWeights {
         path: path.to_path_buf(),
         cause: format!(
@@ -192,7 +192,7 @@ fn first_line(s: String) -> String {
     s.lines().next().unwrap_or_default().trim().to_string()
 }
 
-fn unsupported(path: &Path, cause: impl Into<String>) -> BackendError {
+pub(super) fn unsupported(path: &Path, cause: impl Into<String>) -> BackendError {
     BackendError::Unsupported {
         path: path.to_path_buf(),
         cause: first_line(cause.into()),
@@ -204,6 +204,8 @@ trait TensorSource {
     fn path(&self) -> &Path;
     fn has(&self, name: &str) -> bool;
     fn matrix(&self, name: &str) -> Result<HostWeight, BackendError>;
+    /// Tensors of the files the model has not read, by name.
+    fn unread(&self) -> Vec<String>;
     fn vector(&self, name: &str, len: usize) -> Result<Vec<f32>, BackendError> {
         let m = self.matrix(name)?;
         let v = m.to_f32();
@@ -428,6 +430,28 @@ fn build_model<D: Device>(
             ))
         }
     };
+    // Every tensor must be one the model reads: weights the config does not
+    // describe (Qwen3's q/k norms under a config naming qwen2) would
+    // otherwise be dropped without a word. Tolerated: a tied checkpoint's
+    // own copy of the head, and RoPE frequency buffers (computed here from
+    // rope_theta).
+    let mut unread: Vec<String> = src
+        .unread()
+        .into_iter()
+        .filter(|n| !(tied == Some(true) && *n == names.head()))
+        .filter(|n| !n.ends_with("rotary_emb.inv_freq"))
+        .collect();
+    unread.sort();
+    if let Some(name) = unread.first() {
+        return Err(corrupt(
+            src.path(),
+            format!(
+                "tensor {name} is not part of a {} model of {} layers (does the config name the right architecture?)",
+                cfg.arch.as_str(),
+                cfg.layers
+            ),
+        ));
+    }
     let rope = dev.rope_table(hd, cfg.rope_theta, cfg.context)?;
     Ok(Model {
         embed: hold.weight(&dev, src, &names.embed(), embed)?,
@@ -442,10 +466,14 @@ fn build_model<D: Device>(
 
 // ---------------------------------------------------------------- GGUF
 
+/// A GGUF file whose tensors are read (not mapped) as the model takes
+/// them: a file truncated while it loads is then a read error, where a
+/// mapped page past the end would be a SIGBUS.
 struct GgufSource {
     path: PathBuf,
     content: gguf_file::Content,
-    map: memmap2::Mmap,
+    file: File,
+    read: std::cell::RefCell<std::collections::HashSet<String>>,
 }
 
 impl TensorSource for GgufSource {
@@ -455,12 +483,22 @@ impl TensorSource for GgufSource {
     fn has(&self, name: &str) -> bool {
         self.content.tensor_infos.contains_key(name)
     }
+    fn unread(&self) -> Vec<String> {
+        let read = self.read.borrow();
+        self.content
+            .tensor_infos
+            .keys()
+            .filter(|n| !read.contains(*n))
+            .cloned()
+            .collect()
+    }
     fn matrix(&self, name: &str) -> Result<HostWeight, BackendError> {
         let info = self
             .content
             .tensor_infos
             .get(name)
             .ok_or_else(|| corrupt(&self.path, format!("missing tensor {name}")))?;
+        self.read.borrow_mut().insert(name.to_string());
         let dims = info.shape.dims();
         let (rows, cols) = match dims {
             [c] => (1, *c),
@@ -480,19 +518,24 @@ impl TensorSource for GgufSource {
                 format!("tensor {name}: {cols} columns do not fill {dtype:?} blocks"),
             ));
         }
+        // The header check bounded every tensor's bytes by the file's size.
         let size = rows * cols / bs * dtype.type_size();
-        let start = self.content.tensor_data_offset as usize + info.offset as usize;
-        let end = start.saturating_add(size);
-        if end > self.map.len() {
-            return Err(corrupt(
-                &self.path,
-                format!(
-                    "tensor {name} needs bytes {start}..{end} but the file has {} (truncated download?)",
-                    self.map.len()
-                ),
-            ));
+        let start = self.content.tensor_data_offset + info.offset;
+        let mut bytes = vec![0u8; size];
+        {
+            use std::io::{Read, Seek};
+            let mut f = &self.file;
+            f.seek(std::io::SeekFrom::Start(start))
+                .and_then(|_| f.read_exact(&mut bytes))
+                .map_err(|e| match e.kind() {
+                    std::io::ErrorKind::UnexpectedEof => corrupt(
+                        &self.path,
+                        format!("tensor {name}: the file ends before its bytes (truncated while loading?)"),
+                    ),
+                    _ => io_err(&self.path, e),
+                })?;
         }
-        Matrix::from_ggml(dtype, rows, cols, &self.map[start..end])
+        Matrix::from_ggml(dtype, rows, cols, &bytes)
             .map(HostWeight::Matrix)
             .map_err(|e| match e {
                 statebench_kernels::MatrixError::UnsupportedType(t) => {
@@ -560,7 +603,7 @@ fn gguf_config(content: &gguf_file::Content, path: &Path) -> Result<Config, Back
         .get("token_embd.weight")
         .map(|i| i.shape.dims()[0])
         .ok_or_else(|| corrupt(path, "missing tensor token_embd.weight"))?;
-    Ok(Config {
+    let cfg = Config {
         arch,
         vocab,
         hidden,
@@ -572,19 +615,31 @@ fn gguf_config(content: &gguf_file::Content, path: &Path) -> Result<Config, Back
         rope_theta: md_f32(content, &key("rope.freq_base"), 10_000.0),
         rms_eps: md_f32(content, &key("attention.layer_norm_rms_epsilon"), 1e-6),
         context: count("context_length")?,
-    })
+    };
+    validate(
+        &cfg,
+        path,
+        &Keys {
+            vocab: "token_embd.weight rows".into(),
+            hidden: key("embedding_length"),
+            intermediate: key("feed_forward_length"),
+            layers: key("block_count"),
+            heads: key("attention.head_count"),
+            kv_heads: key("attention.head_count_kv"),
+            head_dim: key("attention.key_length"),
+            rope_theta: key("rope.freq_base"),
+            rms_eps: key("attention.layer_norm_rms_epsilon"),
+            context: key("context_length"),
+        },
+    )?;
+    Ok(cfg)
 }
 
 fn load_gguf<D: Device>(path: &Path, device: D, hold: Holding) -> Result<Loaded<D>, BackendError> {
     super::known::verify(path)?;
     let file = File::open(path).map_err(|e| io_err(path, e))?;
-    let mut reader = std::io::BufReader::new(&file);
-    let content = gguf_file::Content::read(&mut reader)
-        .map_err(|e| corrupt(path, format!("not a readable GGUF file: {e}")))?;
-    // SAFETY: the file is opened read-only; the engine never writes model files.
-    let map = unsafe { memmap2::Mmap::map(&file) }.map_err(|e| io_err(path, e))?;
+    let content = super::gguf::read_header(path, &file)?;
     let cfg = gguf_config(&content, path)?;
-    validate(&cfg, path)?;
     let tokenizer_err =
         |e: String| BackendError::Tokenizer(first_line(format!("{}: {e}", path.display())));
     let mut tokenizer = Tokenizer::from_gguf(&content).map_err(|e| tokenizer_err(e.to_string()))?;
@@ -612,7 +667,8 @@ fn load_gguf<D: Device>(path: &Path, device: D, hold: Holding) -> Result<Loaded<
     let src = GgufSource {
         path: path.to_path_buf(),
         content,
-        map,
+        file,
+        read: Default::default(),
     };
     Ok(Loaded {
         model: build_model(device, hold, &src, &Names { gguf: true }, cfg, None)?,
@@ -647,15 +703,101 @@ fn user_defined_tokens(c: &gguf_file::Content) -> Vec<String> {
         .collect()
 }
 
-fn validate(cfg: &Config, path: &Path) -> Result<(), BackendError> {
-    if cfg.heads == 0
-        || cfg.kv_heads == 0
-        || !cfg.heads.is_multiple_of(cfg.kv_heads)
-        || !cfg.head_dim.is_multiple_of(2)
-        || cfg.layers == 0
-        || cfg.context == 0
-    {
-        return Err(corrupt(path, format!("inconsistent model shape {cfg:?}")));
+/// Positions a model may declare at most (`context_length`,
+/// `max_position_embeddings`): the RoPE table and the scheduler are sized by
+/// it at load. 2^20 holds every Qwen release (the 1M-context ones declare
+/// 1,010,000).
+pub const MAX_CONTEXT: usize = 1 << 20;
+
+/// The largest value each shape may take: beyond any released model, and
+/// small enough that no product of them overflows or allocates absurdly
+/// before the tensors are checked against them.
+const MAX_LAYERS: usize = 1024;
+const MAX_HEADS: usize = 1024;
+const MAX_HEAD_DIM: usize = 1024;
+const MAX_HIDDEN: usize = 1 << 16;
+const MAX_INTERMEDIATE: usize = 1 << 18;
+const MAX_VOCAB: usize = 1 << 22;
+
+/// How a format names the shape keys, for messages.
+struct Keys {
+    vocab: String,
+    hidden: String,
+    intermediate: String,
+    layers: String,
+    heads: String,
+    kv_heads: String,
+    head_dim: String,
+    rope_theta: String,
+    rms_eps: String,
+    context: String,
+}
+
+/// Refuses shapes and constants no model has, naming the key and value:
+/// counts of zero or past the limits above, query heads not a multiple of
+/// KV heads, an odd head size, and RMSNorm epsilons or RoPE bases that are
+/// not finite and positive (the forward pass would compute NaN from them).
+fn validate(cfg: &Config, path: &Path, keys: &Keys) -> Result<(), BackendError> {
+    let counts = [
+        (&keys.vocab, cfg.vocab, MAX_VOCAB),
+        (&keys.hidden, cfg.hidden, MAX_HIDDEN),
+        (&keys.intermediate, cfg.intermediate, MAX_INTERMEDIATE),
+        (&keys.layers, cfg.layers, MAX_LAYERS),
+        (&keys.heads, cfg.heads, MAX_HEADS),
+        (&keys.kv_heads, cfg.kv_heads, MAX_HEADS),
+        (&keys.head_dim, cfg.head_dim, MAX_HEAD_DIM),
+    ];
+    for (key, v, max) in counts {
+        if v == 0 {
+            return Err(corrupt(path, format!("{key} is 0")));
+        }
+        if v > max {
+            return Err(unsupported(
+                path,
+                format!("{key} = {v}, more than the engine's limit of {max}"),
+            ));
+        }
+    }
+    if cfg.context == 0 {
+        return Err(corrupt(path, format!("{} is 0", keys.context)));
+    }
+    if cfg.context > MAX_CONTEXT {
+        return Err(unsupported(
+            path,
+            format!(
+                "{} = {}, more than the engine's limit of {MAX_CONTEXT} positions",
+                keys.context, cfg.context
+            ),
+        ));
+    }
+    if !cfg.heads.is_multiple_of(cfg.kv_heads) {
+        return Err(corrupt(
+            path,
+            format!(
+                "{} = {} is not a multiple of {} = {}",
+                keys.heads, cfg.heads, keys.kv_heads, cfg.kv_heads
+            ),
+        ));
+    }
+    if !cfg.head_dim.is_multiple_of(2) {
+        return Err(corrupt(
+            path,
+            format!(
+                "{} = {} is odd (RoPE rotates pairs)",
+                keys.head_dim, cfg.head_dim
+            ),
+        ));
+    }
+    for (key, v) in [
+        (&keys.rope_theta, cfg.rope_theta),
+        (&keys.rms_eps, cfg.rms_eps),
+    ] {
+        if !(v.is_finite() && v > 0.0) {
+            return Err(corrupt(
+                path,
+                format!("{key} = {v}, not a finite positive number"),
+            ));
+        }
     }
     Ok(())
 }
@@ -684,6 +826,9 @@ impl TensorSource for StSource {
     }
     fn has(&self, name: &str) -> bool {
         self.tensors.borrow().contains_key(name)
+    }
+    fn unread(&self) -> Vec<String> {
+        self.tensors.borrow().keys().cloned().collect()
     }
     fn matrix(&self, name: &str) -> Result<HostWeight, BackendError> {
         let t = self
@@ -782,7 +927,7 @@ impl HfConfig {
         let rope_theta = self
             .rope_theta
             .or_else(|| self.rope_parameters.as_ref().and_then(|r| r.rope_theta));
-        Ok(Config {
+        let cfg = Config {
             arch,
             vocab: self.vocab_size,
             hidden: self.hidden_size,
@@ -794,7 +939,24 @@ impl HfConfig {
             rope_theta: rope_theta.unwrap_or(10_000.0) as f32,
             rms_eps: self.rms_norm_eps.unwrap_or(1e-6) as f32,
             context: self.max_position_embeddings.unwrap_or(32_768),
-        })
+        };
+        validate(
+            &cfg,
+            path,
+            &Keys {
+                vocab: "vocab_size".into(),
+                hidden: "hidden_size".into(),
+                intermediate: "intermediate_size".into(),
+                layers: "num_hidden_layers".into(),
+                heads: "num_attention_heads".into(),
+                kv_heads: "num_key_value_heads".into(),
+                head_dim: "head_dim".into(),
+                rope_theta: "rope_theta".into(),
+                rms_eps: "rms_norm_eps".into(),
+                context: "max_position_embeddings".into(),
+            },
+        )?;
+        Ok(cfg)
     }
 }
 
@@ -869,7 +1031,6 @@ fn load_safetensors_dir<D: Device>(
     }
     let hf: HfConfig = read_json(&config_path)?;
     let cfg = hf.config(&config_path)?;
-    validate(&cfg, &config_path)?;
     let (src, files, format) = read_safetensors(dir)?;
     let names = Names { gguf: false };
     let model = build_model(
