@@ -1,14 +1,16 @@
 //! Hostile model files, one test per way they used to get through: values
-//! that compute NaN which the quantizer then hid, and GGUF and safetensors
-//! files that crashed the loader or loaded silently wrong.
+//! that compute NaN which the quantizer then hid, GGUF and safetensors
+//! files that crashed the loader or loaded silently wrong, and chat
+//! templates that never finish.
 
 mod engine_common;
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
+use std::time::{Duration, Instant};
 
 use engine_common::*;
-use statebench::backend::{Backend, BackendError};
+use statebench::backend::{Backend, BackendError, ChatRequest, Message, Role};
 use statebench::engine::{Engine, EngineOptions};
 
 fn statebench(args: &[&str]) -> Output {
@@ -450,4 +452,59 @@ fn a_huge_context_length_in_a_real_gguf_is_refused_not_allocated() {
         &[],
         "qwen2.context_length = 4294967295, more than the engine's limit of 1048576 positions",
     );
+}
+
+// --------------------------------------------------------- 8. templates
+
+/// A copy of tiny-qwen2 whose chat template is `template`.
+fn with_template(dir: &Path, name: u64, template: &str) -> PathBuf {
+    let d = tiny_copy(dir, "tiny-qwen2", name);
+    let tc = d.join("tokenizer_config.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&tc).unwrap()).unwrap();
+    v["chat_template"] = template.into();
+    std::fs::write(&tc, v.to_string()).unwrap();
+    d
+}
+
+#[test]
+fn templates_that_never_finish_are_stopped() {
+    let tmp = tempfile::tempdir().unwrap();
+    let endless = with_template(
+        tmp.path(),
+        600,
+        "{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}",
+    );
+    let t = Instant::now();
+    generate_refused(&endless, &[], "instructions (a loop without end?)");
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
+    let huge = with_template(
+        tmp.path(),
+        601,
+        "{% for i in range(100000) %}{{ 'x' * 100000 }}{% endfor %}",
+    );
+    generate_refused(&huge, &[], "more than the limit of 67108864 bytes");
+    // One that loops only on longer conversations passes the load; the
+    // request that sets it off gets the error.
+    let late = with_template(
+        tmp.path(),
+        602,
+        "{% if messages|length > 2 %}{% for i in range(100000) %}{% for j in range(100000) %}{{ i }}{% endfor %}{% endfor %}{% endif %}{{ messages[-1].content }}",
+    );
+    let mut engine = Engine::load(&late.to_string_lossy(), EngineOptions::default()).unwrap();
+    let s = engine.open_session();
+    let req = ChatRequest::greedy(
+        vec![
+            Message::new(Role::User, "a"),
+            Message::new(Role::Assistant, "b"),
+            Message::new(Role::User, "c"),
+        ],
+        4,
+    );
+    let t = Instant::now();
+    match engine.chat(s, req) {
+        Err(BackendError::Template(m)) => assert!(m.contains("instructions"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(t.elapsed() < Duration::from_secs(20), "{:?}", t.elapsed());
 }

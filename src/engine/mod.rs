@@ -203,6 +203,7 @@ impl<D: Device> Engine<D> {
             loaded.model.cap_context(max)?;
         }
         let template = ChatTemplate::new(&loaded.chat_template)?;
+        template.probe()?;
         let stop_ids = ["<|im_end|>", "<|endoftext|>"]
             .iter()
             .filter_map(|t| loaded.tokenizer.token_to_id(t))

@@ -6,9 +6,53 @@ use minijinja::{Environment, ErrorKind, Value};
 
 use crate::backend::{BackendError, Message, Tool};
 
+/// Instructions one render may execute: a template's loops are the
+/// model file's, and nested `range()` loops would otherwise run for hours,
+/// holding every request behind them. Qwen's templates take a few hundred
+/// per message.
+pub const TEMPLATE_FUEL: u64 = 20_000_000;
+
+/// Bytes one render may write: far beyond the longest context's text,
+/// short of what would exhaust memory.
+pub const TEMPLATE_OUTPUT_BYTES: usize = 64 << 20;
+
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+}
+
+/// Why a render failed: a limit of this engine, or the template itself.
+enum RenderError {
+    Limit(String),
+    Template(String),
+}
+
+impl From<RenderError> for BackendError {
+    fn from(e: RenderError) -> Self {
+        match e {
+            RenderError::Limit(m) | RenderError::Template(m) => BackendError::Template(m),
+        }
+    }
+}
+
+/// A writer that stops at [`TEMPLATE_OUTPUT_BYTES`].
+struct Bounded {
+    out: Vec<u8>,
+    over: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.out.len() + buf.len() > TEMPLATE_OUTPUT_BYTES {
+            self.over = true;
+            return Err(std::io::Error::other("template output limit"));
+        }
+        self.out.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }
 
 fn raise_exception(msg: String) -> Result<String, minijinja::Error> {
@@ -23,12 +67,30 @@ impl ChatTemplate {
         // Hugging Face renders with these Jinja settings.
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", raise_exception);
         env.add_filter("tojson", tojson);
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| BackendError::Template(e.to_string()))?;
         Ok(Self { env })
+    }
+
+    /// Renders a short conversation, so that a template that cannot finish
+    /// within the limits ([`TEMPLATE_FUEL`], [`TEMPLATE_OUTPUT_BYTES`]) is
+    /// refused when the model loads rather than on every request. Other
+    /// failures are left to the requests: a template may rightly refuse
+    /// some conversations.
+    pub fn probe(&self) -> Result<(), BackendError> {
+        let msgs = [
+            Message::new(crate::backend::Role::System, "You are a helpful assistant."),
+            Message::new(crate::backend::Role::User, "Hello."),
+        ];
+        let msgs: Vec<Value> = msgs.iter().map(message_value).collect();
+        match self.render_values(Value::from(msgs), None, true, Some(false)) {
+            Err(RenderError::Limit(m)) => Err(BackendError::Template(m)),
+            _ => Ok(()),
+        }
     }
 
     /// Renders a conversation with the generation prompt appended; `tools`,
@@ -41,7 +103,7 @@ impl ChatTemplate {
     ) -> Result<String, BackendError> {
         let msgs: Vec<Value> = messages.iter().map(message_value).collect();
         let tools = (!tools.is_empty()).then(|| Value::from_serialize(tools));
-        self.render_values(Value::from(msgs), tools, true, Some(thinking))
+        Ok(self.render_values(Value::from(msgs), tools, true, Some(thinking))?)
     }
 
     /// Renders arbitrary message objects (e.g. with `reasoning_content`), as
@@ -52,12 +114,12 @@ impl ChatTemplate {
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
     ) -> Result<String, BackendError> {
-        self.render_values(
+        Ok(self.render_values(
             Value::from_serialize(messages),
             None,
             add_generation_prompt,
             enable_thinking,
-        )
+        )?)
     }
 
     fn render_values(
@@ -66,11 +128,11 @@ impl ChatTemplate {
         tools: Option<Value>,
         add_generation_prompt: bool,
         enable_thinking: Option<bool>,
-    ) -> Result<String, BackendError> {
+    ) -> Result<String, RenderError> {
         let tmpl = self
             .env
             .get_template("chat")
-            .map_err(|e| BackendError::Template(e.to_string()))?;
+            .map_err(|e| RenderError::Template(e.to_string()))?;
         // Variables a template does not receive stay undefined, as in
         // `apply_chat_template`.
         let mut ctx = vec![
@@ -84,8 +146,21 @@ impl ChatTemplate {
             ctx.push(("tools", t));
         }
         let ctx = Value::from_iter(ctx);
-        tmpl.render(ctx)
-            .map_err(|e| BackendError::Template(format!("{e:#}").replace('\n', " ")))
+        let mut out = Bounded {
+            out: Vec::new(),
+            over: false,
+        };
+        match tmpl.render_captured_to(ctx, &mut out) {
+            Ok(_) => String::from_utf8(out.out)
+                .map_err(|e| RenderError::Template(format!("output is not UTF-8: {e}"))),
+            Err(_) if out.over => Err(RenderError::Limit(format!(
+                "rendering wrote more than the limit of {TEMPLATE_OUTPUT_BYTES} bytes"
+            ))),
+            Err(e) if e.kind() == ErrorKind::OutOfFuel => Err(RenderError::Limit(format!(
+                "rendering ran past the limit of {TEMPLATE_FUEL} instructions (a loop without end?)"
+            ))),
+            Err(e) => Err(RenderError::Template(format!("{e:#}").replace('\n', " "))),
+        }
     }
 }
 
