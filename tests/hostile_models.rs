@@ -6,29 +6,11 @@
 mod engine_common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 use engine_common::*;
 use statebench::backend::{Backend, BackendError, ChatRequest, Message, Role};
 use statebench::engine::{Engine, EngineOptions};
-
-fn statebench(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_statebench"))
-        .args(args)
-        .output()
-        .expect("binary runs")
-}
-
-/// Fails with a one-line message holding `needle`.
-fn refused(args: &[&str], needle: &str) {
-    let o = statebench(args);
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "{args:?} was accepted");
-    assert!(err.contains(needle), "{args:?}: {err}");
-    assert!(!err.contains("panicked"), "{args:?}: {err}");
-    assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
-}
 
 /// `generate` on the CPU with `model`, plus `extra` arguments.
 fn generate_refused(model: &Path, extra: &[&str], needle: &str) {
@@ -44,35 +26,6 @@ fn generate_refused(model: &Path, extra: &[&str], needle: &str) {
     ];
     args.extend_from_slice(extra);
     refused(&args, needle);
-}
-
-/// Rewrites one f32 tensor of a safetensors file in place.
-fn edit_tensor(file: &Path, name: &str, edit: impl Fn(&mut [f32])) {
-    let bytes = std::fs::read(file).unwrap();
-    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
-        .tensors()
-        .into_iter()
-        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
-        .collect();
-    let t = owned.iter_mut().find(|t| t.0 == name).expect("tensor");
-    assert_eq!(t.1, safetensors::Dtype::F32);
-    let mut vals: Vec<f32> =
-        t.3.chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect();
-    edit(&mut vals);
-    t.3 = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
-    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = owned
-        .iter()
-        .map(|(n, d, s, b)| {
-            (
-                n.clone(),
-                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
-            )
-        })
-        .collect();
-    safetensors::serialize_to_file(views, None, file).unwrap();
 }
 
 /// Rewrites a fixture copy's config.json.

@@ -8,7 +8,7 @@ mod engine_common;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -24,30 +24,6 @@ use statebench::rundir::DirLock;
 
 const BIN: &str = env!("CARGO_BIN_EXE_statebench");
 
-/// Runs the binary; kills it past `limit` (a hang is a failure, not a
-/// stuck test run).
-fn statebench_within(args: &[&str], limit: Duration) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("binary runs");
-    let started = Instant::now();
-    while child.try_wait().expect("waits").is_none() {
-        if started.elapsed() > limit {
-            child.kill().ok();
-            panic!("{args:?} still running after {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    child.wait_with_output().expect("output")
-}
-
-fn statebench(args: &[&str]) -> Output {
-    statebench_within(args, Duration::from_secs(300))
-}
-
 /// Succeeds; returns stdout.
 fn ok(args: &[&str]) -> String {
     let o = statebench(args);
@@ -57,17 +33,6 @@ fn ok(args: &[&str]) -> String {
         String::from_utf8_lossy(&o.stderr)
     );
     String::from_utf8_lossy(&o.stdout).into_owned()
-}
-
-/// Fails within a minute with a one-line message holding `needle`.
-fn refused(args: &[&str], needle: &str) -> String {
-    let o = statebench_within(args, Duration::from_secs(60));
-    let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    assert!(!o.status.success(), "{args:?} was accepted");
-    assert!(err.contains(needle), "{args:?}: {err}");
-    assert!(!err.contains("panicked"), "{args:?}: {err}");
-    assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
-    err
 }
 
 fn p(path: &Path) -> &str {

@@ -6,13 +6,13 @@
 mod engine_common;
 
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
-use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use engine_common::statebench_within;
 use serde_json::{json, Value};
 use statebench::backend::http_client::{OpenAiBackend, OpenAiOptions};
 use statebench::backend::{Backend, BackendError, ChatRequest, Message, Role};
@@ -79,45 +79,6 @@ impl Drop for ServeProc {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-    }
-}
-
-fn drain(r: Option<impl Read + Send + 'static>) -> JoinHandle<Vec<u8>> {
-    std::thread::spawn(move || {
-        let mut buf = Vec::new();
-        if let Some(mut r) = r {
-            let _ = r.read_to_end(&mut buf);
-        }
-        buf
-    })
-}
-
-/// Runs the binary with a time limit; a run past it is killed and fails the test.
-fn statebench(args: &[&str], limit: Duration) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("binary runs");
-    let out = drain(child.stdout.take());
-    let err = drain(child.stderr.take());
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(s) = child.try_wait().expect("wait on child") {
-            break s;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("{args:?} ran past {limit:?}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    Output {
-        status,
-        stdout: out.join().unwrap_or_default(),
-        stderr: err.join().unwrap_or_default(),
     }
 }
 
@@ -198,12 +159,12 @@ fn in_process_and_served(model: &Path, dir: &Path, args: &[&str]) -> (PathBuf, P
         "--out",
         local.to_str().unwrap(),
     ]);
-    let o = statebench(&a, limit);
+    let o = statebench_within(&a, limit);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let server = ServeProc::start(model);
     let mut a = args.to_vec();
     a.extend(["--endpoint", &server.url, "--out", remote.to_str().unwrap()]);
-    let o = statebench(&a, limit);
+    let o = statebench_within(&a, limit);
     drop(server);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     (local, remote)
@@ -399,7 +360,7 @@ fn unreachable_endpoint_is_a_one_line_error() {
     let out = tmp.path().join("cell");
     let mut args = CELL.to_vec();
     args.extend(["--endpoint", &url, "--out", out.to_str().unwrap()]);
-    let o = statebench(&args, Duration::from_secs(60));
+    let o = statebench_within(&args, Duration::from_secs(60));
     assert!(!o.status.success());
     let e = String::from_utf8_lossy(&o.stderr);
     assert_eq!(e.trim_end().lines().count(), 1, "{e}");

@@ -1,7 +1,11 @@
 //! Helpers shared by the engine tests.
 #![allow(dead_code)]
 
+use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
 
 use statebench::backend::{Backend, ChatReply, ChatRequest, Message, Role, SessionId};
 use statebench::engine::device::Device;
@@ -304,4 +308,88 @@ pub fn emulator_built() -> bool {
             false
         }
     }
+}
+
+fn drain(r: Option<impl Read + Send + 'static>) -> JoinHandle<Vec<u8>> {
+    std::thread::spawn(move || {
+        let mut buf = Vec::new();
+        if let Some(mut r) = r {
+            let _ = r.read_to_end(&mut buf);
+        }
+        buf
+    })
+}
+
+/// Runs the binary with a time limit; a run past it is killed and fails the test.
+pub fn statebench_within(args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_statebench"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("binary runs");
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(s) = child.try_wait().expect("wait on child") {
+            break s;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("{args:?} ran past {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
+}
+
+/// Runs the binary (ten minutes at most).
+pub fn statebench(args: &[&str]) -> Output {
+    statebench_within(args, Duration::from_secs(600))
+}
+
+/// Fails with a one-line message holding `needle` (no panic); returns it.
+pub fn refused(args: &[&str], needle: &str) -> String {
+    let o = statebench(args);
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert!(!o.status.success(), "{args:?} was accepted");
+    assert!(err.contains(needle), "{args:?}: {err}");
+    assert!(!err.contains("panicked"), "{args:?}: {err}");
+    assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+    err
+}
+
+/// Rewrites one f32 tensor of a safetensors file in place.
+pub fn edit_tensor(file: &Path, name: &str, edit: impl Fn(&mut [f32])) {
+    let bytes = std::fs::read(file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut owned: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(n, v)| (n, v.dtype(), v.shape().to_vec(), v.data().to_vec()))
+        .collect();
+    let t = owned.iter_mut().find(|t| t.0 == name).expect("tensor");
+    assert_eq!(t.1, safetensors::Dtype::F32);
+    let mut vals: Vec<f32> =
+        t.3.chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect();
+    edit(&mut vals);
+    t.3 = vals.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = owned
+        .iter()
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, file).unwrap();
 }
