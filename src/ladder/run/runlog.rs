@@ -602,6 +602,44 @@ fn counted_lines(keys: &[LineKey]) -> (Vec<bool>, usize) {
     (counts, duplicates)
 }
 
+/// What identifies a turn line.
+#[derive(Deserialize)]
+struct TurnKey {
+    seed: u64,
+    arm: Arm,
+    turn: usize,
+}
+
+/// The key of a turn line as [`RunDir::append`] writes it, read off the
+/// line's start (`{"attempt":1,"config_hash":"…","seed":7,"arm":"raw",
+/// "turn":0,…`) without parsing the rest: a report reads every line's key
+/// but few whole lines. None for any other spelling, which is then parsed.
+fn written_turn_key(line: &str) -> Option<Tagged<TurnKey>> {
+    fn number<T: std::str::FromStr>(rest: &str) -> Option<(T, &str)> {
+        let end = rest.find(|c: char| !c.is_ascii_digit())?;
+        Some((rest[..end].parse().ok()?, &rest[end..]))
+    }
+    fn text(rest: &str) -> Option<(&str, &str)> {
+        let end = rest.find('"')?;
+        Some((&rest[..end], &rest[end + 1..]))
+    }
+    let (attempt, rest) = number(line.strip_prefix("{\"attempt\":")?)?;
+    let (hash, rest) = text(rest.strip_prefix(",\"config_hash\":\"")?)?;
+    let (seed, rest) = number(rest.strip_prefix(",\"seed\":")?)?;
+    let (arm, rest) = text(rest.strip_prefix(",\"arm\":\"")?)?;
+    let (turn, rest) = number(rest.strip_prefix(",\"turn\":")?)?;
+    rest.starts_with(',').then_some(())?;
+    Some(Tagged {
+        attempt,
+        config_hash: Some(hash.to_string()),
+        record: TurnKey {
+            seed,
+            arm: arm.parse().ok()?,
+            turn,
+        },
+    })
+}
+
 /// Reads the turn lines of finished episodes, each (seed, arm, turn) once:
 /// those of the attempt whose episode line counts (the first), so turns of
 /// unfinished attempts, of an episode finished twice, and repeated lines
@@ -648,13 +686,6 @@ fn read_turns_counted(
         .iter()
         .map(|k| ((k.seed, k.arm, k.attempt), k.failed))
         .collect();
-    /// What identifies a turn line.
-    #[derive(Deserialize)]
-    struct TurnKey {
-        seed: u64,
-        arm: Arm,
-        turn: usize,
-    }
     let mut seen = BTreeSet::new();
     let mut repeated = 0;
     let mut out = Vec::new();
@@ -666,8 +697,12 @@ fn read_turns_counted(
         if line.trim().is_empty() {
             continue;
         }
-        let Some(t) = parse_line::<TurnKey>(&path, &lines, complete, i)? else {
-            continue;
+        let t = match written_turn_key(line) {
+            Some(t) => t,
+            None => match parse_line::<TurnKey>(&path, &lines, complete, i)? {
+                Some(t) => t,
+                None => continue,
+            },
         };
         let (seed, arm) = (t.record.seed, t.record.arm);
         if !t.belongs(&hash) {
@@ -688,4 +723,46 @@ fn read_turns_counted(
         }
     }
     Ok((out, repeated))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn turn_keys_read_off_a_written_line_equal_the_parsed_ones() {
+        for arm in Arm::ALL {
+            let name = serde_json::to_value(arm).unwrap();
+            let line = format!(
+                r#"{{"attempt":3,"config_hash":"2a0475a7995dd440","seed":107,"arm":{name},"turn":41,"kind":"filler"}}"#
+            );
+            let fast = written_turn_key(&line).expect("our own spelling");
+            let parsed: Tagged<TurnKey> = serde_json::from_str(&line).unwrap();
+            assert_eq!(
+                (
+                    fast.attempt,
+                    fast.config_hash,
+                    fast.record.seed,
+                    fast.record.arm,
+                    fast.record.turn
+                ),
+                (
+                    parsed.attempt,
+                    parsed.config_hash,
+                    parsed.record.seed,
+                    parsed.record.arm,
+                    parsed.record.turn
+                )
+            );
+        }
+        // Other spellings go to the parser.
+        for other in [
+            r#"{"attempt":1,"seed":1,"arm":"raw","turn":0,"kind":"filler"}"#,
+            r#"{"attempt":1, "config_hash":"x","seed":1,"arm":"raw","turn":0}"#,
+            r#"{"attempt":1,"config_hash":"x","seed":1,"arm":"raw","turn":0}"#,
+            r#"{"attempt":1,"config_hash":"x","seed":-1,"arm":"raw","turn":0,"k":1}"#,
+        ] {
+            assert!(written_turn_key(other).is_none(), "{other}");
+        }
+    }
 }
