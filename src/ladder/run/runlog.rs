@@ -296,19 +296,10 @@ fn last_attempt(path: &Path) -> Result<u32, RunLogError> {
 
 /// Reads the complete, parseable lines of a JSONL file; a torn last line is ignored.
 fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<Tagged<T>>, RunLogError> {
-    read_lines_where(path, |_| true)
-}
-
-/// As [`read_lines`], parsing only the lines `keep` accepts (a torn last
-/// line is still skipped, a corrupt kept line still an error).
-fn read_lines_where<T: for<'de> Deserialize<'de>>(
-    path: &Path,
-    keep: impl Fn(&str) -> bool,
-) -> Result<Vec<Tagged<T>>, RunLogError> {
     let (lines, complete) = rundir::read_log_lines(path)?;
     let mut out = Vec::with_capacity(lines.len());
     for (i, line) in lines.iter().enumerate() {
-        if line.trim().is_empty() || !keep(line) {
+        if line.trim().is_empty() {
             continue;
         }
         out.extend(parse_line(path, &lines, complete, i)?);
@@ -514,7 +505,7 @@ pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
         .collect();
     let (counts, duplicates) = counted_lines(&keys);
     let (mut episodes, mut failed) = (Vec::new(), Vec::new());
-    for (t, counts) in mine.into_iter().zip(counts) {
+    for (t, &counts) in mine.into_iter().zip(&counts) {
         match (counts, t.record.failed_calls) {
             (false, _) => {}
             (true, 0) => episodes.push(t.record),
@@ -526,7 +517,7 @@ pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
     // parsed (a report reads 2 or 3 of each episode's 44 turns).
     let needles = Probes::KINDS.map(|k| format!("\"kind\":\"{}\"", k.name()));
     let probe_kinds = |line: &str| needles.iter().any(|n| line.contains(n.as_str()));
-    let (turns, repeated) = read_turns_counted(dir, probe_kinds)?;
+    let (turns, repeated) = turn_lines(dir, &hash, &keys, &counts, probe_kinds)?;
     for t in turns {
         *probes.entry((t.seed, t.arm)).or_default() += Probes::of_turn(&t);
     }
@@ -645,16 +636,6 @@ fn written_turn_key(line: &str) -> Option<Tagged<TurnKey>> {
 /// unfinished attempts, of an episode finished twice, and repeated lines
 /// are skipped.
 pub fn read_turns(dir: &Path) -> Result<Vec<TurnRecord>, RunLogError> {
-    read_turns_counted(dir, |_| true).map(|(turns, _)| turns)
-}
-
-/// As [`read_turns`], parsing only the lines `keep` accepts; also counts
-/// the kept lines skipped as duplicates (of finished episodes, not those of
-/// attempts that never finished).
-fn read_turns_counted(
-    dir: &Path,
-    keep: impl Fn(&str) -> bool,
-) -> Result<(Vec<TurnRecord>, usize), RunLogError> {
     /// What identifies an episode line.
     #[derive(Deserialize)]
     struct Key {
@@ -675,10 +656,24 @@ fn read_turns_counted(
         })
         .collect();
     let (counts, _) = counted_lines(&keys);
+    turn_lines(dir, &hash, &keys, &counts, |_| true).map(|(turns, _)| turns)
+}
+
+/// The turn lines of the counted episode lines (`keys` of the episode
+/// lines under `hash`, `counts` from [`counted_lines`]), parsing whole only
+/// the lines `keep` accepts; also counts the lines skipped as duplicates (of
+/// finished episodes, not those of attempts that never finished).
+fn turn_lines(
+    dir: &Path,
+    hash: &str,
+    keys: &[LineKey],
+    counts: &[bool],
+    keep: impl Fn(&str) -> bool,
+) -> Result<(Vec<TurnRecord>, usize), RunLogError> {
     let counted: BTreeMap<(u64, Arm), LineKey> = keys
         .iter()
         .zip(counts)
-        .filter(|(_, c)| *c)
+        .filter(|(_, c)| **c)
         .map(|(k, _)| ((k.seed, k.arm), *k))
         .collect();
     // Attempts that finished an episode, and whether their line was failed.
@@ -705,7 +700,7 @@ fn read_turns_counted(
             },
         };
         let (seed, arm) = (t.record.seed, t.record.arm);
-        if !t.belongs(&hash) {
+        if !t.belongs(hash) {
             continue;
         }
         let (Some(&failed), Some(c)) = (
