@@ -159,16 +159,14 @@ impl Listener {
                                 format!("{max_connections} connections are open; retry later"),
                             )),
                         );
+                        let _ = stream.shutdown(Shutdown::Both);
                         continue;
                     }
                     let s = Arc::clone(&shared);
                     let guard = OpenConnection::new(&open);
                     let spawned = std::thread::Builder::new()
                         .name("statebench-http-request".into())
-                        .spawn(move || {
-                            let _guard = guard;
-                            handle(stream, &s)
-                        });
+                        .spawn(move || handle(stream, &s, guard));
                     if let Err(e) = spawned {
                         eprintln!("statebench serve: could not start a request thread: {e}");
                     }
@@ -282,7 +280,7 @@ impl Drop for OpenConnection {
     }
 }
 
-fn handle(mut stream: TcpStream, s: &Shared) {
+fn handle(mut stream: TcpStream, s: &Shared, slot: OpenConnection) {
     let _ = stream.set_read_timeout(Some(IO_TIMEOUT));
     let _ = stream.set_write_timeout(Some(IO_TIMEOUT));
     let result = match read_request(&mut stream) {
@@ -290,10 +288,14 @@ fn handle(mut stream: TcpStream, s: &Shared) {
         Err(e) => Err(e),
     };
     answer(&mut stream, result);
+    // The slot is free before the client can see the close, so a client that
+    // reads an answer to its end and connects again is never refused for it.
+    drop(slot);
+    let _ = stream.shutdown(Shutdown::Both);
 }
 
-/// Writes the answer (a body, or an error as OpenAI's error object) and
-/// closes the connection.
+/// Writes the answer (a body, or an error as OpenAI's error object); the
+/// caller closes the connection.
 fn answer(stream: &mut TcpStream, result: Result<String, HttpError>) {
     let (status, body) = match result {
         Ok(body) => (200, body),
@@ -320,7 +322,6 @@ fn answer(stream: &mut TcpStream, result: Result<String, HttpError>) {
         .write_all(head.as_bytes())
         .and_then(|()| stream.write_all(body.as_bytes()))
         .and_then(|()| stream.flush());
-    let _ = stream.shutdown(Shutdown::Both);
 }
 
 fn reason(status: u16) -> &'static str {
