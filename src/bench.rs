@@ -377,7 +377,7 @@ pub fn grid(
         .collect();
     let bar = progress_bar(true);
     run_cells(&jobs, None, live, &bar)?;
-    bar.finish_and_clear();
+    bar.finish();
     let grid_secs = t.elapsed().as_secs_f64();
     let t = Instant::now();
     for (i, (c, p)) in cells.iter().zip(&parts).enumerate() {

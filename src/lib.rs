@@ -15,6 +15,7 @@ pub mod eal;
 pub mod engine;
 pub mod http_server;
 pub mod ladder;
+pub mod progress;
 pub mod report;
 pub mod rng;
 pub mod rundir;

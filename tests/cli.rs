@@ -365,3 +365,32 @@ fn tier_two_episodes_draw_from_the_committed_rewrite_cache() {
     }
     assert!(seen >= 20, "only {seen} rewritten turns");
 }
+
+/// Where stderr is not a terminal (a log file, a pipe), a run writes
+/// progress lines instead of a bar: done, rate, elapsed, time left.
+#[test]
+fn long_runs_write_progress_lines_to_logs() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("c");
+    let run = |quiet: bool| {
+        let mut c = Command::new(env!("CARGO_BIN_EXE_statebench"));
+        c.args(["ladder", "cell", "--agent", "perfect", "--steps", "3"])
+            .args(["--episodes", "3", "--arms", "raw,checklist", "--out"])
+            .arg(&out)
+            .env("STATEBENCH_PROGRESS_SECS", "0");
+        if quiet {
+            c.arg("--quiet");
+        }
+        c.output().unwrap()
+    };
+    let e = stderr(&run(false));
+    let lines: Vec<&str> = e.lines().filter(|l| l.starts_with("progress: ")).collect();
+    assert_eq!(lines.len(), 6, "{e}");
+    assert!(
+        lines[5].starts_with("progress: 6/6 episode-arms (100.0%), ")
+            && lines[5].contains(" elapsed, eta "),
+        "{e}"
+    );
+    fs::remove_dir_all(&out).unwrap();
+    assert!(!stderr(&run(true)).contains("progress: "));
+}

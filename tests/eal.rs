@@ -29,7 +29,14 @@ fn scripted(dir: &Path, domain: EalDomain, executor: ExecutorKind) -> Run {
         identity: "scripted".into(),
         concurrency: 1,
     };
-    study::run(dir, &config, &model, false, &|_| {}).expect("study runs");
+    study::run(
+        dir,
+        &config,
+        &model,
+        false,
+        &statebench::progress::Meter::new(false, "calls"),
+    )
+    .expect("study runs");
     Run::read(dir).expect("run reads")
 }
 

@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
+use statebench::progress::Meter;
 
 use statebench::backend::shared::SharedBackend;
 use statebench::eal::closed_loop::{self, LoopArm};
@@ -197,13 +198,8 @@ impl Parts {
         Ok((Some(shared), model))
     }
 
-    fn progress(&self) -> impl Fn(&str) {
-        let quiet = self.quiet;
-        move |line: &str| {
-            if !quiet {
-                eprintln!("{line}");
-            }
-        }
+    fn progress(&self, unit: &'static str) -> Meter {
+        Meter::new(!self.quiet, unit)
     }
 }
 
@@ -239,12 +235,12 @@ fn run_study(a: RunArgs) -> Result<()> {
     config.validate()?;
     let (shared, model) = a.parts.model(&config)?;
     let start = std::time::Instant::now();
-    let progress = a.parts.progress();
+    let progress = a.parts.progress("calls");
     let out = &a.parts.out;
     let summary = study::run(out, &config, &model, a.stop_after_formation, &progress)?;
     drop(model);
     drop(shared);
-    progress(&format!(
+    progress.println(format!(
         "{}: {} calls planned, {} resumed, {} run ({:.1} s)",
         out.display(),
         summary.planned,
@@ -278,12 +274,12 @@ fn run_closed_loop(a: LoopArgs) -> Result<()> {
     config.validate()?;
     let (shared, model) = a.parts.model(&config)?;
     let start = std::time::Instant::now();
-    let progress = a.parts.progress();
+    let progress = a.parts.progress("cases");
     let out = &a.parts.out;
     let ran = closed_loop::run_loop(out, &config, &model, &progress)?;
     drop(model);
     drop(shared);
-    progress(&format!(
+    progress.println(format!(
         "{}: {ran} cases run ({:.1} s)",
         out.display(),
         start.elapsed().as_secs_f64()

@@ -692,7 +692,7 @@ fn grid(a: GridArgs) -> Result<()> {
             .with_context(|| format!("grid {}", out.display()))?;
         ran += done.iter().map(|p| p.ran).sum::<usize>();
     }
-    bar.finish_and_clear();
+    bar.finish();
     eprintln!(
         "{}: ran {ran} episode-arms in {:.1} s",
         out.display(),

@@ -123,7 +123,7 @@ pub fn run_loop(
     dir: &Path,
     config: &StudyConfig,
     model: &StudyModel,
-    progress: &dyn Fn(&str),
+    progress: &crate::progress::Meter,
 ) -> Result<usize, StudyError> {
     if config.closed_loop.is_empty() {
         return Err(StudyError::Config("a closed loop needs an arm".into()));
@@ -160,11 +160,13 @@ pub fn run_loop(
         .iter()
         .filter(|c| !complete.contains(c.id.as_str()))
         .collect();
-    progress(&format!(
+    progress.println(format!(
         "closed loop: {} cases ({} already done)",
         todo.len(),
         complete.len()
     ));
+    progress.set_length((todo.len() + complete.len()) as u64);
+    progress.set_position(complete.len() as u64);
     let file = Mutex::new(
         OpenOptions::new()
             .append(true)
@@ -177,13 +179,17 @@ pub fn run_loop(
             .iter()
             .map(|s| serde_json::to_string(s).expect("steps serialize") + "\n")
             .collect();
-        file.lock()
+        let written = file
+            .lock()
             .expect("no writer panics holding it")
             .write_all(text.as_bytes())
-            .map_err(io(&path))
+            .map_err(io(&path));
+        progress.inc();
+        written
     }) {
         r?;
     }
+    progress.finish();
     Ok(todo.len())
 }
 

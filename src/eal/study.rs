@@ -395,7 +395,7 @@ pub fn run(
     config: &StudyConfig,
     model: &StudyModel,
     stop_after_formation: bool,
-    progress: &dyn Fn(&str),
+    progress: &crate::progress::Meter,
 ) -> Result<RunSummary, StudyError> {
     if !config.closed_loop.is_empty() {
         return Err(StudyError::Config(
@@ -405,7 +405,7 @@ pub fn run(
     let _lock = open(dir, config, model)?;
     let mut summary = RunSummary::default();
     if !dir.join("bundle.json").exists() {
-        progress("formation: writer chains");
+        progress.println("formation: writer chains");
         form(dir, config, model)?;
         summary.formed = true;
     }
@@ -429,11 +429,13 @@ pub fn run(
         .collect();
     let missing: Vec<&PlannedCall> = plan.iter().filter(|c| !done.contains(&c.call)).collect();
     summary.resumed = plan.len() - missing.len();
-    progress(&format!(
+    progress.println(format!(
         "executor: {} calls ({} already done)",
         missing.len(),
         summary.resumed
     ));
+    progress.set_length(plan.len() as u64);
+    progress.set_position(summary.resumed as u64);
     let by_id: BTreeMap<&str, &Case> = cases.iter().map(|c| (c.id.as_str(), c)).collect();
     let trials = Mutex::new(
         OpenOptions::new()
@@ -445,12 +447,15 @@ pub fn run(
     let results = parallel(&missing, model.concurrency, |call| {
         let trial = execute(dir, config, model, &by_id, call)?;
         let line = serde_json::to_string(&trial).expect("trials serialize") + "\n";
-        trials
+        let written = trials
             .lock()
             .expect("no writer panics holding it")
             .write_all(line.as_bytes())
-            .map_err(io(&tpath))
+            .map_err(io(&tpath));
+        progress.inc();
+        written
     });
+    progress.finish();
     for r in results {
         r?;
         summary.ran += 1;

@@ -1,13 +1,13 @@
 //! A cell: one configuration (domain, S, ρ, brief, …) run over a seed range
 //! on a list of arms, logged to a run directory and resumable.
 
+use crate::progress::Meter;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Instant;
 
-use indicatif::{ProgressBar, ProgressStyle};
 use serde::{Deserialize, Serialize};
 
 use super::runlog::{git_commit, Locking, Manifest, RunDir, RunLogError, RUN_FORMAT};
@@ -414,7 +414,7 @@ pub fn run_cell(
     };
     let bar = progress_bar(progress);
     let p = run_cells(&[job], cache, concurrency, &bar)?;
-    bar.finish_and_clear();
+    bar.finish();
     Ok(p[0])
 }
 
@@ -440,7 +440,7 @@ pub fn run_cells(
     cells: &[CellJob<'_>],
     cache: Option<&ParaphraseCache>,
     concurrency: usize,
-    bar: &ProgressBar,
+    bar: &Meter,
 ) -> Result<Vec<CellProgress>, CellError> {
     // Check every configuration before touching any directory.
     for c in cells {
@@ -498,7 +498,6 @@ pub fn run_cells(
         left,
         failed: Mutex::new(None),
         tokens: AtomicUsize::new(0),
-        done: AtomicUsize::new(0),
         failing: Mutex::new(0),
         started: Instant::now(),
         bar,
@@ -528,17 +527,9 @@ pub fn run_cells(
     Ok(progress)
 }
 
-/// A progress bar over episode-arms (hidden when `show` is false).
-pub fn progress_bar(show: bool) -> ProgressBar {
-    if !show {
-        return ProgressBar::hidden();
-    }
-    let b = ProgressBar::new(0);
-    b.set_style(
-        ProgressStyle::with_template("{bar:40} {pos}/{len} episode-arms  {msg}  eta {eta}")
-            .expect("static template"),
-    );
-    b
+/// Progress over episode-arms (hidden when `show` is false).
+pub fn progress_bar(show: bool) -> Meter {
+    Meter::new(show, "episode-arms")
 }
 
 /// What the worker threads of a run share.
@@ -553,12 +544,10 @@ struct Workers<'a> {
     failed: Mutex<Option<CellError>>,
     /// Completion tokens so far, for the progress bar.
     tokens: AtomicUsize,
-    /// Episode-arms run so far.
-    done: AtomicUsize,
     /// Episodes in a row, as they finished, with a failed agent call.
     failing: Mutex<u32>,
     started: Instant,
-    bar: &'a ProgressBar,
+    bar: &'a Meter,
 }
 
 impl Workers<'_> {
@@ -628,14 +617,12 @@ impl Workers<'_> {
     /// Counts a finished episode-arm on the bar, and a finished cell.
     fn tick(&self, cell: usize, tokens: usize) {
         let n = self.tokens.fetch_add(tokens, Ordering::SeqCst) + tokens;
-        let done = self.done.fetch_add(1, Ordering::SeqCst) + 1;
-        let hours = self.started.elapsed().as_secs_f64() / 3600.0;
-        let mut msg = format!("{:.0} episode-arms/h", done as f64 / hours);
         if n > 0 {
-            msg += &format!("  {:.1} tok/s", n as f64 / (hours * 3600.0));
+            let secs = self.started.elapsed().as_secs_f64();
+            self.bar
+                .set_message(format!("{:.1} tok/s", n as f64 / secs));
         }
-        self.bar.set_message(msg);
-        self.bar.inc(1);
+        self.bar.inc();
         let last = self.left[cell].fetch_sub(1, Ordering::SeqCst) == 1;
         if last && self.cells.len() > 1 {
             self.bar
