@@ -10,6 +10,7 @@
 //! scorer → log line. The scorer never calls a model.
 
 pub mod backend;
+pub mod base64;
 pub mod bench;
 pub mod eal;
 pub mod engine;

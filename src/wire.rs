@@ -8,7 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{
-    ChatReply, ChatRequest, Embeddings, Finish, Message, Role, Tool, ToolCall, Usage,
+    ChatReply, ChatRequest, Constraint, Embeddings, Finish, Message, Role, TokenLogprob, Tool,
+    ToolCall, Usage, MAX_TOP_LOGPROBS,
 };
 
 /// Why a body was refused, in one line for a 400, or why a reply could not
@@ -19,10 +20,24 @@ pub enum WireError {
     Syntax(#[source] serde_json::Error),
     #[error("the body must be a JSON object with OpenAI chat fields")]
     Shape(#[source] serde_json::Error),
-    #[error("stream: true is not supported; this server answers non-streaming requests only (send stream: false)")]
-    Stream,
-    #[error("n must be 1, got {0}")]
+    #[error("n must be from 1 to {MAX_N}, got {0}")]
     N(u64),
+    #[error("top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}, got {0}")]
+    TopLogprobs(u64),
+    #[error("top_logprobs needs logprobs: true")]
+    TopLogprobsAlone,
+    #[error("tool_choice {0}")]
+    ToolChoice(String),
+    #[error("response_format {0}")]
+    ResponseFormat(String),
+    #[error("prompt must be a string or a list of strings")]
+    Prompt,
+    #[error(
+        "echo with logprobs (the prompt's log-probabilities) is not supported; send one of them"
+    )]
+    Echo,
+    #[error("stream: true is supported on /v1/chat/completions only")]
+    Stream,
     #[error("messages is empty")]
     NoMessages,
     #[error("messages[{0}].role '{1}' is not supported (system, user, assistant, tool)")]
@@ -45,13 +60,36 @@ pub enum WireError {
     NoInput,
     #[error("input holds {0} texts, more than the {MAX_EMBED_INPUTS} one request may embed")]
     TooManyInputs(usize),
-    #[error("encoding_format '{0}' is not supported (float)")]
+    #[error("encoding_format '{0}' is not supported (float, base64)")]
     EncodingFormat(String),
     #[error("the reply does not hold one embedding for each of the {0} inputs")]
     EmbeddingCount(usize),
 }
 
 impl WireError {
+    /// The request field at fault, as OpenAI's error `param` names it.
+    pub fn param(&self) -> Option<&'static str> {
+        Some(match self {
+            WireError::N(_) => "n",
+            WireError::TopLogprobs(_) | WireError::TopLogprobsAlone => "top_logprobs",
+            WireError::ToolChoice(_) => "tool_choice",
+            WireError::ResponseFormat(_) => "response_format",
+            WireError::Prompt => "prompt",
+            WireError::Echo => "echo",
+            WireError::Stream => "stream",
+            WireError::NoMessages
+            | WireError::Role(..)
+            | WireError::NoRole(_)
+            | WireError::Part(..) => "messages",
+            WireError::NoTokens => "max_tokens",
+            WireError::Temperature => "temperature",
+            WireError::Seed(_) => "seed",
+            WireError::NoInput | WireError::TooManyInputs(_) => "input",
+            WireError::EncodingFormat(_) => "encoding_format",
+            _ => return None,
+        })
+    }
+
     /// A JSON error on a body: broken JSON, or JSON of the wrong shape.
     pub fn json(e: serde_json::Error) -> Self {
         match e.classify() {
@@ -70,6 +108,24 @@ pub const MAX_EMBED_INPUTS: usize = 2048;
 
 /// `max_tokens` when a request gives none.
 pub const DEFAULT_MAX_TOKENS: usize = 1024;
+
+/// `max_tokens` of a text completion that gives none (OpenAI's default).
+pub const DEFAULT_COMPLETION_TOKENS: usize = 16;
+
+/// Most choices one request may ask for: they decode together in one batch.
+pub const MAX_N: u64 = 8;
+
+/// Choice `i`'s seed: the request's own for the first, so `n = 1` samples
+/// as it always has; the others drawn from it by SplitMix64.
+pub fn choice_seed(seed: u64, i: usize) -> u64 {
+    if i == 0 {
+        return seed;
+    }
+    let mut z = seed.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
 
 /// `POST /v1/chat/completions` body.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -94,12 +150,45 @@ pub struct ChatCompletionRequest {
     #[serde(default)]
     pub stream: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<u64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub chat_template_kwargs: Option<TemplateKwargs>,
     /// Functions the model may call; their calls come back in `tool_calls`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<Tool>,
+    /// `none`, `auto`, `required` or `{"type": "function", "function": {"name": …}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_choice: Option<serde_json::Value>,
+    /// `{"type": "text" | "json_object" | "json_schema", "json_schema": {"schema": …}}`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_format: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_logprobs: Option<u64>,
+}
+
+/// `stream_options`.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct StreamOptions {
+    /// A last chunk, with no choices, carries the usage.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// What one chat-completions body asks for.
+#[derive(Debug, Clone)]
+pub struct ChatCall {
+    /// Choice 0's request (the others differ in their seeds).
+    pub req: ChatRequest,
+    /// Choices.
+    pub n: usize,
+    /// `Some` when the reply streams.
+    pub stream: Option<StreamOptions>,
+    /// Whether the body gave the seed (else the server draws one).
+    pub seeded: bool,
 }
 
 /// One message as the API spells it.
@@ -253,16 +342,21 @@ impl ChatCompletionRequest {
         }
     }
 
-    /// The engine request this body asks for, or a one-line reason it is
-    /// refused. Thinking is on unless the body turns it off (as Qwen3's
-    /// template and vLLM have it).
-    pub fn into_chat(self) -> Result<ChatRequest, WireError> {
-        if self.stream {
-            return Err(WireError::Stream);
-        }
-        if let Some(n) = self.n.filter(|n| *n != 1) {
+    /// What this body asks for, or a one-line reason it is refused.
+    /// Thinking is on unless the body turns it off (as Qwen3's template and
+    /// vLLM have it), and off under a constraint (the grammar covers the
+    /// whole reply). Without a seed the seed is 0 and `seeded` false.
+    pub fn into_call(self) -> Result<ChatCall, WireError> {
+        let n = self.n.unwrap_or(1);
+        if !(1..=MAX_N).contains(&n) {
             return Err(WireError::N(n));
         }
+        let logprobs = logprobs(self.logprobs.unwrap_or(false), self.top_logprobs)?;
+        let constraint = constraint(
+            self.tool_choice.as_ref(),
+            self.response_format.as_ref(),
+            &self.tools,
+        )?;
         if self.messages.is_empty() {
             return Err(WireError::NoMessages);
         }
@@ -279,30 +373,126 @@ impl ChatCompletionRequest {
         if max_tokens == 0 {
             return Err(WireError::NoTokens);
         }
-        let temperature = self.temperature.unwrap_or(1.0);
-        if !(temperature.is_finite() && temperature >= 0.0) {
-            return Err(WireError::Temperature);
-        }
-        let seed = match &self.seed {
-            None => 0,
-            Some(n) => match (n.as_u64(), n.as_i64()) {
-                (Some(u), _) => u,
-                (None, Some(i)) => i as u64,
-                (None, None) => return Err(WireError::Seed(n.to_string())),
-            },
-        };
-        Ok(ChatRequest {
+        let temperature = temperature(self.temperature)?;
+        let seed = seed(self.seed.as_ref())?;
+        let req = ChatRequest {
             messages,
             max_tokens,
             stop: self.stop.into_vec(),
-            thinking: self
-                .chat_template_kwargs
-                .and_then(|k| k.enable_thinking)
-                .unwrap_or(true),
+            thinking: constraint.is_none()
+                && self
+                    .chat_template_kwargs
+                    .and_then(|k| k.enable_thinking)
+                    .unwrap_or(true),
             temperature,
-            seed,
+            seed: seed.unwrap_or(0),
             tools: self.tools,
+            logprobs,
+            constraint,
+            prompt_text: None,
+        };
+        Ok(ChatCall {
+            req,
+            n: n as usize,
+            stream: self.stream.then(|| self.stream_options.unwrap_or_default()),
+            seeded: seed.is_some(),
         })
+    }
+}
+
+/// The API's default temperature is 1.
+fn temperature(t: Option<f32>) -> Result<f32, WireError> {
+    let t = t.unwrap_or(1.0);
+    if !(t.is_finite() && t >= 0.0) {
+        return Err(WireError::Temperature);
+    }
+    Ok(t)
+}
+
+fn seed(n: Option<&serde_json::Number>) -> Result<Option<u64>, WireError> {
+    let Some(n) = n else { return Ok(None) };
+    match (n.as_u64(), n.as_i64()) {
+        (Some(u), _) => Ok(Some(u)),
+        (None, Some(i)) => Ok(Some(i as u64)),
+        (None, None) => Err(WireError::Seed(n.to_string())),
+    }
+}
+
+/// `logprobs` and `top_logprobs` as the engine's `Some(k)`.
+fn logprobs(on: bool, top: Option<u64>) -> Result<Option<usize>, WireError> {
+    match top {
+        Some(k) if k > MAX_TOP_LOGPROBS as u64 => Err(WireError::TopLogprobs(k)),
+        Some(k) if k > 0 && !on => Err(WireError::TopLogprobsAlone),
+        _ => Ok(on.then(|| top.unwrap_or(0) as usize)),
+    }
+}
+
+/// `tool_choice` and `response_format` as one constraint on the reply.
+fn constraint(
+    tool_choice: Option<&serde_json::Value>,
+    format: Option<&serde_json::Value>,
+    tools: &[Tool],
+) -> Result<Option<Constraint>, WireError> {
+    use serde_json::Value;
+    let bad_choice = |why: &str| WireError::ToolChoice(why.to_string());
+    let calls = match tool_choice {
+        None | Some(Value::Null) => None,
+        Some(Value::String(s)) => match s.as_str() {
+            "auto" => None,
+            "none" => (!tools.is_empty()).then_some(Constraint::NoToolCalls),
+            "required" if tools.is_empty() => {
+                return Err(bad_choice("is 'required' but no tools are offered"))
+            }
+            "required" => Some(Constraint::ToolCalls(None)),
+            other => {
+                return Err(WireError::ToolChoice(format!(
+                    "'{other}' is not one of none, auto, required or a named function"
+                )))
+            }
+        },
+        Some(v) => {
+            let name = v
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .ok_or_else(|| {
+                    bad_choice(
+                        r#"must be a string or {"type": "function", "function": {"name": …}}"#,
+                    )
+                })?;
+            if !tools.iter().any(|t| t.function.name == name) {
+                return Err(WireError::ToolChoice(format!(
+                    "names the function '{name}', which tools does not offer"
+                )));
+            }
+            Some(Constraint::ToolCalls(Some(name.to_string())))
+        }
+    };
+    let bad_format = |why: &str| WireError::ResponseFormat(why.to_string());
+    let json = match format {
+        None | Some(Value::Null) => None,
+        Some(f) => match f.get("type").and_then(Value::as_str) {
+            Some("text") => None,
+            Some("json_object") => Some(Constraint::JsonObject),
+            Some("json_schema") => {
+                let schema = f
+                    .pointer("/json_schema/schema")
+                    .ok_or_else(|| bad_format("json_schema needs json_schema.schema"))?;
+                if !(schema.is_object() || schema.is_boolean()) {
+                    return Err(bad_format(
+                        "json_schema.schema must be a JSON Schema object",
+                    ));
+                }
+                Some(Constraint::JsonSchema(schema.clone()))
+            }
+            _ => return Err(bad_format("type must be text, json_object or json_schema")),
+        },
+    };
+    match (calls, json) {
+        (Some(Constraint::ToolCalls(_)), Some(_)) => Err(bad_format(
+            "cannot be combined with tool_choice 'required' or a named function",
+        )),
+        (Some(Constraint::NoToolCalls), Some(j)) => Ok(Some(j)),
+        (calls, json) => Ok(json.or(calls)),
     }
 }
 
@@ -356,6 +546,10 @@ pub struct ChatCompletion {
     pub choices: Vec<Choice>,
     #[serde(default)]
     pub usage: WireUsage,
+    /// The seed the choices were sampled from (drawn by the server when the
+    /// request gave none), so any sample can be asked for again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -363,11 +557,133 @@ pub struct Choice {
     #[serde(default)]
     pub index: u32,
     pub message: AssistantMessage,
-    /// Always null here; whatever a server sends is not read.
+    /// Written by `serve` when asked; a server's are not read.
     #[serde(skip_deserializing)]
-    pub logprobs: Option<()>,
+    pub logprobs: Option<ChoiceLogprobs>,
     #[serde(default)]
     pub finish_reason: Option<String>,
+}
+
+/// A choice's log-probabilities, one entry per content token.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ChoiceLogprobs {
+    pub content: Vec<WireLogprob>,
+}
+
+/// One token's log-probability as the API spells it.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WireLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+    #[serde(default)]
+    pub top_logprobs: Vec<WireTopLogprob>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct WireTopLogprob {
+    pub token: String,
+    pub logprob: f32,
+    pub bytes: Vec<u8>,
+}
+
+impl ChoiceLogprobs {
+    pub fn from_tokens(t: &[TokenLogprob]) -> Self {
+        let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+        ChoiceLogprobs {
+            content: t
+                .iter()
+                .map(|t| WireLogprob {
+                    token: text(&t.chosen.bytes),
+                    logprob: t.chosen.logprob,
+                    bytes: t.chosen.bytes.clone(),
+                    top_logprobs: t
+                        .top
+                        .iter()
+                        .map(|c| WireTopLogprob {
+                            token: text(&c.bytes),
+                            logprob: c.logprob,
+                            bytes: c.bytes.clone(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// The API's name for why a choice ended.
+pub fn finish_reason(reply: &ChatReply) -> &'static str {
+    match reply.finish {
+        Finish::Length => "length",
+        Finish::Stop if !reply.tool_calls.is_empty() => "tool_calls",
+        Finish::Stop => "stop",
+    }
+}
+
+/// One `chat.completion.chunk` of a streamed reply.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ChatChunk {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<ChunkChoice>,
+    /// On the last chunk alone, when `stream_options.include_usage`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub usage: Option<WireUsage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ChunkChoice {
+    pub index: u32,
+    pub delta: Delta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<ChoiceLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+/// What a chunk adds to a choice's message.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Delta {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tool_calls: Vec<ToolCallDelta>,
+}
+
+/// A tool call's first (and here only) piece.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct ToolCallDelta {
+    pub index: u32,
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: WireFunctionCall,
+}
+
+impl ToolCallDelta {
+    pub fn from_calls(calls: &[ToolCall]) -> Vec<Self> {
+        calls
+            .iter()
+            .enumerate()
+            .map(|(i, c)| ToolCallDelta {
+                index: i as u32,
+                id: c.id.clone(),
+                kind: function_kind(),
+                function: WireFunctionCall {
+                    name: c.name.clone(),
+                    arguments: c.arguments.clone(),
+                },
+            })
+            .collect()
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -403,44 +719,61 @@ pub struct PromptTokensDetails {
     pub cached_tokens: u64,
 }
 
+impl WireUsage {
+    /// The usage of a request's choices: the prompt counted once, every
+    /// choice's completion.
+    pub fn of(replies: &[ChatReply]) -> Self {
+        let prompt = replies.first().map_or(0, |r| r.usage.prompt_tokens) as u64;
+        let completion: u64 = replies
+            .iter()
+            .map(|r| r.usage.completion_tokens as u64)
+            .sum();
+        WireUsage {
+            prompt_tokens: prompt,
+            completion_tokens: completion,
+            total_tokens: prompt + completion,
+            prompt_tokens_details: PromptTokensDetails {
+                cached_tokens: replies.first().map_or(0, |r| r.usage.cached_tokens) as u64,
+            },
+        }
+    }
+}
+
 impl ChatCompletion {
-    /// The reply to write for an engine reply.
-    pub fn from_reply(reply: &ChatReply, model: &str, n: u64, created: u64) -> Self {
-        let u = &reply.usage;
+    /// The reply to write for a request's choices, in choice order.
+    pub fn from_replies(
+        replies: &[ChatReply],
+        model: &str,
+        id: String,
+        created: u64,
+        seed: Option<u64>,
+    ) -> Self {
         ChatCompletion {
-            id: format!("chatcmpl-{n}"),
+            id,
             object: "chat.completion".into(),
             created,
             model: model.to_string(),
-            choices: vec![Choice {
-                index: 0,
-                message: AssistantMessage {
-                    role: "assistant".into(),
-                    // The API's content is null beside calls when nothing else was said.
-                    content: (reply.tool_calls.is_empty() || !reply.content.is_empty())
-                        .then(|| reply.content.clone()),
-                    reasoning_content: reply.reasoning.clone(),
-                    reasoning: None,
-                    tool_calls: reply.tool_calls.iter().map(WireToolCall::from).collect(),
-                },
-                logprobs: None,
-                finish_reason: Some(
-                    match reply.finish {
-                        Finish::Length => "length",
-                        Finish::Stop if !reply.tool_calls.is_empty() => "tool_calls",
-                        Finish::Stop => "stop",
-                    }
-                    .into(),
-                ),
-            }],
-            usage: WireUsage {
-                prompt_tokens: u.prompt_tokens as u64,
-                completion_tokens: u.completion_tokens as u64,
-                total_tokens: (u.prompt_tokens + u.completion_tokens) as u64,
-                prompt_tokens_details: PromptTokensDetails {
-                    cached_tokens: u.cached_tokens as u64,
-                },
-            },
+            choices: replies
+                .iter()
+                .enumerate()
+                .map(|(i, reply)| Choice {
+                    index: i as u32,
+                    message: AssistantMessage {
+                        role: "assistant".into(),
+                        // The API's content is null beside calls when nothing else was said.
+                        content: (reply.tool_calls.is_empty() || !reply.content.is_empty())
+                            .then(|| reply.content.clone()),
+                        reasoning_content: reply.reasoning.clone(),
+                        reasoning: None,
+                        tool_calls: reply.tool_calls.iter().map(WireToolCall::from).collect(),
+                    },
+                    logprobs: (!reply.logprobs.is_empty())
+                        .then(|| ChoiceLogprobs::from_tokens(&reply.logprobs)),
+                    finish_reason: Some(finish_reason(reply).into()),
+                })
+                .collect(),
+            usage: WireUsage::of(replies),
+            seed,
         }
     }
 
@@ -479,6 +812,7 @@ impl ChatCompletion {
             },
             usage,
             tokens: Vec::new(),
+            logprobs: Vec::new(),
         })
     }
 }
@@ -489,7 +823,7 @@ pub struct EmbeddingRequest {
     #[serde(default)]
     pub model: String,
     pub input: EmbeddingInput,
-    /// Only `float` is supported.
+    /// `float` (the default) or `base64` (little-endian f32s).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub encoding_format: Option<String>,
 }
@@ -509,11 +843,14 @@ impl Default for EmbeddingInput {
 }
 
 impl EmbeddingRequest {
-    /// The texts, refusing an empty input or a format other than floats.
-    pub fn into_texts(self) -> Result<Vec<String>, WireError> {
-        if let Some(f) = self.encoding_format.filter(|f| f != "float") {
-            return Err(WireError::EncodingFormat(f));
-        }
+    /// The texts and whether vectors go back as base64, refusing an empty
+    /// input or another format.
+    pub fn into_texts(self) -> Result<(Vec<String>, bool), WireError> {
+        let base64 = match self.encoding_format.as_deref() {
+            None | Some("float") => false,
+            Some("base64") => true,
+            Some(f) => return Err(WireError::EncodingFormat(f.to_string())),
+        };
         let texts = match self.input {
             EmbeddingInput::One(s) => vec![s],
             EmbeddingInput::Many(v) => v,
@@ -524,7 +861,7 @@ impl EmbeddingRequest {
         if texts.len() > MAX_EMBED_INPUTS {
             return Err(WireError::TooManyInputs(texts.len()));
         }
-        Ok(texts)
+        Ok((texts, base64))
     }
 }
 
@@ -544,9 +881,47 @@ pub struct EmbeddingResponse {
 pub struct EmbeddingData {
     #[serde(default)]
     pub object: String,
-    pub embedding: Vec<f32>,
+    pub embedding: Vector,
     #[serde(default)]
     pub index: usize,
+}
+
+/// A vector as numbers, or as base64 of its little-endian f32s.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum Vector {
+    Floats(Vec<f32>),
+    Base64(String),
+}
+
+impl Default for Vector {
+    fn default() -> Self {
+        Vector::Floats(Vec::new())
+    }
+}
+
+impl Vector {
+    fn encode(v: &[f32], base64: bool) -> Self {
+        if !base64 {
+            return Vector::Floats(v.to_vec());
+        }
+        let bytes: Vec<u8> = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+        Vector::Base64(crate::base64::encode(&bytes))
+    }
+
+    fn into_floats(self) -> Option<Vec<f32>> {
+        match self {
+            Vector::Floats(v) => Some(v),
+            Vector::Base64(s) => {
+                let b = crate::base64::decode(&s)?;
+                b.len().is_multiple_of(4).then(|| {
+                    b.chunks_exact(4)
+                        .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                        .collect()
+                })
+            }
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -559,7 +934,7 @@ pub struct EmbeddingUsage {
 
 impl EmbeddingResponse {
     /// The reply to write for engine embeddings.
-    pub fn from_embeddings(e: &Embeddings, model: &str) -> Self {
+    pub fn from_embeddings(e: &Embeddings, model: &str, base64: bool) -> Self {
         EmbeddingResponse {
             object: "list".into(),
             data: e
@@ -568,7 +943,7 @@ impl EmbeddingResponse {
                 .enumerate()
                 .map(|(index, v)| EmbeddingData {
                     object: "embedding".into(),
-                    embedding: v.clone(),
+                    embedding: Vector::encode(v, base64),
                     index,
                 })
                 .collect(),
@@ -588,7 +963,10 @@ impl EmbeddingResponse {
             let slot = vectors
                 .get_mut(d.index)
                 .ok_or(WireError::EmbeddingCount(n))?;
-            *slot = d.embedding;
+            *slot = d
+                .embedding
+                .into_floats()
+                .ok_or(WireError::EmbeddingCount(n))?;
             crate::backend::l2_normalize(slot);
         }
         if vectors.iter().any(Vec::is_empty) {
@@ -657,4 +1035,165 @@ pub struct ModelCard {
     pub created: u64,
     #[serde(default)]
     pub owned_by: String,
+}
+
+/// `POST /v1/completions` body (text completions).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CompletionRequest {
+    #[serde(default)]
+    pub model: String,
+    /// A string, or a list of strings (a choice set per prompt).
+    pub prompt: serde_json::Value,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_tokens: Option<u64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub temperature: Option<f32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<serde_json::Number>,
+    #[serde(default, skip_serializing_if = "Stop::is_empty")]
+    pub stop: Stop,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub n: Option<u64>,
+    /// The `k` most likely tokens' log-probabilities per generated token.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<u64>,
+    /// The prompt written before the completion.
+    #[serde(default)]
+    pub echo: bool,
+    #[serde(default)]
+    pub stream: bool,
+}
+
+/// What one completions body asks for: a request per prompt.
+#[derive(Debug, Clone)]
+pub struct CompletionCall {
+    /// One per prompt, each choice 0's.
+    pub reqs: Vec<ChatRequest>,
+    pub n: usize,
+    pub echo: bool,
+    pub seeded: bool,
+}
+
+impl CompletionRequest {
+    pub fn into_call(self) -> Result<CompletionCall, WireError> {
+        if self.stream {
+            return Err(WireError::Stream);
+        }
+        let n = self.n.unwrap_or(1);
+        if !(1..=MAX_N).contains(&n) {
+            return Err(WireError::N(n));
+        }
+        let prompts: Vec<String> = match self.prompt {
+            serde_json::Value::String(s) => vec![s],
+            serde_json::Value::Array(a) if !a.is_empty() => a
+                .into_iter()
+                .map(|p| match p {
+                    serde_json::Value::String(s) => Ok(s),
+                    _ => Err(WireError::Prompt),
+                })
+                .collect::<Result<_, _>>()?,
+            _ => return Err(WireError::Prompt),
+        };
+        if prompts.len() as u64 * n > MAX_N {
+            return Err(WireError::N(prompts.len() as u64 * n));
+        }
+        let k = self.logprobs.map(|k| k as usize);
+        if let Some(k) = k.filter(|&k| k > MAX_TOP_LOGPROBS) {
+            return Err(WireError::TopLogprobs(k as u64));
+        }
+        if self.echo && k.is_some() {
+            return Err(WireError::Echo);
+        }
+        let max_tokens = self
+            .max_tokens
+            .map_or(DEFAULT_COMPLETION_TOKENS, |n| n as usize);
+        if max_tokens == 0 {
+            return Err(WireError::NoTokens);
+        }
+        let temperature = temperature(self.temperature)?;
+        let seed = seed(self.seed.as_ref())?;
+        let stop = self.stop.into_vec();
+        let reqs = prompts
+            .into_iter()
+            .map(|p| ChatRequest {
+                stop: stop.clone(),
+                temperature,
+                seed: seed.unwrap_or(0),
+                logprobs: k,
+                prompt_text: Some(p),
+                ..ChatRequest::greedy(Vec::new(), max_tokens)
+            })
+            .collect();
+        Ok(CompletionCall {
+            reqs,
+            n: n as usize,
+            echo: self.echo,
+            seeded: seed.is_some(),
+        })
+    }
+}
+
+/// A `text_completion` reply.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct Completion {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    pub usage: WireUsage,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CompletionChoice {
+    pub text: String,
+    pub index: u32,
+    pub logprobs: Option<CompletionLogprobs>,
+    pub finish_reason: Option<String>,
+}
+
+/// The completions API's log-probabilities: parallel lists per token.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CompletionLogprobs {
+    pub tokens: Vec<String>,
+    pub token_logprobs: Vec<f32>,
+    pub top_logprobs: Vec<serde_json::Map<String, serde_json::Value>>,
+    /// Each token's character offset in `text`.
+    pub text_offset: Vec<usize>,
+}
+
+impl CompletionChoice {
+    /// Choice `index` for a reply; `echo` is the prompt written before it.
+    pub fn new(index: usize, reply: &ChatReply, echo: Option<&str>) -> Self {
+        let head = echo.unwrap_or("");
+        let logprobs = (!reply.logprobs.is_empty()).then(|| {
+            let mut lp = CompletionLogprobs::default();
+            let mut offset = head.chars().count();
+            for t in &reply.logprobs {
+                let text = String::from_utf8_lossy(&t.chosen.bytes).into_owned();
+                lp.text_offset.push(offset);
+                offset += text.chars().count();
+                lp.tokens.push(text);
+                lp.token_logprobs.push(t.chosen.logprob);
+                lp.top_logprobs.push(
+                    t.top
+                        .iter()
+                        .map(|c| {
+                            let key = String::from_utf8_lossy(&c.bytes).into_owned();
+                            (key, serde_json::json!(c.logprob))
+                        })
+                        .collect(),
+                );
+            }
+            lp
+        });
+        CompletionChoice {
+            text: format!("{head}{}", reply.content),
+            index: index as u32,
+            logprobs,
+            finish_reason: Some(finish_reason(reply).into()),
+        }
+    }
 }

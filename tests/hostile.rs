@@ -441,7 +441,7 @@ fn huge_prompts_are_refused_and_abandoned_requests_dropped() {
     until(0);
     // The server still answers.
     let mut c = TcpStream::connect(server.addr()).unwrap();
-    c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+    c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
         .unwrap();
     let mut resp = String::new();
     c.read_to_string(&mut resp).unwrap();

@@ -495,7 +495,7 @@ fn http(addr: std::net::SocketAddr, request: &[u8]) -> String {
 
 fn post(path: &str, body: &str) -> Vec<u8> {
     format!(
-        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        "POST {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
     )
     .into_bytes()
@@ -523,7 +523,7 @@ fn serve_refuses_conflicting_lengths_and_answers_past_its_connection_cap() {
     );
     // Three idle connections hold every slot: the next is told so at once.
     let idle: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(addr).unwrap()).collect();
-    let health = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n";
+    let health = b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n";
     let t = Instant::now();
     let mut resp = http(addr, health);
     while !resp.starts_with("HTTP/1.1 503") && t.elapsed() < Duration::from_secs(10) {
@@ -541,6 +541,49 @@ fn serve_refuses_conflicting_lengths_and_answers_past_its_connection_cap() {
         resp = http(addr, health);
     }
     assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+}
+
+// 9. A connection serves requests in turn, pipelined ones too, until it
+// is asked to close.
+#[test]
+fn serve_keeps_connections_alive_and_answers_pipelined_requests() {
+    let shared = tiny_shared();
+    let server = Listener::bind("127.0.0.1", 0)
+        .unwrap()
+        .serve(shared.client(), shared.model_id().clone())
+        .unwrap();
+    let body = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"temperature":0}"#;
+    let chat = format!(
+        "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    // Three requests in one write, the last asking to close.
+    let mut all = chat.clone().into_bytes();
+    all.extend_from_slice(b"GET /v1/models HTTP/1.1\r\nHost: x\r\n\r\n");
+    all.extend_from_slice(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+    let resp = http(server.addr(), &all);
+    let heads: Vec<&str> = resp
+        .split("\r\n\r\n")
+        .filter_map(|part| part.rfind("HTTP/1.1 ").map(|i| &part[i..]))
+        .collect();
+    assert_eq!(heads.len(), 3, "{resp}");
+    assert!(
+        heads.iter().all(|h| h.starts_with("HTTP/1.1 200")),
+        "{resp}"
+    );
+    assert!(
+        heads[0].contains("Connection: keep-alive") && heads[2].contains("Connection: close"),
+        "{resp}"
+    );
+    assert!(
+        resp.contains("chat.completion")
+            && resp.contains("\"object\":\"list\"")
+            && resp.ends_with(r#"{"status":"ok"}"#),
+        "{resp}"
+    );
+    // HTTP/1.0 closes after its answer.
+    let resp = http(server.addr(), b"GET /health HTTP/1.0\r\n\r\n");
+    assert!(resp.contains("Connection: close"), "{resp}");
 }
 
 // 9. Out of descriptors, the accept loop waits instead of spinning.
@@ -597,7 +640,7 @@ fn serve_out_of_descriptors_does_not_spin() {
     loop {
         let ok = TcpStream::connect(&addr).ok().and_then(|mut c| {
             c.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
-            c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+            c.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
                 .ok()?;
             let mut s = String::new();
             c.read_to_string(&mut s).ok()?;
@@ -703,9 +746,9 @@ fn seeds_out_of_range_and_bad_replies_fail_at_once_in_one_line() {
         let e = chat(bad).unwrap_err().to_string();
         assert!(e.starts_with("seed must be an integer"), "{bad}: {e}");
     }
-    assert_eq!(chat("18446744073709551615").unwrap().seed, u64::MAX);
-    assert_eq!(chat("-1").unwrap().seed, u64::MAX);
-    assert_eq!(chat("7").unwrap().seed, 7);
+    assert_eq!(chat("18446744073709551615").unwrap().req.seed, u64::MAX);
+    assert_eq!(chat("-1").unwrap().req.seed, u64::MAX);
+    assert_eq!(chat("7").unwrap().req.seed, 7);
 
     let ask = |url: &str| {
         let mut opts = OpenAiOptions::new(url.to_string());

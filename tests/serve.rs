@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use engine_common::statebench_within;
 use serde_json::{json, Value};
 use statebench::backend::http_client::{OpenAiBackend, OpenAiOptions};
-use statebench::backend::{Backend, BackendError, ChatRequest, Message, Role};
+use statebench::backend::{Backend, BackendError, ChatReply, ChatRequest, Message, Role};
 
 const BIN: &str = env!("CARGO_BIN_EXE_statebench");
 
@@ -290,10 +290,11 @@ fn bad_requests_get_400_with_one_line_messages() {
 
     let (s, v) = post(
         url,
-        r#"{"messages":[{"role":"user","content":"hi"}],"stream":true}"#,
+        r#"{"messages":[{"role":"user","content":"hi"}],"n":9}"#,
     );
     assert_eq!(s, 400);
-    assert!(one_line_error(&v).contains("stream"), "{v}");
+    assert!(one_line_error(&v).contains("n must be from 1 to 8"), "{v}");
+    assert_eq!(v["error"]["param"], "n", "{v}");
 
     let (s, v) = post(url, r#"{"messages": [{"role": "user", "content": "hi"}"#);
     assert_eq!(s, 400);
@@ -453,12 +454,33 @@ fn tool_calls_through_serve_match_in_process() {
     let rs = b.open_session();
     let remote = b.chat(rs, ask(first.clone())).unwrap();
     let remote2 = b.chat(rs, ask(second)).unwrap();
+    // The same calls; the server names each with an id of its own.
+    let calls = |r: &ChatReply| -> Vec<(String, String)> {
+        r.tool_calls
+            .iter()
+            .map(|c| (c.name.clone(), c.arguments.clone()))
+            .collect()
+    };
     for (l, r) in [(&local, &remote), (&local2, &remote2)] {
         assert_eq!(
-            (&l.content, &l.tool_calls, l.usage.completion_tokens),
-            (&r.content, &r.tool_calls, r.usage.completion_tokens)
+            (&l.content, calls(l), l.usage.completion_tokens),
+            (&r.content, calls(r), r.usage.completion_tokens)
         );
     }
+    let ids: Vec<&str> = remote
+        .tool_calls
+        .iter()
+        .chain(&remote2.tool_calls)
+        .map(|c| c.id.as_str())
+        .collect();
+    assert!(
+        ids.iter().all(|i| i.starts_with("call_") && i.len() > 20),
+        "{ids:?}"
+    );
+    let mut unique = ids.clone();
+    unique.sort_unstable();
+    unique.dedup();
+    assert_eq!(unique.len(), ids.len(), "{ids:?}");
     // The raw wire: calls as OpenAI spells them, arguments as a string.
     let body = serde_json::to_string(&statebench::wire::ChatCompletionRequest::from_chat(
         "m",
@@ -470,9 +492,10 @@ fn tool_calls_through_serve_match_in_process() {
     let choice = &v["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls", "{v}");
     let c = &choice["message"]["tool_calls"][0];
-    assert_eq!(
-        (c["type"].as_str(), c["id"].as_str()),
-        (Some("function"), Some("call_0"))
+    assert_eq!(c["type"], "function", "{v}");
+    assert!(
+        c["id"].as_str().is_some_and(|i| i.starts_with("call_")),
+        "{v}"
     );
     assert_eq!(c["function"]["name"], "sign_msa");
     assert!(c["function"]["arguments"].is_string(), "{v}");

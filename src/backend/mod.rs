@@ -97,6 +97,63 @@ pub struct ChatRequest {
     /// blocks come back as [`ChatReply::tool_calls`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tools: Vec<Tool>,
+    /// `Some(k)`: each generated token's log-probability and the `k` most
+    /// likely tokens' (k at most [`MAX_TOP_LOGPROBS`]), in [`ChatReply::logprobs`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logprobs: Option<usize>,
+    /// A shape the reply must take; tokens that leave it are masked before
+    /// each choice.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub constraint: Option<Constraint>,
+    /// A text prompt tokenized as it is, in place of the rendered messages
+    /// (text completions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_text: Option<String>,
+}
+
+/// Most alternatives a token's log-probabilities list (OpenAI's bound).
+pub const MAX_TOP_LOGPROBS: usize = 20;
+
+/// A shape a reply must take, enforced token by token.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Constraint {
+    /// Plain text: the model may not open a tool call.
+    NoToolCalls,
+    /// One or more calls of the offered tools (`None`), or exactly one call
+    /// of the named one, in the template's `<tool_call>` form.
+    ToolCalls(Option<String>),
+    /// A JSON object.
+    JsonObject,
+    /// A JSON value valid under this JSON Schema.
+    JsonSchema(serde_json::Value),
+}
+
+/// One candidate token and its log-probability under the model's
+/// distribution (the logits before temperature and before any constraint).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct Candidate {
+    pub id: u32,
+    /// The token's bytes (a piece of a UTF-8 character for some).
+    pub bytes: Vec<u8>,
+    pub logprob: f32,
+}
+
+/// A generated token's log-probability and the most likely alternatives,
+/// most likely first (ties to the lower id).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TokenLogprob {
+    pub chosen: Candidate,
+    pub top: Vec<Candidate>,
+}
+
+/// A token a running request generated in the last step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Progress {
+    pub id: RequestId,
+    pub token: u32,
+    /// When the request asked for log-probabilities.
+    pub logprob: Option<TokenLogprob>,
 }
 
 impl ChatRequest {
@@ -108,8 +165,13 @@ impl ChatRequest {
                 "max_tokens must be at least 1".into(),
             ));
         }
-        if self.messages.is_empty() {
+        if self.messages.is_empty() && self.prompt_text.is_none() {
             return Err(BackendError::BadRequest("no messages".into()));
+        }
+        if self.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
+            return Err(BackendError::BadRequest(format!(
+                "at most {MAX_TOP_LOGPROBS} top log-probabilities per token"
+            )));
         }
         if !(self.temperature.is_finite() && self.temperature >= 0.0) {
             return Err(BackendError::BadRequest(format!(
@@ -130,6 +192,9 @@ impl ChatRequest {
             temperature: 0.0,
             seed: 0,
             tools: Vec::new(),
+            logprobs: None,
+            constraint: None,
+            prompt_text: None,
         }
     }
 }
@@ -193,6 +258,9 @@ pub struct ChatReply {
     /// The tool calls the reply made (requests that offered tools).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub tool_calls: Vec<ToolCall>,
+    /// Per generated token (the stop token excluded), when asked.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logprobs: Vec<TokenLogprob>,
 }
 
 /// What model a backend serves, for run manifests.
@@ -216,6 +284,26 @@ pub struct ModelIdentity {
     /// empty for the CPU.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub device: String,
+}
+
+impl ModelIdentity {
+    /// A clean id for clients and tables: the weight file's name without
+    /// `.gguf`, a checkpoint directory's name, the hub id as given, or a
+    /// served model's own id.
+    pub fn short_name(&self) -> String {
+        if self.source.starts_with("http://") || self.source.starts_with("https://") {
+            return self.name.clone();
+        }
+        let path = std::path::Path::new(&self.source);
+        let name = if self.source.ends_with(".gguf") {
+            path.file_stem()
+        } else if path.is_dir() {
+            path.file_name()
+        } else {
+            None
+        };
+        name.map_or_else(|| self.source.clone(), |n| n.to_string_lossy().into_owned())
+    }
 }
 
 /// A conversation whose KV cache the backend keeps between calls.
@@ -295,6 +383,10 @@ pub enum BackendError {
     /// A request asked for something malformed.
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// A `Constraint` that cannot be compiled (a schema that is not valid
+    /// JSON Schema, a tool that was not offered).
+    #[error("{field}: {cause}")]
+    Constraint { field: &'static str, cause: String },
     /// A remote server could not be reached or answered with an error.
     #[error("{url}: {cause}")]
     Remote {
@@ -348,6 +440,13 @@ pub fn l2_normalize(v: &mut [f32]) {
 /// with callers so that work happens on their threads.
 pub trait Prompt: Send + Sync {
     fn tokens(&self, req: &ChatRequest) -> Result<Vec<u32>, BackendError>;
+    /// Generated ids as the reply's text (special tokens dropped).
+    fn text(&self, ids: &[u32]) -> Result<String, BackendError>;
+    /// Whether the chat template has a thinking mode (replies may open
+    /// with a `<think>` block).
+    fn reasons(&self) -> bool {
+        false
+    }
     /// The tokens an embedding of `text` reads.
     fn embedding_tokens(&self, text: &str) -> Result<Vec<u32>, BackendError>;
 }
@@ -398,6 +497,11 @@ pub trait Backend {
     }
     /// Advances every live request by one token; returns the requests that finished.
     fn step(&mut self) -> Result<Finished, BackendError>;
+    /// The tokens the last `step` generated, one per request that decoded
+    /// (for streaming); a backend that cannot tell returns none.
+    fn take_progress(&mut self) -> Vec<Progress> {
+        Vec::new()
+    }
     /// Whether any request is queued or running.
     fn has_pending(&self) -> bool;
     /// Submits one request and steps until it finishes. Other requests keep

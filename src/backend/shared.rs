@@ -14,18 +14,35 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::{
-    Backend, BackendError, ChatReply, ChatRequest, Embeddings, ModelIdentity, Prompt, RequestId,
-    SessionId,
+    Backend, BackendError, ChatReply, ChatRequest, Embeddings, ModelIdentity, Progress, Prompt,
+    RequestId, SessionId,
 };
 
-type ReplyTx = Sender<Result<ChatReply, BackendError>>;
+/// What a submitted request sends back: its tokens as they come (when it
+/// streams), then its reply.
+pub enum Event {
+    Token(Progress),
+    Done(Result<ChatReply, BackendError>),
+}
+
+/// Where a request's events go, each tagged with the caller's number for
+/// it (several requests may share one channel).
+pub type Events = Sender<(usize, Event)>;
+
+/// A submitted request's caller.
+struct Caller {
+    session: SessionId,
+    events: Events,
+    tag: usize,
+    stream: bool,
+}
 
 enum Cmd {
     Open(Sender<SessionId>),
     Pending(Sender<usize>),
     Close(SessionId),
     /// A request, with its prompt tokens when the caller made them.
-    Chat(SessionId, ChatRequest, Option<Vec<u32>>, ReplyTx),
+    Chat(SessionId, Box<ChatRequest>, Option<Vec<u32>>, Caller),
     /// Texts to embed, with their tokens when the caller made them; run
     /// between two steps.
     Embed(
@@ -180,6 +197,11 @@ impl Client {
         Ok(out)
     }
 
+    /// What renders and tokenizes requests, for a backend that does.
+    pub fn prompter(&self) -> Option<&Arc<dyn Prompt>> {
+        self.prompter.as_ref()
+    }
+
     /// Opens a conversation.
     pub fn open(&self) -> Result<Conversation, BackendError> {
         let (tx, rx) = mpsc::channel();
@@ -205,18 +227,12 @@ impl Conversation {
         req: ChatRequest,
         cancelled: &dyn Fn() -> bool,
     ) -> Result<ChatReply, BackendError> {
-        let prompt = match &self.client.prompter {
-            Some(p) => Some(p.tokens(&req)?),
-            None => None,
-        };
         let (tx, rx) = mpsc::channel();
-        self.client
-            .tx
-            .send(Cmd::Chat(self.id, req, prompt, tx))
-            .map_err(|_| gone())?;
+        self.start(req, None, false, 0, &tx)?;
         loop {
             match rx.recv_timeout(Duration::from_millis(50)) {
-                Ok(r) => return r,
+                Ok((_, Event::Done(r))) => return r,
+                Ok((_, Event::Token(_))) => {}
                 Err(RecvTimeoutError::Disconnected) => return Err(gone()),
                 Err(RecvTimeoutError::Timeout) if cancelled() => {
                     let _ = self.client.tx.send(Cmd::Close(self.id));
@@ -226,6 +242,34 @@ impl Conversation {
             }
         }
     }
+
+    /// Submits a request without waiting: its events arrive on `events`
+    /// tagged `tag` (tokens only when `stream`). `prompt` is its tokens when
+    /// the caller made them already. Dropping the conversation cancels it.
+    pub fn start(
+        &self,
+        req: ChatRequest,
+        prompt: Option<Vec<u32>>,
+        stream: bool,
+        tag: usize,
+        events: &Events,
+    ) -> Result<(), BackendError> {
+        let prompt = match (prompt, &self.client.prompter) {
+            (Some(p), _) => Some(p),
+            (None, Some(p)) => Some(p.tokens(&req)?),
+            (None, None) => None,
+        };
+        let caller = Caller {
+            session: self.id,
+            events: events.clone(),
+            tag,
+            stream,
+        };
+        self.client
+            .tx
+            .send(Cmd::Chat(self.id, Box::new(req), prompt, caller))
+            .map_err(|_| gone())
+    }
 }
 
 impl Drop for Conversation {
@@ -234,8 +278,8 @@ impl Drop for Conversation {
     }
 }
 
-/// Requests waiting for their replies: the caller's channel and session.
-type Waiting = HashMap<RequestId, (SessionId, ReplyTx)>;
+/// Requests waiting for their replies.
+type Waiting = HashMap<RequestId, Caller>;
 
 fn serve(mut backend: Box<dyn Backend + Send>, rx: Receiver<Cmd>) {
     let mut waiting: Waiting = HashMap::new();
@@ -265,18 +309,26 @@ fn serve(mut backend: Box<dyn Backend + Send>, rx: Receiver<Cmd>) {
         if backend.has_pending() {
             match backend.step() {
                 Ok(done) => {
+                    if waiting.values().any(|c| c.stream) {
+                        for p in backend.take_progress() {
+                            if let Some(c) = waiting.get(&p.id).filter(|c| c.stream) {
+                                let _ = c.events.send((c.tag, Event::Token(p)));
+                            }
+                        }
+                    }
                     for (id, r) in done {
-                        if let Some((_, tx)) = waiting.remove(&id) {
-                            let _ = tx.send(r);
+                        if let Some(c) = waiting.remove(&id) {
+                            let _ = c.events.send((c.tag, Event::Done(r)));
                         }
                     }
                 }
                 Err(e) => {
                     let msg = crate::one_line(&e);
-                    for (_, (_, tx)) in waiting.drain() {
-                        let _ = tx.send(Err(BackendError::BadRequest(format!(
-                            "engine step failed: {msg}"
-                        ))));
+                    for (_, c) in waiting.drain() {
+                        let cause = format!("engine step failed: {msg}");
+                        let _ = c
+                            .events
+                            .send((c.tag, Event::Done(Err(BackendError::BadRequest(cause)))));
                     }
                 }
             }
@@ -295,7 +347,7 @@ fn handle(backend: &mut dyn Backend, waiting: &mut Waiting, cmd: Cmd) {
         Cmd::Close(s) => {
             backend.close_session(s);
             // Its requests are gone from the backend; nobody waits on them.
-            waiting.retain(|_, (session, _)| *session != s);
+            waiting.retain(|_, c| c.session != s);
         }
         Cmd::Embed(texts, tokens, tx) => {
             let r = match tokens {
@@ -304,17 +356,17 @@ fn handle(backend: &mut dyn Backend, waiting: &mut Waiting, cmd: Cmd) {
             };
             let _ = tx.send(r);
         }
-        Cmd::Chat(s, req, prompt, tx) => {
+        Cmd::Chat(s, req, prompt, caller) => {
             let submitted = match prompt {
-                Some(p) => backend.submit_prepared(s, req, p),
-                None => backend.submit(s, req),
+                Some(p) => backend.submit_prepared(s, *req, p),
+                None => backend.submit(s, *req),
             };
             match submitted {
                 Ok(id) => {
-                    waiting.insert(id, (s, tx));
+                    waiting.insert(id, caller);
                 }
                 Err(e) => {
-                    let _ = tx.send(Err(e));
+                    let _ = caller.events.send((caller.tag, Event::Done(Err(e))));
                 }
             }
         }

@@ -21,15 +21,25 @@ pub struct ServeArgs {
     /// Connections served at once; more are answered 503 at once.
     #[arg(long, default_value_t = statebench::http_server::MAX_CONNECTIONS)]
     pub max_connections: usize,
+    /// The model id clients send and see (default: the weight file's name
+    /// without `.gguf`, the checkpoint directory's name, or the hub id).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
 }
 
 /// Binds first (a taken port fails before the model loads), then answers
 /// until killed.
 pub fn run(a: ServeArgs) -> Result<()> {
-    let listener = Listener::bind(&a.host, a.port)?.max_connections(a.max_connections);
+    let listener = Listener::bind(&a.host, a.port)?
+        .max_connections(a.max_connections)
+        .served_model_name(a.served_model_name.clone());
     let shared = SharedBackend::spawn(a.model.load()?)?;
     let model = shared.model_id().clone();
-    let server = listener.serve(shared.client(), model.clone())?;
+    let name = a
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| model.short_name());
+    let server = listener.serve(shared.client(), model)?;
     let addr = server.addr();
     if !addr.ip().is_loopback() {
         eprintln!(
@@ -37,8 +47,8 @@ pub fn run(a: ServeArgs) -> Result<()> {
         );
     }
     eprintln!(
-        "statebench serve: {} on http://{addr} (POST /v1/chat/completions, GET /v1/models)",
-        model.name
+        "statebench serve: {name} on http://{addr} ({})",
+        statebench::http_server::ROUTES
     );
     server.wait();
     Ok(())

@@ -7,6 +7,7 @@
 //! the [`device`] kernels they call. [`Engine`] ties them to the tokenizer
 //! and the chat template and implements [`Backend`].
 
+pub mod constrain;
 pub mod device;
 pub mod gguf;
 pub mod known;
@@ -27,13 +28,16 @@ use sha2::{Digest, Sha256};
 use std::sync::Arc;
 
 use crate::backend::{
-    l2_normalize, split_thinking, split_tool_calls, Backend, BackendError, ChatReply, ChatRequest,
-    Embeddings, Finished, Message, ModelIdentity, Prompt, RequestId, SessionId, Usage,
+    l2_normalize, split_thinking, split_tool_calls, Backend, BackendError, Candidate, ChatReply,
+    ChatRequest, Constraint, Embeddings, Finished, Message, ModelIdentity, Progress, Prompt,
+    RequestId, SessionId, TokenLogprob, Usage,
 };
+use constrain::{Grammars, TokenBytes};
 use device::{Cpu, Device, DeviceChoice, Next};
 use model::{BatchItem, Model};
 use prompt::Prompter;
 use scheduler::{Done, Limits, Scheduler};
+use scheduler::{Scored, TokenFilter};
 use template::ChatTemplate;
 
 /// Where the default model lives, relative to the repository root.
@@ -146,6 +150,10 @@ pub struct Engine<D: Device = Cpu> {
     scheduler: Scheduler<D::Cache>,
     /// Tokens one text feeds per forward step when embedding.
     prefill_chunk: usize,
+    /// Read on the first request that asks for log-probabilities or a
+    /// constraint.
+    token_bytes: OnceLock<TokenBytes>,
+    grammars: Option<Grammars>,
 }
 
 /// Tokens of the texts one embedding forward step takes together at most.
@@ -248,6 +256,8 @@ impl<D: Device> Engine<D> {
             },
             scheduler,
             prefill_chunk: opts.prefill_chunk.max(1),
+            token_bytes: OnceLock::new(),
+            grammars: None,
         })
     }
 
@@ -350,7 +360,46 @@ impl<D: Device> Engine<D> {
         Ok(out)
     }
 
+    fn token_bytes(&self) -> &TokenBytes {
+        self.token_bytes.get_or_init(|| self.prompter.token_bytes())
+    }
+
+    /// A token's log-probabilities with each candidate's bytes.
+    fn logprob(&self, s: &Scored) -> TokenLogprob {
+        let bytes = self.token_bytes();
+        let candidate = |id: u32, logprob: f32| Candidate {
+            id,
+            bytes: bytes.of(id).to_vec(),
+            logprob,
+        };
+        TokenLogprob {
+            chosen: candidate(s.token, s.logprob),
+            top: s.top.iter().map(|&(id, lp)| candidate(id, lp)).collect(),
+        }
+    }
+
+    /// The filter enforcing a request's constraint; the vocabulary is
+    /// indexed on the first.
+    fn filter(&mut self, req: &ChatRequest) -> Result<Option<Box<dyn TokenFilter>>, BackendError> {
+        let Some(c) = &req.constraint else {
+            return Ok(None);
+        };
+        if self.grammars.is_none() {
+            let eos = self.prompter.tokenizer.token_to_id("<|im_end|>");
+            let eos = eos
+                .or_else(|| self.prompter.tokenizer.token_to_id("<|endoftext|>"))
+                .unwrap_or(0);
+            let tool_call = self.prompter.tokenizer.token_to_id("<tool_call>");
+            self.grammars = Some(Grammars::new(self.token_bytes(), eos, tool_call)?);
+        }
+        let grammars = self.grammars.as_ref().expect("indexed above");
+        grammars.filter(c, &req.tools).map(Some)
+    }
+
     fn reply(&self, d: Done) -> Result<ChatReply, BackendError> {
+        if let Some(cause) = d.failed {
+            return Err(BackendError::BadRequest(cause));
+        }
         let body = match d.generated.split_last() {
             Some((t, body)) if self.scheduler.is_stop_id(*t) => body,
             _ => &d.generated,
@@ -367,11 +416,16 @@ impl<D: Device> Engine<D> {
             text.truncate(cut);
         }
         let (reasoning, content) = split_thinking(&text);
-        let (content, tool_calls) = if d.req.tools.is_empty() {
+        let plain = d.req.tools.is_empty() || d.req.constraint == Some(Constraint::NoToolCalls);
+        let (content, tool_calls) = if plain {
             (content, Vec::new())
         } else {
             split_tool_calls(&content)
         };
+        let logprobs = d.scores[..d.scores.len().min(body.len())]
+            .iter()
+            .map(|s| self.logprob(s))
+            .collect();
         Ok(ChatReply {
             content,
             reasoning,
@@ -385,6 +439,7 @@ impl<D: Device> Engine<D> {
                 decode_secs: d.decode_secs,
             },
             tokens: d.generated,
+            logprobs,
         })
     }
 }
@@ -401,7 +456,8 @@ impl<D: Device> Backend for Engine<D> {
     fn submit(&mut self, s: SessionId, req: ChatRequest) -> Result<RequestId, BackendError> {
         self.scheduler.check_session(s)?;
         let prompt = self.prompter.tokens(&req)?;
-        self.scheduler.add_request(s, req, prompt)
+        let filter = self.filter(&req)?;
+        self.scheduler.add_request(s, req, prompt, filter)
     }
 
     fn prompter(&self) -> Option<Arc<dyn Prompt>> {
@@ -416,7 +472,8 @@ impl<D: Device> Backend for Engine<D> {
     ) -> Result<RequestId, BackendError> {
         req.validate()?;
         self.prompter.check(&prompt)?;
-        self.scheduler.add_request(s, req, prompt)
+        let filter = self.filter(&req)?;
+        self.scheduler.add_request(s, req, prompt, filter)
     }
 
     fn embed(&mut self, texts: &[String]) -> Result<Embeddings, BackendError> {
@@ -496,6 +553,18 @@ impl<D: Device> Backend for Engine<D> {
         };
         let done = self.scheduler.update(&outputs, started.elapsed(), &stopped);
         Ok(done.into_iter().map(|d| (d.id, self.reply(d))).collect())
+    }
+
+    fn take_progress(&mut self) -> Vec<Progress> {
+        let stepped = self.scheduler.take_stepped();
+        stepped
+            .into_iter()
+            .map(|(id, token, scored)| Progress {
+                id,
+                token,
+                logprob: scored.map(|s| self.logprob(&s)),
+            })
+            .collect()
     }
 
     fn has_pending(&self) -> bool {

@@ -31,6 +31,8 @@ pub struct Prompter {
     special_tokens_in_content: bool,
     context: usize,
     vocab: usize,
+    /// The template has a thinking mode.
+    reasons: bool,
 }
 
 impl Prompter {
@@ -57,7 +59,9 @@ impl Prompter {
             .filter_map(|t| tokenizer.token_to_id(t))
             .collect();
         literal.sort_unstable();
+        let reasons = template.thinks();
         Prompter {
+            reasons,
             tokenizer,
             plain,
             template,
@@ -166,8 +170,22 @@ impl Prompt for Prompter {
         Prompter::embedding_tokens(self, text)
     }
 
+    fn text(&self, ids: &[u32]) -> Result<String, BackendError> {
+        self.decode(ids)
+    }
+
+    fn reasons(&self) -> bool {
+        self.reasons
+    }
+
     fn tokens(&self, req: &ChatRequest) -> Result<Vec<u32>, BackendError> {
         req.validate()?;
+        if let Some(text) = &req.prompt_text {
+            self.overflow_early(text, req.max_tokens)?;
+            let prompt = self.encode(text)?;
+            self.check(&prompt)?;
+            return Ok(prompt);
+        }
         let text = self
             .template
             .render(&req.messages, &req.tools, req.thinking)?;
@@ -185,6 +203,11 @@ impl Prompt for Prompter {
 }
 
 impl Prompter {
+    /// Every token id's bytes, for log-probabilities and grammars.
+    pub fn token_bytes(&self) -> super::constrain::TokenBytes {
+        super::constrain::TokenBytes::new(&self.tokenizer, self.vocab, &self.literal)
+    }
+
     /// The tokens an embedding reads: the text as plain text (special-token
     /// strings in it stay text), then `<|endoftext|>` where the vocabulary
     /// has it, whose hidden state Qwen3-Embedding pools.

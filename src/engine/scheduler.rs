@@ -43,12 +43,32 @@ struct Session<C> {
     last_used: u64,
 }
 
+/// Masks the tokens a request may not choose next and follows the ones it
+/// chose (a grammar over the vocabulary); the engine builds one per
+/// constrained request.
+pub trait TokenFilter: Send + Sync {
+    /// Sets the logits of forbidden tokens to minus infinity.
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String>;
+    /// Follows the chosen token.
+    fn accept(&mut self, token: u32) -> Result<(), String>;
+}
+
+/// A chosen token's log-probability and the most likely tokens', most
+/// likely first (ties to the lower id).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Scored {
+    pub token: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
 /// A request waiting for admission.
 struct Waiting {
     id: RequestId,
     session: SessionId,
     req: ChatRequest,
     prompt: Vec<u32>,
+    filter: Option<Box<dyn TokenFilter>>,
 }
 
 /// A request in the running batch; it holds its session's cache meanwhile.
@@ -65,9 +85,45 @@ struct Running<C> {
     tokens: Vec<u32>,
     cache: C,
     generated: Vec<u32>,
+    /// One per generated token, when the request asked.
+    scores: Vec<Scored>,
+    filter: Option<Box<dyn TokenFilter>>,
+    /// Why the filter failed, which ends the request.
+    failed: Option<String>,
     rng: Rng,
     prefill_secs: f64,
     decode_secs: f64,
+}
+
+/// A request's next token from its step's logits: masked by its filter,
+/// then chosen as its temperature says; scored under the unmasked logits
+/// when it asked for log-probabilities.
+fn choose<C>(r: &mut Running<C>, logits: &[f32], stop_ids: &[u32]) -> (u32, Option<Scored>) {
+    let t = match &mut r.filter {
+        None => sampling::sample(logits, r.req.temperature, &mut r.rng),
+        Some(f) => {
+            let mut masked = logits.to_vec();
+            let t = f
+                .mask(&mut masked)
+                .map(|()| sampling::sample(&masked, r.req.temperature, &mut r.rng))
+                .and_then(|t| {
+                    // A stop token ends the reply; the grammar allowed it.
+                    if !stop_ids.contains(&t) {
+                        f.accept(t)?;
+                    }
+                    Ok(t)
+                });
+            match t {
+                Ok(t) => t,
+                Err(e) => {
+                    r.failed = Some(e);
+                    stop_ids.first().copied().unwrap_or(0)
+                }
+            }
+        }
+    };
+    let scored = r.req.logprobs.map(|k| sampling::score(logits, t, k));
+    (t, scored)
 }
 
 /// A request that finished: what the engine needs to write its reply.
@@ -80,9 +136,13 @@ pub struct Done {
     pub cached_tokens: usize,
     /// Generated ids, the stop token included when one ended the reply.
     pub generated: Vec<u32>,
+    /// One per generated token, when the request asked for log-probabilities.
+    pub scores: Vec<Scored>,
     pub finish: Finish,
     pub prefill_secs: f64,
     pub decode_secs: f64,
+    /// Why a constrained request could not go on.
+    pub failed: Option<String>,
 }
 
 /// One forward step's work: every running request's feed and cache, and
@@ -98,6 +158,8 @@ pub struct Scheduler<C: KvStore> {
     sessions: HashMap<SessionId, Session<C>>,
     waiting: VecDeque<Waiting>,
     running: Vec<Running<C>>,
+    /// Tokens the last update chose, in running order.
+    stepped: Vec<(RequestId, u32, Option<Scored>)>,
     next_id: u64,
     /// Counts admissions and finishes; orders sessions for eviction.
     clock: u64,
@@ -110,6 +172,7 @@ impl<C: KvStore> Scheduler<C> {
             sessions: HashMap::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
+            stepped: Vec::new(),
             next_id: 0,
             clock: 0,
         }
@@ -151,6 +214,7 @@ impl<C: KvStore> Scheduler<C> {
         s: SessionId,
         req: ChatRequest,
         prompt: Vec<u32>,
+        filter: Option<Box<dyn TokenFilter>>,
     ) -> Result<RequestId, BackendError> {
         self.check_session(s)?;
         let context = self.limits.context;
@@ -181,6 +245,7 @@ impl<C: KvStore> Scheduler<C> {
             session: s,
             req,
             prompt,
+            filter,
         });
         Ok(id)
     }
@@ -306,6 +371,9 @@ impl<C: KvStore> Scheduler<C> {
                 tokens,
                 cache,
                 generated: Vec::new(),
+                scores: Vec::new(),
+                filter: p.filter,
+                failed: None,
                 rng: Rng::new(p.req.seed),
                 prefill_secs: 0.0,
                 decode_secs: 0.0,
@@ -322,10 +390,15 @@ impl<C: KvStore> Scheduler<C> {
         if self.running.is_empty() {
             return None;
         }
+        // A filtered or scored request needs its logits on the host.
         let greedy = self
             .running
             .iter()
-            .map(|r| sampling::is_greedy(r.req.temperature))
+            .map(|r| {
+                sampling::is_greedy(r.req.temperature)
+                    && r.filter.is_none()
+                    && r.req.logprobs.is_none()
+            })
             .collect();
         let chunk = self.limits.prefill_chunk;
         let items = self
@@ -353,6 +426,7 @@ impl<C: KvStore> Scheduler<C> {
         stopped: &dyn Fn(&[u32], &[String]) -> bool,
     ) -> Vec<Done> {
         let secs = took.as_secs_f64();
+        self.stepped.clear();
         for (r, out) in self.running.iter_mut().zip(outputs) {
             if r.generated.is_empty() {
                 r.prefill_secs += secs;
@@ -364,12 +438,16 @@ impl<C: KvStore> Scheduler<C> {
                 // Mid-prompt: this chunk's logits choose nothing.
                 continue;
             }
-            let t = match out {
-                Next::Argmax(t) => *t,
-                Next::Logits(l) => sampling::sample(l, r.req.temperature, &mut r.rng),
+            let (t, scored) = match out {
+                Next::Argmax(t) => (*t, None),
+                Next::Logits(l) => choose(r, l, &self.limits.stop_ids),
             };
             r.generated.push(t);
             r.feed.push(t);
+            if let Some(s) = &scored {
+                r.scores.push(s.clone());
+            }
+            self.stepped.push((r.id, t, scored));
         }
         let mut done = Vec::new();
         let mut i = 0;
@@ -391,6 +469,8 @@ impl<C: KvStore> Scheduler<C> {
                 prompt_tokens: r.prompt.len(),
                 cached_tokens: r.cached,
                 generated: r.generated,
+                scores: r.scores,
+                failed: r.failed,
                 finish,
                 prefill_secs: r.prefill_secs,
                 decode_secs: r.decode_secs,
@@ -399,6 +479,12 @@ impl<C: KvStore> Scheduler<C> {
         }
         done.sort_by_key(|d| d.id);
         done
+    }
+
+    /// The tokens the last [`Self::update`] chose, one per request that
+    /// decoded, with log-probabilities where the request asked.
+    pub fn take_stepped(&mut self) -> Vec<(RequestId, u32, Option<Scored>)> {
+        std::mem::take(&mut self.stepped)
     }
 
     /// Ends every running request after a failed step: their sessions are
@@ -423,7 +509,7 @@ impl<C: KvStore> Scheduler<C> {
         stopped: &dyn Fn(&[u32], &[String]) -> bool,
     ) -> Option<Finish> {
         let last = *r.generated.last()?;
-        if self.is_stop_id(last) {
+        if self.is_stop_id(last) || r.failed.is_some() {
             return Some(Finish::Stop);
         }
         if !r.req.stop.is_empty() && stopped(&r.generated, &r.req.stop) {

@@ -19,6 +19,7 @@ pub const TEMPLATE_OUTPUT_BYTES: usize = 64 << 20;
 /// A compiled chat template.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    thinks: bool,
 }
 
 /// Why a render failed: a limit of this engine, or the template itself.
@@ -73,7 +74,15 @@ impl ChatTemplate {
         env.add_filter("tojson", tojson);
         env.add_template_owned("chat", source.to_string())
             .map_err(|e| BackendError::Template(e.to_string()))?;
-        Ok(Self { env })
+        Ok(Self {
+            env,
+            thinks: source.contains("<think>"),
+        })
+    }
+
+    /// Whether the template has a thinking mode (writes `<think>` blocks).
+    pub fn thinks(&self) -> bool {
+        self.thinks
     }
 
     /// Renders a short conversation, so that a template that cannot finish

@@ -144,6 +144,9 @@ fn rewrite_family(
                 temperature: opts.temperature,
                 seed: opts.seed ^ (job << 16) ^ ((k as u64) << 8) ^ attempt,
                 tools: Vec::new(),
+                logprobs: None,
+                constraint: None,
+                prompt_text: None,
             };
             let reply = session.chat(req).map_err(backend)?;
             if let Some(c) = clean(&reply.content) {

@@ -70,6 +70,9 @@ fn call(
             temperature: 0.0,
             seed: 0,
             tools: tools.to_vec(),
+            logprobs: None,
+            constraint: None,
+            prompt_text: None,
         };
         match session.chat(req) {
             Ok(r) => {

@@ -1,0 +1,281 @@
+//! Constrained decoding: a [`Constraint`] compiled into a token mask over
+//! the model's vocabulary, by llguidance (JSON Schema and Lark grammars,
+//! the library vLLM, SGLang and llama.cpp use for structured output).
+//!
+//! The mask only removes choices: a constrained request's logits are the
+//! unconstrained ones, so its scores and the other requests of its batch
+//! are untouched.
+
+use std::sync::Arc;
+
+use llguidance::api::TopLevelGrammar;
+use llguidance::toktrie::{ApproximateTokEnv, TokRxInfo, TokTrie};
+use llguidance::{Matcher, ParserFactory};
+use tokenizers::Tokenizer;
+
+use super::scheduler::TokenFilter;
+use crate::backend::{BackendError, Constraint, Tool};
+
+/// Each token id's bytes, as the decoder writes them.
+pub struct TokenBytes {
+    bytes: Vec<Vec<u8>>,
+    /// Control tokens (never text a grammar can match).
+    control: Vec<bool>,
+}
+
+impl TokenBytes {
+    /// Reads the byte-level BPE vocabulary: each piece's characters map
+    /// back to bytes (GPT-2's table); added tokens are their text, control
+    /// tokens (special ones the decoder drops) flagged apart.
+    pub fn new(tokenizer: &Tokenizer, vocab: usize, literal: &[u32]) -> Self {
+        let table = byte_table();
+        let added = tokenizer.get_added_tokens_decoder();
+        let mut bytes = vec![Vec::new(); vocab];
+        let mut control = vec![false; vocab];
+        for (id, slot) in bytes.iter_mut().enumerate() {
+            let id32 = id as u32;
+            if let Some(t) = added.get(&id32) {
+                *slot = t.content.clone().into_bytes();
+                control[id] = t.special && literal.binary_search(&id32).is_err();
+                continue;
+            }
+            let Some(piece) = tokenizer.id_to_token(id32) else {
+                continue;
+            };
+            for c in piece.chars() {
+                match table.iter().position(|&t| t == c) {
+                    Some(b) => slot.push(b as u8),
+                    None => slot.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+                }
+            }
+        }
+        TokenBytes { bytes, control }
+    }
+
+    /// A token's bytes (empty for an id the tokenizer does not have).
+    pub fn of(&self, id: u32) -> &[u8] {
+        self.bytes.get(id as usize).map_or(&[], Vec::as_slice)
+    }
+}
+
+/// The characters byte-level BPE writes for bytes 0..=255 (GPT-2's
+/// `bytes_to_unicode`): printable Latin-1 as itself, the rest shifted past
+/// 255 in order.
+fn byte_table() -> [char; 256] {
+    let mut table = ['\0'; 256];
+    let mut shifted = 0u32;
+    for (b, slot) in table.iter_mut().enumerate() {
+        let printable = (b'!'..=b'~').contains(&(b as u8))
+            || (0xA1..=0xAC).contains(&b)
+            || (0xAE..=0xFF).contains(&b);
+        *slot = if printable {
+            char::from(b as u8)
+        } else {
+            shifted += 1;
+            char::from_u32(255 + shifted).expect("below the surrogates")
+        };
+    }
+    table
+}
+
+/// The vocabulary indexed once per model for the grammars.
+pub struct Grammars {
+    factory: ParserFactory,
+    /// `<tool_call>` as one token, when the vocabulary has it.
+    tool_call_token: Option<u32>,
+}
+
+impl Grammars {
+    /// Indexes the vocabulary; `eos` is the token that ends a reply.
+    pub fn new(
+        tokens: &TokenBytes,
+        eos: u32,
+        tool_call_token: Option<u32>,
+    ) -> Result<Self, BackendError> {
+        let words: Vec<Vec<u8>> = tokens
+            .bytes
+            .iter()
+            .zip(&tokens.control)
+            .map(|(b, &control)| {
+                if control {
+                    let mut w = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    w.extend_from_slice(b);
+                    w
+                } else {
+                    b.clone()
+                }
+            })
+            .collect();
+        let info = TokRxInfo::new(words.len() as u32, eos);
+        let env = Arc::new(ApproximateTokEnv::new(TokTrie::from(&info, &words)));
+        let mut factory = ParserFactory::new_simple(&(env as _))
+            .map_err(|e| BackendError::Tokenizer(format!("indexing for grammars: {e}")))?;
+        factory.quiet();
+        Ok(Grammars {
+            factory,
+            tool_call_token,
+        })
+    }
+
+    /// The filter enforcing `c` on a request offering `tools`.
+    pub fn filter(
+        &self,
+        c: &Constraint,
+        tools: &[Tool],
+    ) -> Result<Box<dyn TokenFilter>, BackendError> {
+        let (field, grammar) = match c {
+            Constraint::NoToolCalls => {
+                return Ok(Box::new(Banned(self.tool_call_token.into_iter().collect())))
+            }
+            Constraint::JsonObject => (
+                "response_format",
+                TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"}))),
+            ),
+            Constraint::JsonSchema(schema) => (
+                "response_format",
+                TopLevelGrammar::from_json_schema(compact(schema.clone())),
+            ),
+            Constraint::ToolCalls(name) => ("tool_choice", tool_grammar(name.as_deref(), tools)?),
+        };
+        let parser = self
+            .factory
+            .create_parser(grammar)
+            .map_err(|e| BackendError::Constraint {
+                field,
+                cause: first_line(&e.to_string()),
+            })?;
+        let matcher = Matcher::new(Ok(parser));
+        if let Some(e) = matcher.get_error() {
+            return Err(BackendError::Constraint {
+                field,
+                cause: first_line(&e),
+            });
+        }
+        Ok(Box::new(Grammar(matcher)))
+    }
+}
+
+fn first_line(s: &str) -> String {
+    s.lines().next().unwrap_or("").trim().to_string()
+}
+
+/// JSON written as `json.dumps` writes it (`", "` and `": "`, no other
+/// whitespace): a model cannot pad an object with newlines until its budget
+/// runs out, and the text parses the same.
+fn compact(mut schema: serde_json::Value) -> serde_json::Value {
+    if let serde_json::Value::Object(o) = &mut schema {
+        o.insert(
+            "x-guidance".into(),
+            serde_json::json!({
+                "whitespace_flexible": false,
+                "item_separator": ", ",
+                "key_separator": ": ",
+            }),
+        );
+    }
+    schema
+}
+
+/// Calls in the chat template's form: `<tool_call>\n{"name": …, "arguments":
+/// …}\n</tool_call>`, the arguments valid under the tool's parameters.
+/// Exactly one call of a named tool, or one or more of any offered.
+fn tool_grammar(name: Option<&str>, tools: &[Tool]) -> Result<TopLevelGrammar, BackendError> {
+    let offered: Vec<&Tool> = tools
+        .iter()
+        .filter(|t| name.is_none_or(|n| t.function.name == n))
+        .collect();
+    if offered.is_empty() {
+        return Err(BackendError::Constraint {
+            field: "tool_choice",
+            cause: match name {
+                Some(n) => format!("names the function '{n}', which tools does not offer"),
+                None => "is 'required' but no tools are offered".into(),
+            },
+        });
+    }
+    let call = |t: &Tool| {
+        let params = if t.function.parameters.is_null() {
+            serde_json::json!({"type": "object"})
+        } else {
+            t.function.parameters.clone()
+        };
+        serde_json::json!({
+            "type": "object",
+            "properties": {"name": {"const": t.function.name}, "arguments": params},
+            "required": ["name", "arguments"],
+            "additionalProperties": false,
+        })
+    };
+    let body = match offered.as_slice() {
+        [one] => call(one),
+        many => serde_json::json!({"anyOf": many.iter().map(|t| call(t)).collect::<Vec<_>>()}),
+    };
+    let repeat = if name.is_some() {
+        ""
+    } else {
+        " (\"\\n\" call)*"
+    };
+    Ok(TopLevelGrammar::from_lark(format!(
+        "start: call{repeat}\ncall: \"<tool_call>\\n\" body \"\\n</tool_call>\"\nbody: %json {}\n",
+        compact(body)
+    )))
+}
+
+/// A grammar's token mask.
+struct Grammar(Matcher);
+
+impl TokenFilter for Grammar {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        let allowed = self
+            .0
+            .compute_mask_or_eos()
+            .map_err(|e| format!("constrained decoding: {}", first_line(&e.to_string())))?;
+        for (t, l) in logits.iter_mut().enumerate() {
+            if !allowed.is_allowed(t as u32) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    fn accept(&mut self, token: u32) -> Result<(), String> {
+        self.0
+            .consume_token(token)
+            .map_err(|e| format!("constrained decoding: {}", first_line(&e.to_string())))
+    }
+}
+
+/// Tokens never chosen.
+struct Banned(Vec<u32>);
+
+impl TokenFilter for Banned {
+    fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
+        for &t in &self.0 {
+            if let Some(l) = logits.get_mut(t as usize) {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(())
+    }
+
+    fn accept(&mut self, _: u32) -> Result<(), String> {
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::byte_table;
+
+    #[test]
+    fn the_byte_table_is_gpt2s() {
+        let t = byte_table();
+        assert_eq!(t[b'A' as usize], 'A');
+        assert_eq!(t[b' ' as usize], 'Ġ');
+        assert_eq!(t[b'\n' as usize], 'Ċ');
+        let mut seen: Vec<char> = t.to_vec();
+        seen.sort_unstable();
+        seen.dedup();
+        assert_eq!(seen.len(), 256);
+    }
+}
