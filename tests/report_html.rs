@@ -204,3 +204,78 @@ fn html_report_renders_in_a_browser_and_selects_an_episode() {
     );
     assert!(colours.len() > 16, "{} colours", colours.len());
 }
+
+/// Every figure's text lies inside the figure, as the browser lays it out:
+/// a one-cell report (the narrowest channels figure, whose title and legend
+/// once ran off its edge) and the two-cell grid.
+#[test]
+fn figure_text_stays_inside_each_figure() {
+    let Some(chromium) = chromium() else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let one = tmp.path().join("one");
+    run(&[
+        "ladder",
+        "cell",
+        "--agent",
+        "always-book",
+        "--steps",
+        "5",
+        "--episodes",
+        "2",
+        "--out",
+        one.to_str().unwrap(),
+        "--quiet",
+    ]);
+    let grid = small_grid(tmp.path());
+    for (name, dir) in [("one", one), ("grid", grid)] {
+        let figs = tmp.path().join(format!("figs-{name}"));
+        run(&[
+            "ladder",
+            "report",
+            dir.to_str().unwrap(),
+            "--format",
+            "svg",
+            "--out",
+            figs.to_str().unwrap(),
+        ]);
+        for fig in std::fs::read_dir(&figs).unwrap() {
+            let fig = fig.unwrap().path();
+            let svg = std::fs::read_to_string(&fig).unwrap();
+            // The page measures each text's box against the figure's.
+            let page = tmp.path().join("measure.html");
+            std::fs::write(
+                &page,
+                format!(
+                    r#"<html><body style="margin:0">{svg}<pre id="out"></pre><script>
+const s = document.querySelector('svg').getBoundingClientRect();
+const out = [];
+for (const t of document.querySelectorAll('svg text')) {{
+  const r = t.getBoundingClientRect();
+  if (r.left < s.left - 0.5 || r.right > s.right + 0.5 || r.top < s.top - 0.5 || r.bottom > s.bottom + 0.5)
+    out.push(t.textContent);
+}}
+document.getElementById('out').textContent = 'outside: ' + JSON.stringify(out);
+</script></body></html>"#
+                ),
+            )
+            .unwrap();
+            let o = browser(&chromium, &tmp.path().join("profile"))
+                .arg("--dump-dom")
+                .arg(format!("file://{}", page.display()))
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+            let dom = String::from_utf8_lossy(&o.stdout);
+            assert!(
+                dom.contains("outside: []"),
+                "{}: {}",
+                fig.display(),
+                dom.lines()
+                    .find(|l| l.contains("outside: "))
+                    .unwrap_or("no measurement")
+            );
+        }
+    }
+}

@@ -199,6 +199,10 @@ pub struct CellReport {
     /// Log lines counted once though written more than once.
     #[serde(skip_serializing_if = "is_zero")]
     pub duplicates: u64,
+    /// The model's file or hub name, for titles (the configuration keeps
+    /// the name it was run under).
+    #[serde(skip)]
+    pub model: Option<String>,
 }
 
 /// The whole report.
@@ -468,6 +472,10 @@ pub fn build(runs: &[RunRead]) -> Report {
             arms,
             contrasts,
             duplicates: run.duplicates as u64,
+            model: match &run.manifest.model {
+                crate::ladder::run::cell::CellModel::Model(id) => Some(id.short_name()),
+                crate::ladder::run::cell::CellModel::Scripted { .. } => None,
+            },
         });
     }
     let adj = holm(&raw_p);

@@ -32,6 +32,13 @@ const CHANNEL_COLOURS: [&str; 6] = [
 /// A turn without a violation, in the strip.
 const CORRECT: &str = "#d9d9d9";
 
+/// A generous width of `s` at `size` pixels in a sans-serif font (0.62 em
+/// a character; the widest common glyphs come near it), so that layouts
+/// leave room for their text.
+fn text_width(s: &str, size: f64) -> f64 {
+    s.chars().count() as f64 * size * 0.62
+}
+
 fn esc(s: &str) -> String {
     s.replace('&', "&amp;")
         .replace('<', "&lt;")
@@ -267,14 +274,24 @@ pub fn channels(r: &Report) -> Figure {
         .fold(0.0f64, f64::max);
     let step = tick_step(tallest / 4.0);
     let max = step * 4.0;
-    let bars: usize = r.cells.iter().map(|c| c.arms.len()).sum();
-    let (l, rt, t, b) = (56.0, 150.0, 36.0, 130.0);
+    let title = "Error channels per arm (violations per episode, primary scoring)";
+    let (l, t, b) = (56.0, 36.0, 130.0);
     let (bw, gap) = (18.0, 24.0);
-    let pw = bars as f64 * (bw + 4.0) + r.cells.len() as f64 * gap;
-    let (w, h) = (l + pw + rt, 400.0);
+    // Each cell's group is as wide as its bars or its label, whichever is
+    // wider; the legend as wide as its longest name; the figure as wide as
+    // its title.
+    let group =
+        |c: &CellReport| (c.arms.len() as f64 * (bw + 4.0)).max(text_width(&label(c), 10.0));
+    let pw: f64 = r.cells.iter().map(|c| group(c) + gap).sum();
+    let legend = Channel::ALL
+        .iter()
+        .map(|ch| text_width(ch.name(), 11.0))
+        .fold(0.0, f64::max);
+    let rt = 34.0 + legend + 12.0;
+    let w = (l + pw + rt).max(l + text_width(title, 13.0) + 12.0);
+    let h = 400.0;
     let y_of = |v: f64| t + (1.0 - v / max) * (h - t - b);
     let mut svg = Svg::new(w, h);
-    let title = "Error channels per arm (violations per episode, primary scoring)";
     svg.text((l, 20.0), title, "start", 13.0, 0.0);
     for k in 0..=4 {
         let v = step * k as f64;
@@ -288,9 +305,10 @@ pub fn channels(r: &Report) -> Figure {
         );
     }
     svg.line((l, y_of(0.0)), (l + pw, y_of(0.0)), "#333333", 1.0);
-    let mut x = l + gap / 2.0;
+    let mut start = l + gap / 2.0;
     for c in &r.cells {
-        let x0 = x;
+        let (gw, bars) = (group(c), c.arms.len() as f64 * (bw + 4.0));
+        let mut x = start + (gw - bars) / 2.0;
         for (a, arm) in c.arms.iter().enumerate() {
             let mut y = y_of(0.0);
             for (ci, &ch) in Channel::ALL.iter().enumerate() {
@@ -316,14 +334,8 @@ pub fn channels(r: &Report) -> Figure {
             );
             x += bw + 4.0;
         }
-        svg.text(
-            ((x0 + x - 4.0) / 2.0, h - 12.0),
-            &label(c),
-            "middle",
-            10.0,
-            0.0,
-        );
-        x += gap;
+        svg.text((start + gw / 2.0, h - 12.0), &label(c), "middle", 10.0, 0.0);
+        start += gw + gap;
     }
     for (ci, ch) in Channel::ALL.iter().enumerate() {
         let ly = t + 10.0 + ci as f64 * 18.0;

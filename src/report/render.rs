@@ -22,6 +22,15 @@ pub enum Format {
     Json,
 }
 
+/// The agent as titles and tables name it: a model by its file or hub
+/// name, a scripted agent by its own.
+fn agent_label(c: &CellReport) -> String {
+    match (&c.model, c.config.agent.strip_prefix("model:")) {
+        (Some(name), Some(_)) => format!("model:{name}"),
+        _ => c.config.agent.clone(),
+    }
+}
+
 fn cell_title(c: &CellReport) -> String {
     let g = &c.config;
     format!(
@@ -31,7 +40,7 @@ fn cell_title(c: &CellReport) -> String {
         field(&g.density),
         field(&g.brief),
         field(&g.protocol),
-        field(&g.agent),
+        field(&agent_label(c)),
         g.episodes,
         g.seed_start,
     )
@@ -512,11 +521,8 @@ fn csv(r: &Report) -> String {
 /// The configuration fields a grid varies, as (column, value) per cell.
 pub(crate) fn cell_fields(c: &CellReport) -> Vec<(&'static str, String)> {
     let g = &c.config;
-    let model = g
-        .agent
-        .strip_prefix("model:")
-        .unwrap_or(&g.agent)
-        .to_string();
+    let label = agent_label(c);
+    let model = label.strip_prefix("model:").unwrap_or(&label).to_string();
     vec![
         ("model", model),
         (
