@@ -36,25 +36,19 @@ build_llama() {
         cmake="$WORK/tools/cmake/data/bin/cmake"
     fi
     if [ ! -d "$WORK/src" ]; then
-        note "llama.cpp: fetching the llama-cpp-python sdist from PyPI"
-        mkdir -p "$WORK"
-        python3 - "$WORK" <<'EOF'
-import json, sys, tarfile, urllib.parse, urllib.request, io, shutil, os
-work = sys.argv[1]
-index = "https://pypi.org/pypi/llama-cpp-python/json"
-meta = json.load(urllib.request.urlopen(index))
-sdist = next(u for u in meta["urls"] if u["packagetype"] == "sdist")
-url = urllib.parse.urljoin(index, sdist["url"])
-data = urllib.request.urlopen(url).read()
-import hashlib
-assert hashlib.sha256(data).hexdigest() == sdist["digests"]["sha256"], "sdist sha256 mismatch"
-with tarfile.open(fileobj=io.BytesIO(data)) as t:
-    t.extractall(os.path.join(work, "sdist"))
-top = os.listdir(os.path.join(work, "sdist"))[0]
-shutil.move(os.path.join(work, "sdist", top, "vendor", "llama.cpp"), os.path.join(work, "src"))
-shutil.rmtree(os.path.join(work, "sdist"))
-print(f"llama.cpp from llama-cpp-python {meta['info']['version']}", file=sys.stderr)
-EOF
+        note "llama.cpp: fetching the llama-cpp-python sdist with pip"
+        mkdir -p "$WORK/sdist"
+        # pip checks the archive against the index's hash. The source
+        # distribution alone: `:all:` would build the metadata step's own
+        # tools (cmake among them) from source too.
+        python3 -m pip download --quiet --disable-pip-version-check --no-deps \
+            --no-binary llama-cpp-python --dest "$WORK/sdist" llama-cpp-python
+        local archive
+        archive=$(ls "$WORK"/sdist/llama_cpp_python-*.tar.gz)
+        tar -xzf "$archive" -C "$WORK/sdist"
+        mv "$WORK"/sdist/llama_cpp_python-*/vendor/llama.cpp "$WORK/src"
+        note "llama.cpp from $(basename "$archive" .tar.gz)"
+        rm -rf "$WORK/sdist"
     fi
     # The CPU's own instruction sets, named one by one rather than
     # -march=native: ggml's AMX path crashed (SIGSEGV in
