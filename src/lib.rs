@@ -23,6 +23,11 @@ pub mod rundir;
 pub mod stats;
 pub mod wire;
 
+/// Bytes as lowercase hex (how digests are written everywhere).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
 /// An error and its sources on one line (`outer: inner: innermost`), for
 /// logs and replies that carry errors as text.
 pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {

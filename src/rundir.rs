@@ -14,6 +14,8 @@
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 /// Largest manifest (or configuration file) read: a grid's manifest holds
 /// every cell's configuration, a few KiB each.
@@ -215,6 +217,32 @@ pub fn read_log_lines(path: &Path) -> Result<(Vec<String>, bool), DirError> {
         lines.push(line);
     }
     Ok((lines, complete))
+}
+
+/// The studies' worker pool: runs `f` on every item with `workers`
+/// threads, each taking the next item in order; results in item order.
+pub fn parallel<T: Sync, R: Send>(
+    items: &[T],
+    workers: usize,
+    f: impl Fn(&T) -> R + Sync,
+) -> Vec<R> {
+    let next = AtomicUsize::new(0);
+    let out: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
+    std::thread::scope(|s| {
+        for _ in 0..workers.clamp(1, items.len().max(1)) {
+            s.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(item) = items.get(i) else { break };
+                let r = f(item);
+                out.lock().expect("no worker panics holding it")[i] = Some(r);
+            });
+        }
+    });
+    out.into_inner()
+        .expect("workers joined")
+        .into_iter()
+        .map(|r| r.expect("every item ran"))
+        .collect()
 }
 
 #[cfg(test)]

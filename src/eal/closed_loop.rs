@@ -27,11 +27,12 @@ use super::generator::generate;
 use super::ledger::{Ledger, Profile};
 use super::prompts;
 use super::study::{
-    execute, io, open, parallel, read_json, read_jsonl, Manifest, PlannedCall, StudyConfig,
-    StudyError, StudyModel, Trial, WriterKind,
+    execute, io, open, read_json, read_jsonl, Manifest, PlannedCall, StudyConfig, StudyError,
+    StudyModel, Trial, WriterKind,
 };
 use super::writer::{instructions, update, write_chain, Attempt, Memory};
 use crate::ladder::run::runlog::repair_tail;
+use crate::rundir::parallel;
 use crate::stats::mcnemar_exact;
 
 /// What goes back to the writer after a request.

@@ -15,7 +15,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::fs::{self, OpenOptions};
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use serde::{Deserialize, Serialize};
@@ -34,7 +33,7 @@ use super::writer::{
 use crate::backend::shared::Client;
 use crate::backend::{BackendError, ChatReply, ChatRequest, ToolCall, Usage};
 use crate::ladder::run::runlog::{first_difference, git_commit, repair_tail, sort_keys};
-use crate::rundir::{self, DirError, DirLock};
+use crate::rundir::{self, parallel, DirError, DirLock};
 
 /// Format tag of an EAL run directory.
 pub const FORMAT: &str = "statebench-eal/1";
@@ -278,10 +277,7 @@ pub(crate) fn io(path: &Path) -> impl Fn(std::io::Error) -> StudyError + '_ {
 }
 
 fn sha256(bytes: &[u8]) -> String {
-    Sha256::digest(bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::hex(&Sha256::digest(bytes))
 }
 
 fn jsonl<T: Serialize>(items: &[T]) -> String {
@@ -322,31 +318,6 @@ pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, StudyEr
         line: 1,
         source,
     })
-}
-
-/// Runs `f` on every item with `workers` threads; results in item order.
-pub(crate) fn parallel<T: Sync, R: Send>(
-    items: &[T],
-    workers: usize,
-    f: impl Fn(&T) -> R + Sync,
-) -> Vec<R> {
-    let next = AtomicUsize::new(0);
-    let out: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
-    std::thread::scope(|s| {
-        for _ in 0..workers.clamp(1, items.len().max(1)) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(item) = items.get(i) else { break };
-                let r = f(item);
-                out.lock().expect("no worker panics holding it")[i] = Some(r);
-            });
-        }
-    });
-    out.into_inner()
-        .expect("workers joined")
-        .into_iter()
-        .map(|r| r.expect("every item ran"))
-        .collect()
 }
 
 /// The model a study asks, when it asks one.

@@ -62,7 +62,7 @@ pub fn verify(path: &Path) -> Result<(), BackendError> {
     let mut h = Sha256::new();
     let mut f = std::fs::File::open(path).map_err(io)?;
     std::io::copy(&mut f, &mut h).map_err(io)?;
-    let sha: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+    let sha = crate::hex(&h.finalize());
     if sha != entry.sha256 {
         return Err(corrupt(format!("sha256 {sha}, not {}", entry.sha256)));
     }

@@ -617,5 +617,5 @@ fn hash_files(files: &[PathBuf]) -> Result<String, BackendError> {
         let mut file = std::fs::File::open(f).map_err(io)?;
         std::io::copy(&mut file, &mut h).map_err(io)?;
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::hex(&h.finalize()))
 }

@@ -381,11 +381,7 @@ pub struct Outcome {
 fn token_hash(tokens: &[u32]) -> String {
     use sha2::{Digest, Sha256};
     let bytes: Vec<u8> = tokens.iter().flat_map(|t| t.to_le_bytes()).collect();
-    Sha256::digest(bytes)
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::hex(&Sha256::digest(bytes)[..8])
 }
 
 /// The invariance promise on `engine`'s device: one greedy request's

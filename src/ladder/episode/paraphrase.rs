@@ -7,8 +7,6 @@
 //! or carries a work order is drawn again, at most twelve times.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use super::domain::{Domain, Family, Template};
 use super::generator::{ParaphraseCache, Rewrites, CACHE_VERSION};
@@ -82,26 +80,23 @@ pub fn rewrite(
         .flat_map(|d| d.templates().iter())
         .flat_map(|t| Family::ALL.map(|f| (t, f)))
         .collect();
-    let out: Mutex<BTreeMap<String, Rewrites>> = Mutex::new(BTreeMap::new());
-    let errors: Mutex<Vec<FamilyError>> = Mutex::new(Vec::new());
-    let next = AtomicUsize::new(0);
-    let work = || loop {
-        let i = next.fetch_add(1, Ordering::SeqCst);
-        let Some(&(t, f)) = jobs.get(i) else { return };
-        match rewrite_family(client, t, f, opts, i as u64) {
-            Ok(v) => {
-                let mut m = out.lock().expect("rewrites lock");
-                *m.entry(t.slug.clone()).or_default().family_mut(f) = v;
-            }
-            Err(e) => errors.lock().expect("errors lock").push(e),
-        }
-    };
-    std::thread::scope(|s| {
-        for _ in 0..opts.concurrency.max(1).min(jobs.len()) {
-            s.spawn(work);
-        }
+    // A job's index seeds its rewrites.
+    let numbered: Vec<(u64, &Template, Family)> = jobs
+        .iter()
+        .enumerate()
+        .map(|(i, &(t, f))| (i as u64, t, f))
+        .collect();
+    let results = crate::rundir::parallel(&numbered, opts.concurrency, |&(i, t, f)| {
+        rewrite_family(client, t, f, opts, i)
     });
-    let failures = errors.into_inner().expect("errors lock");
+    let mut templates: BTreeMap<String, Rewrites> = BTreeMap::new();
+    let mut failures = Vec::new();
+    for (&(t, f), r) in jobs.iter().zip(results) {
+        match r {
+            Ok(v) => *templates.entry(t.slug.clone()).or_default().family_mut(f) = v,
+            Err(e) => failures.push(e),
+        }
+    }
     if !failures.is_empty() {
         return Err(RewriteError {
             failures,
@@ -111,7 +106,7 @@ pub fn rewrite(
     Ok(ParaphraseCache {
         version: CACHE_VERSION.to_string(),
         model: model_name.to_string(),
-        templates: out.into_inner().expect("rewrites lock"),
+        templates,
     })
 }
 

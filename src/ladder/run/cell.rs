@@ -502,20 +502,13 @@ pub fn run_cells(
         started: Instant::now(),
         bar,
     };
-    let next = AtomicUsize::new(0);
-    let work = || {
-        while !pool.failed() {
-            let Some(&(cell, seed, arm)) = jobs.get(next.fetch_add(1, Ordering::SeqCst)) else {
-                return;
-            };
-            if let Err(e) = pool.run(cell, seed, arm) {
-                pool.fail(e);
-            }
+    // After a failure the remaining jobs are passed over.
+    crate::rundir::parallel(&jobs, concurrency, |&(cell, seed, arm)| {
+        if pool.failed() {
+            return;
         }
-    };
-    std::thread::scope(|s| {
-        for _ in 0..concurrency.max(1).min(jobs.len()) {
-            s.spawn(work);
+        if let Err(e) = pool.run(cell, seed, arm) {
+            pool.fail(e);
         }
     });
     if let Some(e) = pool.failed.into_inner().ok().flatten() {

@@ -255,11 +255,7 @@ impl Grid {
     pub fn id(&self) -> String {
         use sha2::{Digest, Sha256};
         let text = serde_json::to_string(&self.cells).expect("cells serialize");
-        Sha256::digest(text.as_bytes())
-            .iter()
-            .take(8)
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        crate::hex(&Sha256::digest(text.as_bytes())[..8])
     }
 
     /// Episode-arms in the whole grid.

@@ -210,11 +210,7 @@ impl Manifest {
     pub fn config_hash(&self) -> String {
         use sha2::{Digest, Sha256};
         let text = format!("{}\n{}", json(&self.config), json(&self.model));
-        Sha256::digest(text.as_bytes())
-            .iter()
-            .take(8)
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        crate::hex(&Sha256::digest(text.as_bytes())[..8])
     }
 }
 
