@@ -38,9 +38,7 @@ impl Role {
 /// One message of a conversation.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Message {
-    /// Author.
     pub role: Role,
-    /// Text.
     pub content: String,
     /// The calls an assistant message made (native tool calling).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -13,9 +13,8 @@ pub mod render;
 pub use aggregate::{build, Report};
 pub use render::{render, Format};
 
-/// A configuration value as its JSON spells it, without quotes (so ρ = 1
-/// reads `1.0`, as it always has); shared by the tables and the pairing of
-/// cells.
+/// A configuration value as its JSON spells it, without quotes (ρ = 1
+/// reads `1.0`); shared by the tables and the pairing of cells.
 pub(crate) fn field<T: serde::Serialize>(v: &T) -> String {
     serde_json::to_string(v)
         .unwrap_or_default()

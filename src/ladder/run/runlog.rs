@@ -85,9 +85,9 @@ pub struct Manifest {
     pub git_commit: String,
 }
 
-/// Writes a value with its object keys sorted, as every run directory has
-/// stored its configuration and model since the first (so manifests stay
-/// byte-identical across versions).
+/// Writes a value with its object keys sorted: a manifest's bytes depend on
+/// its values alone, never on the order of a struct's fields, so a resume
+/// compares manifests written by any version.
 pub fn sorted_keys<T: Serialize, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
     serde_json::to_value(v)
         .map(sort_keys)

@@ -46,11 +46,9 @@ impl Default for RunOptions {
 /// The compiled plan and revision of one episode, shared by the module arms of a cell.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Compiled {
-    /// Compiled graph.
     pub graph: CompiledGraph,
-    /// Compiled revision.
     pub revision: CompiledRevision,
-    /// Cost of the compile calls.
+    /// One per compile call (the graph's, the revision's).
     pub cost: Vec<CallCost>,
 }
 
@@ -75,14 +73,12 @@ impl Compiled {
 /// One line of `turns.jsonl`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct TurnRecord {
-    /// Episode seed.
     pub seed: u64,
     pub arm: Arm,
-    /// Turn index.
+    /// From 0, in the episode's schedule.
     pub turn: usize,
-    /// Turn kind.
     pub kind: TurnKind,
-    /// Scripted step.
+    /// The step this turn of the script is about, if any.
     pub step: Option<StepId>,
     pub work_order: String,
     /// The user message as the agent read it.
