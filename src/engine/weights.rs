@@ -249,47 +249,50 @@ impl Names {
         }
         .into()
     }
-    fn layer(&self, i: usize, part: &str) -> String {
+    /// Layer `i`'s tensor of `part`: its weight, or its bias.
+    fn layer(&self, i: usize, part: Part, bias: bool) -> String {
+        let (gguf, safetensors) = part.stems();
+        let kind = if bias { "bias" } else { "weight" };
         if self.gguf {
-            let p = match part {
-                "attn_norm" => "attn_norm.weight",
-                "mlp_norm" => "ffn_norm.weight",
-                "q.weight" => "attn_q.weight",
-                "k.weight" => "attn_k.weight",
-                "v.weight" => "attn_v.weight",
-                "o.weight" => "attn_output.weight",
-                "q.bias" => "attn_q.bias",
-                "k.bias" => "attn_k.bias",
-                "v.bias" => "attn_v.bias",
-                "o.bias" => "attn_output.bias",
-                "q_norm" => "attn_q_norm.weight",
-                "k_norm" => "attn_k_norm.weight",
-                "gate.weight" => "ffn_gate.weight",
-                "up.weight" => "ffn_up.weight",
-                "down.weight" => "ffn_down.weight",
-                other => other,
-            };
-            format!("blk.{i}.{p}")
+            format!("blk.{i}.{gguf}.{kind}")
         } else {
-            let p = match part {
-                "attn_norm" => "input_layernorm.weight",
-                "mlp_norm" => "post_attention_layernorm.weight",
-                "q.weight" => "self_attn.q_proj.weight",
-                "k.weight" => "self_attn.k_proj.weight",
-                "v.weight" => "self_attn.v_proj.weight",
-                "o.weight" => "self_attn.o_proj.weight",
-                "q.bias" => "self_attn.q_proj.bias",
-                "k.bias" => "self_attn.k_proj.bias",
-                "v.bias" => "self_attn.v_proj.bias",
-                "o.bias" => "self_attn.o_proj.bias",
-                "q_norm" => "self_attn.q_norm.weight",
-                "k_norm" => "self_attn.k_norm.weight",
-                "gate.weight" => "mlp.gate_proj.weight",
-                "up.weight" => "mlp.up_proj.weight",
-                "down.weight" => "mlp.down_proj.weight",
-                other => other,
-            };
-            format!("model.layers.{i}.{p}")
+            format!("model.layers.{i}.{safetensors}.{kind}")
+        }
+    }
+}
+
+/// A decoder layer's tensors by role; each file format spells them its own
+/// way, written here once, so a misspelt role does not compile.
+#[derive(Debug, Clone, Copy)]
+enum Part {
+    AttnNorm,
+    MlpNorm,
+    QNorm,
+    KNorm,
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl Part {
+    /// The name's stem in GGUF files and in safetensors checkpoints.
+    fn stems(self) -> (&'static str, &'static str) {
+        match self {
+            Part::AttnNorm => ("attn_norm", "input_layernorm"),
+            Part::MlpNorm => ("ffn_norm", "post_attention_layernorm"),
+            Part::QNorm => ("attn_q_norm", "self_attn.q_norm"),
+            Part::KNorm => ("attn_k_norm", "self_attn.k_norm"),
+            Part::Q => ("attn_q", "self_attn.q_proj"),
+            Part::K => ("attn_k", "self_attn.k_proj"),
+            Part::V => ("attn_v", "self_attn.v_proj"),
+            Part::O => ("attn_output", "self_attn.o_proj"),
+            Part::Gate => ("ffn_gate", "mlp.gate_proj"),
+            Part::Up => ("ffn_up", "mlp.up_proj"),
+            Part::Down => ("ffn_down", "mlp.down_proj"),
         }
     }
 }
@@ -339,11 +342,11 @@ fn linear<D: Device>(
     src: &dyn TensorSource,
     names: &Names,
     i: usize,
-    part: &str,
+    part: Part,
     rows: usize,
     cols: usize,
 ) -> Result<Linear<D>, BackendError> {
-    let wname = names.layer(i, &format!("{part}.weight"));
+    let wname = names.layer(i, part, false);
     let w = src.matrix(&wname)?;
     if w.rows() != rows || w.cols() != cols {
         return Err(corrupt(
@@ -355,7 +358,7 @@ fn linear<D: Device>(
             ),
         ));
     }
-    let bname = names.layer(i, &format!("{part}.bias"));
+    let bname = names.layer(i, part, true);
     let b = if src.has(&bname) {
         Some(dev.vector(src.vector(&bname, rows)?)?)
     } else {
@@ -392,27 +395,27 @@ fn build_model<D: Device>(
     for i in 0..cfg.layers {
         let (q_norm, k_norm) = if cfg.arch == Arch::Qwen3 {
             (
-                Some(vector(names.layer(i, "q_norm"), hd)?),
-                Some(vector(names.layer(i, "k_norm"), hd)?),
+                Some(vector(names.layer(i, Part::QNorm, false), hd)?),
+                Some(vector(names.layer(i, Part::KNorm, false), hd)?),
             )
         } else {
             (None, None)
         };
         layers.push(DecoderLayer {
-            attn_norm: vector(names.layer(i, "attn_norm"), h)?,
+            attn_norm: vector(names.layer(i, Part::AttnNorm, false), h)?,
             attn: Attention {
-                q: linear(i, "q", cfg.heads * hd, h)?,
-                k: linear(i, "k", cfg.kv_heads * hd, h)?,
-                v: linear(i, "v", cfg.kv_heads * hd, h)?,
-                o: linear(i, "o", h, cfg.heads * hd)?,
+                q: linear(i, Part::Q, cfg.heads * hd, h)?,
+                k: linear(i, Part::K, cfg.kv_heads * hd, h)?,
+                v: linear(i, Part::V, cfg.kv_heads * hd, h)?,
+                o: linear(i, Part::O, h, cfg.heads * hd)?,
                 q_norm,
                 k_norm,
             },
-            mlp_norm: vector(names.layer(i, "mlp_norm"), h)?,
+            mlp_norm: vector(names.layer(i, Part::MlpNorm, false), h)?,
             mlp: Mlp {
-                gate: linear(i, "gate", cfg.intermediate, h)?,
-                up: linear(i, "up", cfg.intermediate, h)?,
-                down: linear(i, "down", h, cfg.intermediate)?,
+                gate: linear(i, Part::Gate, cfg.intermediate, h)?,
+                up: linear(i, Part::Up, cfg.intermediate, h)?,
+                down: linear(i, Part::Down, h, cfg.intermediate)?,
             },
         });
     }
