@@ -26,8 +26,8 @@
 use std::hash::{BuildHasher, Hasher};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -134,8 +134,7 @@ impl Listener {
         let shared = Arc::new(Shared {
             client,
             name: served_name.unwrap_or_else(|| model.short_name()),
-            nonce: entropy(),
-            next: AtomicU64::new(0),
+            draws: Mutex::new(crate::rng::Rng::new(entropy())),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
@@ -254,21 +253,14 @@ struct Shared {
     client: Client,
     /// The served model id.
     name: String,
-    /// Drawn at start: ids and seeds differ between server runs.
-    nonce: u64,
-    next: AtomicU64,
+    /// Seeded at start: ids and seeds differ between server runs.
+    draws: Mutex<crate::rng::Rng>,
 }
 
 impl Shared {
-    /// A fresh 64-bit value: SplitMix64 over the start nonce and a counter.
+    /// A fresh 64-bit value: the next draw of the server's generator.
     fn fresh(&self) -> u64 {
-        let n = self.next.fetch_add(1, Ordering::Relaxed);
-        let mut z = self
-            .nonce
-            .wrapping_add(n.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
+        self.draws.lock().map_or(0, |mut r| r.next_u64())
     }
 
     /// An id no other response of this server, nor likely of another, has.

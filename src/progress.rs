@@ -16,8 +16,6 @@ pub const LINE_EVERY_SECS: u64 = 60;
 pub struct Meter {
     bar: ProgressBar,
     state: Mutex<Lines>,
-    /// Lines rather than a bar.
-    lines: bool,
     unit: &'static str,
 }
 
@@ -63,7 +61,6 @@ impl Meter {
         let now = Instant::now();
         Meter {
             bar,
-            lines: every.is_some(),
             state: Mutex::new(Lines {
                 every,
                 shown: 0,
@@ -122,7 +119,8 @@ impl Meter {
 
     /// A line of its own (above the bar on a terminal).
     pub fn println(&self, line: impl AsRef<str>) {
-        if self.lines {
+        let lines = self.state.lock().is_ok_and(|l| l.every.is_some());
+        if lines {
             eprintln!("{}", line.as_ref());
         } else {
             self.bar.println(line.as_ref());

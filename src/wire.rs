@@ -116,15 +116,10 @@ pub const DEFAULT_COMPLETION_TOKENS: usize = 16;
 pub const MAX_N: u64 = 8;
 
 /// Choice `i`'s seed: the request's own for the first, so `n = 1` samples
-/// as it always has; the others drawn from it by SplitMix64.
+/// as it always has; choice `i` after it the seed's `i`-th SplitMix64 draw.
 pub fn choice_seed(seed: u64, i: usize) -> u64 {
-    if i == 0 {
-        return seed;
-    }
-    let mut z = seed.wrapping_add((i as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15));
-    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-    z ^ (z >> 31)
+    let mut r = crate::rng::Rng::new(seed);
+    (0..i).fold(seed, |_, _| r.next_u64())
 }
 
 /// `POST /v1/chat/completions` body.

@@ -28,7 +28,11 @@ impl TokenBytes {
     /// back to bytes (GPT-2's table); added tokens are their text, control
     /// tokens (special ones the decoder drops) flagged apart.
     pub fn new(tokenizer: &Tokenizer, vocab: usize, literal: &[u32]) -> Self {
-        let table = byte_table();
+        // Char to byte: the table's characters all lie below U+0144.
+        let mut byte_of = [None; 0x144];
+        for (b, c) in byte_table().into_iter().enumerate() {
+            byte_of[c as usize] = Some(b as u8);
+        }
         let added = tokenizer.get_added_tokens_decoder();
         let mut bytes = vec![Vec::new(); vocab];
         let mut control = vec![false; vocab];
@@ -43,8 +47,8 @@ impl TokenBytes {
                 continue;
             };
             for c in piece.chars() {
-                match table.iter().position(|&t| t == c) {
-                    Some(b) => slot.push(b as u8),
+                match byte_of.get(c as usize).copied().flatten() {
+                    Some(b) => slot.push(b),
                     None => slot.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
                 }
             }

@@ -31,8 +31,6 @@ pub struct Prompter {
     special_tokens_in_content: bool,
     context: usize,
     vocab: usize,
-    /// The template has a thinking mode.
-    reasons: bool,
 }
 
 impl Prompter {
@@ -59,9 +57,7 @@ impl Prompter {
             .filter_map(|t| tokenizer.token_to_id(t))
             .collect();
         literal.sort_unstable();
-        let reasons = template.thinks();
         Prompter {
-            reasons,
             tokenizer,
             plain,
             template,
@@ -175,7 +171,7 @@ impl Prompt for Prompter {
     }
 
     fn reasons(&self) -> bool {
-        self.reasons
+        self.template.thinks()
     }
 
     fn tokens(&self, req: &ChatRequest) -> Result<Vec<u32>, BackendError> {
