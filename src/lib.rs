@@ -21,6 +21,7 @@ pub mod report;
 pub mod rng;
 pub mod rundir;
 pub mod stats;
+pub mod table;
 pub mod wire;
 
 /// Bytes as lowercase hex (how digests are written everywhere).

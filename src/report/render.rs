@@ -8,6 +8,7 @@ use super::aggregate::{ArmSummary, CellReport, Comparison, Report};
 use super::field;
 use crate::ladder::arms::gate::DirectiveKind;
 use crate::ladder::score::Channel;
+use crate::table::Table;
 
 /// Output format.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -51,72 +52,6 @@ fn fmt_p(p: f64) -> String {
         format!("{p:.1e}")
     } else {
         format!("{p:.3}")
-    }
-}
-
-/// A plain table: header and rows.
-struct Table {
-    head: Vec<String>,
-    rows: Vec<Vec<String>>,
-}
-
-impl Table {
-    fn text(&self) -> String {
-        let w: Vec<usize> = (0..self.head.len())
-            .map(|i| {
-                self.rows
-                    .iter()
-                    .map(|r| r[i].chars().count())
-                    .chain([self.head[i].chars().count()])
-                    .max()
-                    .unwrap_or(0)
-            })
-            .collect();
-        let line = |r: &[String]| {
-            r.iter()
-                .enumerate()
-                .map(|(i, c)| format!("{c:<width$}", width = w[i]))
-                .collect::<Vec<_>>()
-                .join("  ")
-                .trim_end()
-                .to_string()
-        };
-        let mut s = line(&self.head) + "\n";
-        for r in &self.rows {
-            s += &line(r);
-            s.push('\n');
-        }
-        s
-    }
-
-    fn html(&self) -> String {
-        let esc = |c: &str| {
-            c.replace('&', "&amp;")
-                .replace('<', "&lt;")
-                .replace('>', "&gt;")
-        };
-        let mut s = String::from("<table>\n<thead><tr>");
-        for h in &self.head {
-            let _ = write!(s, "<th>{}</th>", esc(h));
-        }
-        s += "</tr></thead>\n<tbody>\n";
-        for r in &self.rows {
-            s += "<tr>";
-            for c in r {
-                let _ = write!(s, "<td>{}</td>", esc(c));
-            }
-            s += "</tr>\n";
-        }
-        s + "</tbody>\n</table>\n"
-    }
-
-    fn md(&self) -> String {
-        let mut s = format!("| {} |\n", self.head.join(" | "));
-        s += &format!("|{}\n", " --- |".repeat(self.head.len()));
-        for r in &self.rows {
-            s += &format!("| {} |\n", r.join(" | "));
-        }
-        s
     }
 }
 
