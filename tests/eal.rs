@@ -26,7 +26,7 @@ fn scripted(dir: &Path, domain: EalDomain, executor: ExecutorKind) -> Run {
     config.executor = executor;
     let model = StudyModel {
         client: None,
-        identity: "scripted".into(),
+        identity: statebench::rundir::Identity::ScriptedUnnamed,
         concurrency: 1,
     };
     study::run(
@@ -407,7 +407,15 @@ fn closed_loop_feeds_back_and_resumes() {
     let report = run();
     assert!(report.contains("| action | 2 |"), "{report}");
     let read = || -> Vec<LoopStep> {
-        let mut v: Vec<LoopStep> = study::read_jsonl(&out.join("loop.jsonl")).unwrap();
+        let manifest = study::Manifest::read(&out).unwrap();
+        let cases = statebench::eal::generator::generate(
+            manifest.config.domain,
+            manifest.config.seed,
+            manifest.config.cases,
+            &manifest.config.mix,
+        );
+        let mut v: Vec<LoopStep> =
+            statebench::eal::closed_loop::read_steps(&out, &manifest, &cases).unwrap();
         v.sort_by(|a, b| (&a.case, a.arm, a.step).cmp(&(&b.case, b.arm, b.step)));
         v.iter_mut().for_each(|s| {
             s.trial.usage = Default::default();

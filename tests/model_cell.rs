@@ -12,8 +12,8 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use statebench::ladder::run::cell::CellModel;
 use statebench::ladder::run::runlog::{read_run, read_turns};
+use statebench::rundir::Identity;
 
 fn bin() -> Command {
     Command::new(env!("CARGO_BIN_EXE_statebench"))
@@ -268,7 +268,7 @@ fn live_cell_on_the_default_model() {
     let run = read_run(&out).unwrap();
     assert_eq!(run.episodes.len(), 2);
     match &run.manifest.model {
-        CellModel::Model(m) => assert_eq!(m.architecture, "qwen2"),
+        Identity::Model(m) => assert_eq!(m.architecture, "qwen2"),
         other => panic!("a model cell records its model, not {other:?}"),
     }
     let turns = read_turns(&out).unwrap();

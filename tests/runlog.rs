@@ -8,11 +8,10 @@ use statebench::ladder::arms::Arm;
 use statebench::ladder::episode::domain::Domain;
 use statebench::ladder::episode::{BriefVariant, Protocol};
 use statebench::ladder::parts::{scripted::Scripted, Agent};
-use statebench::ladder::run::cell::{
-    run_cell, CellConfig, CellError, CellModel, CellParts, Source,
-};
-use statebench::ladder::run::runlog::{read_run, read_turns, RunLogError};
+use statebench::ladder::run::cell::{run_cell, CellConfig, CellError, CellParts, Source};
+use statebench::ladder::run::runlog::{read_run, read_turns};
 use statebench::ladder::run::runner::{EpisodeRecord, RunOptions};
+use statebench::rundir::{DirError, Identity};
 
 fn cfg(agent: Scripted) -> CellConfig {
     CellConfig {
@@ -105,7 +104,7 @@ fn resuming_with_another_configuration_is_refused() {
     other.density = 0.3;
     let err = run(&other, tmp.path()).unwrap_err();
     match &err {
-        CellError::Log(RunLogError::ConfigMismatch { key, .. }) => {
+        CellError::Log(DirError::ConfigMismatch { key, .. }) => {
             assert_eq!(key, "config.density")
         }
         e => panic!("unexpected error {e}"),
@@ -148,7 +147,7 @@ fn resuming_across_a_change_of_engine_arithmetic_is_refused() {
     let manifest = |arithmetic: &str| Manifest {
         format: RUN_FORMAT.into(),
         config: cfg(Scripted::Perfect),
-        model: CellModel::Model(statebench::backend::ModelIdentity {
+        model: Identity::Model(statebench::backend::ModelIdentity {
             name: "m".into(),
             source: "m.gguf".into(),
             weights_sha256: String::new(),
@@ -173,7 +172,7 @@ fn resuming_across_a_change_of_engine_arithmetic_is_refused() {
     )
     .expect("same engine resumes");
     match RunDir::open(tmp.path(), &manifest("older kernels"), Locking::Own) {
-        Err(RunLogError::ConfigMismatch { key, .. }) => assert_eq!(key, "model.arithmetic"),
+        Err(DirError::ConfigMismatch { key, .. }) => assert_eq!(key, "model.arithmetic"),
         Err(e) => panic!("unexpected error {e}"),
         Ok(_) => panic!("a run made by other kernels must not resume"),
     }

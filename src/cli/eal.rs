@@ -1,5 +1,6 @@
 //! `statebench eal`: EAL-Bench cases, formation and execution.
 
+use statebench::rundir::Identity;
 use std::path::PathBuf;
 
 use anyhow::Result;
@@ -184,7 +185,7 @@ impl Parts {
         if !config.uses_model() {
             let scripted = StudyModel {
                 client: None,
-                identity: "scripted".into(),
+                identity: Identity::ScriptedUnnamed,
                 concurrency: 1,
             };
             return Ok((None, scripted));
@@ -192,7 +193,7 @@ impl Parts {
         let (shared, id) = self.backend.spawn()?;
         let model = StudyModel {
             client: Some(shared.client()),
-            identity: serde_json::to_value(id)?,
+            identity: Identity::Model(id),
             concurrency: self.backend.concurrency,
         };
         Ok((Some(shared), model))

@@ -16,8 +16,7 @@ use statebench::ladder::episode::{BriefVariant, EpisodeConfig, Protocol, StepId}
 use statebench::ladder::parts::scripted::Scripted;
 use statebench::ladder::parts::Agent;
 use statebench::ladder::run::cell::{
-    progress_bar, run_cell, run_cells, CellConfig, CellJob, CellModel, CellParts, EmbedderId,
-    Parts, Source,
+    progress_bar, run_cell, run_cells, CellConfig, CellJob, CellParts, EmbedderId, Parts, Source,
 };
 use statebench::ladder::run::grid::{read_runs, AgentKind, Axes, Grid, GridManifest, Shard, FLAGS};
 use statebench::ladder::run::replay::{read_episode, read_replies, score_replies, EpisodeFile};
@@ -25,7 +24,7 @@ use statebench::ladder::run::runlog::{read_run, Locking};
 use statebench::ladder::run::runner::RunOptions;
 use statebench::ladder::score::{perfect_labels, ChannelCounts, Label, Violation};
 use statebench::report::{self, Format};
-use statebench::rundir::DirLock;
+use statebench::rundir::{DirLock, Identity};
 
 use super::{emit, BackendArgs};
 
@@ -490,8 +489,8 @@ fn cell(a: CellArgs) -> Result<()> {
         embedder: embedder.as_ref().map(|e| e.client()),
         thinking: a.backend.think,
         model: match model {
-            Some(m) => CellModel::Model(m),
-            None => CellModel::Scripted { agent },
+            Some(m) => Identity::Model(m),
+            None => Identity::Scripted { agent },
         },
     };
     run_and_report(
@@ -661,8 +660,8 @@ fn grid(a: GridArgs) -> Result<()> {
                     embedder: None,
                     thinking: g.thinking,
                     model: match (&shared, scripted) {
-                        (Some((_, id)), _) => CellModel::Model(id.clone()),
-                        (None, Some(s)) => CellModel::Scripted { agent: s.name() },
+                        (Some((_, id)), _) => Identity::Model(id.clone()),
+                        (None, Some(s)) => Identity::Scripted { agent: s.name() },
                         (None, None) => unreachable!("a model agent loads a model"),
                     },
                 }
@@ -675,7 +674,7 @@ fn grid(a: GridArgs) -> Result<()> {
                 let c = &grid.cells[i];
                 let mut cfg = c.config.clone();
                 cfg.settle_memory(p.client.is_some());
-                if let (None, CellModel::Model(id)) = (p.scripted, &p.model) {
+                if let (None, Identity::Model(id)) = (p.scripted, &p.model) {
                     cfg.agent = format!("model:{}", id.name);
                 }
                 CellJob {
@@ -759,6 +758,6 @@ fn score(a: ScoreArgs) -> Result<()> {
             .collect(),
     };
     // Keys sorted, as this output always has had them.
-    let out = statebench::ladder::run::runlog::sort_keys(serde_json::to_value(&out)?);
+    let out = statebench::rundir::manifest::sort_keys(serde_json::to_value(&out)?);
     emit(&(serde_json::to_string_pretty(&out)? + "\n"))
 }

@@ -14,8 +14,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
-use std::fs::{self, OpenOptions};
-use std::io::Write;
 use std::path::Path;
 use std::sync::Mutex;
 
@@ -27,11 +25,11 @@ use super::generator::generate;
 use super::ledger::{Ledger, Profile};
 use super::prompts;
 use super::study::{
-    execute, io, open, read_json, read_jsonl, Manifest, PlannedCall, StudyConfig, StudyError,
-    StudyModel, Trial, WriterKind,
+    execute, open, Manifest, PlannedCall, StudyConfig, StudyError, StudyModel, Trial, WriterKind,
+    LOOP,
 };
 use super::writer::{instructions, update, write_chain, Attempt, Memory};
-use crate::ladder::run::runlog::repair_tail;
+use crate::rundir::log::{self, Log, Tagged};
 use crate::rundir::parallel;
 use crate::stats::mcnemar_exact;
 
@@ -119,6 +117,38 @@ fn feedback(arm: LoopArm, request_text: &str, t: &Trial) -> String {
     }
 }
 
+/// The steps of the cases the loop finished: per case, the lines of the
+/// first attempt that wrote all of them (an attempt cut off mid-case left
+/// a part, which a later attempt ran again whole).
+pub fn read_steps(
+    dir: &Path,
+    manifest: &Manifest,
+    cases: &[Case],
+) -> Result<Vec<LoopStep>, StudyError> {
+    let hash = manifest.config_hash();
+    let lines: Vec<Tagged<LoopStep>> = log::read(&dir.join(LOOP))?;
+    let mut by_attempt: BTreeMap<(&str, u32), usize> = BTreeMap::new();
+    for t in lines.iter().filter(|t| t.belongs(&hash)) {
+        *by_attempt.entry((&t.record.case, t.attempt)).or_default() += 1;
+    }
+    let arms = manifest.config.closed_loop.len();
+    let finished: BTreeMap<&str, u32> = cases
+        .iter()
+        .filter_map(|c| {
+            let whole = c.requests.len() * arms;
+            by_attempt
+                .iter()
+                .find(|((case, _), n)| *case == c.id && **n == whole)
+                .map(|((case, attempt), _)| (*case, *attempt))
+        })
+        .collect();
+    let keep = |t: &Tagged<LoopStep>| {
+        t.belongs(&hash) && finished.get(t.record.case.as_str()) == Some(&t.attempt)
+    };
+    let keep: Vec<bool> = lines.iter().map(keep).collect();
+    Ok(log::kept(lines, &keep))
+}
+
 /// Runs (or resumes) a closed loop into `dir`.
 pub fn run_loop(
     dir: &Path,
@@ -134,29 +164,14 @@ pub fn run_loop(
             "the closed loop runs one writer chain per arm (no best-of-k)".into(),
         ));
     }
-    let _lock = open(dir, config, model)?;
-    let path = dir.join("loop.jsonl");
-    repair_tail(&path).map_err(|e| StudyError::Io {
-        path: path.clone(),
-        source: std::io::Error::other(crate::one_line(&e)),
-    })?;
-    let done: Vec<LoopStep> = read_jsonl(&path)?;
+    let (_lock, manifest) = open(dir, config, model)?;
+    let path = dir.join(LOOP);
+    let log = Log::open(&path, log::next_attempt(&[&path])?, &manifest.config_hash())?;
     let cases = generate(config.domain, config.seed, config.cases, &config.mix);
-    let complete: BTreeSet<&str> = cases
-        .iter()
-        .filter(|c| {
-            let n = done.iter().filter(|s| s.case == c.id).count();
-            n == c.requests.len() * config.closed_loop.len()
-        })
-        .map(|c| c.id.as_str())
+    let complete: BTreeSet<String> = read_steps(dir, &manifest, &cases)?
+        .into_iter()
+        .map(|s| s.case)
         .collect();
-    // A case cut off mid-chain runs again whole; its partial lines are dropped.
-    let kept: String = done
-        .iter()
-        .filter(|s| complete.contains(s.case.as_str()))
-        .map(|s| serde_json::to_string(s).expect("steps serialize") + "\n")
-        .collect();
-    fs::write(&path, kept).map_err(io(&path))?;
     let todo: Vec<&Case> = cases
         .iter()
         .filter(|c| !complete.contains(c.id.as_str()))
@@ -168,25 +183,17 @@ pub fn run_loop(
     ));
     progress.set_length((todo.len() + complete.len()) as u64);
     progress.set_position(complete.len() as u64);
-    let file = Mutex::new(
-        OpenOptions::new()
-            .append(true)
-            .open(&path)
-            .map_err(io(&path))?,
-    );
+    let log = Mutex::new(log);
     for r in parallel(&todo, model.concurrency, |case| {
         let steps = chain(dir, config, model, case)?;
-        let text: String = steps
-            .iter()
-            .map(|s| serde_json::to_string(s).expect("steps serialize") + "\n")
-            .collect();
-        let written = file
+        // A case's steps go in one write: a kill leaves it whole, or torn
+        // and run again.
+        let written = log
             .lock()
             .expect("no writer panics holding it")
-            .write_all(text.as_bytes())
-            .map_err(io(&path));
+            .append(&steps, true);
         progress.inc();
-        written
+        Ok::<_, StudyError>(written?)
     }) {
         r?;
     }
@@ -297,10 +304,10 @@ fn chain(
 /// The loop's measurements as Markdown: decisions per arm and step, memory
 /// revisions from feedback, and the arms paired on later requests.
 pub fn render(dir: &Path) -> Result<String, StudyError> {
-    let manifest: Manifest = read_json(&dir.join("manifest.json"))?;
+    let manifest = Manifest::read(dir)?;
     let c = &manifest.config;
     let cases = generate(c.domain, c.seed, c.cases, &c.mix);
-    let mut steps: Vec<LoopStep> = read_jsonl(&dir.join("loop.jsonl"))?;
+    let mut steps = read_steps(dir, &manifest, &cases)?;
     // Scored again with the current scorer, as `eal report` does.
     for s in &mut steps {
         super::report::rescore(&cases, &mut s.trial);

@@ -12,8 +12,9 @@ use super::executor::score;
 use super::executor::{Arm, Class};
 use super::ledger::Ledger;
 use super::profile::{false_authority, gate, Fidelity, FIELDS};
-use super::study::{check_bundle, read_json, read_jsonl, Manifest, PlannedCall, StudyError, Trial};
+use super::study::{check_bundle, read_trials, Manifest, PlannedCall, StudyError, Trial, BUNDLE};
 use super::writer::{Attempt, Formed, Memory, Selected};
+use crate::rundir::read_jsonl;
 use crate::stats::{holm, mcnemar_exact, wilson};
 
 fn rate(k: usize, n: usize) -> String {
@@ -123,19 +124,16 @@ pub struct Run {
 
 impl Run {
     pub fn read(dir: &Path) -> Result<Run, StudyError> {
-        let manifest = read_json(&dir.join("manifest.json"))?;
-        if dir.join("bundle.json").exists() {
+        let manifest = Manifest::read(dir)?;
+        if dir.join(BUNDLE).exists() {
             check_bundle(dir)?;
         }
         let cases: Vec<Case> = read_jsonl(&dir.join("cases.jsonl"))?;
         // The last trial of each call (a resume retries backend errors),
         // scored again from its calls: the scorer is a function of the
         // frozen case and the reply, so a report always applies today's.
-        let mut last: BTreeMap<String, Trial> = BTreeMap::new();
-        for t in read_jsonl::<Trial>(&dir.join("trials.jsonl"))? {
-            last.insert(t.call.clone(), t);
-        }
-        let mut trials: Vec<Trial> = last.into_values().collect();
+        let mut trials = read_trials(dir, &manifest)?;
+        trials.sort_by(|a, b| a.call.cmp(&b.call));
         for t in &mut trials {
             rescore(&cases, t);
         }
@@ -268,14 +266,7 @@ impl Run {
         let m = self.measure();
         let c = &self.manifest.config;
         let mut out = String::new();
-        let model = self
-            .manifest
-            .model
-            .get("name")
-            .and_then(|v| v.as_str())
-            .or_else(|| self.manifest.model.as_str())
-            .map(str::to_string)
-            .unwrap_or_else(|| self.manifest.model.to_string());
+        let model = self.manifest.model.name();
         let requests: usize = self.cases.iter().map(|c| c.requests.len()).sum();
         let _ = writeln!(
             out,

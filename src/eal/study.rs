@@ -12,8 +12,7 @@
 //! runs only the planned calls without a trial.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -32,8 +31,8 @@ use super::writer::{
 };
 use crate::backend::shared::Client;
 use crate::backend::{BackendError, ChatReply, ChatRequest, ToolCall, Usage};
-use crate::ladder::run::runlog::{first_difference, git_commit, repair_tail, sort_keys};
-use crate::rundir::{self, parallel, DirError, DirLock};
+use crate::rundir::log::{self, Log};
+use crate::rundir::{self, parallel, DirError, DirLock, Identity};
 
 /// Format tag of an EAL run directory.
 pub const FORMAT: &str = "statebench-eal/1";
@@ -173,16 +172,8 @@ impl StudyConfig {
     }
 }
 
-/// `manifest.json`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
-    pub format: String,
-    pub config: StudyConfig,
-    /// The model's identity, or `"scripted"`.
-    pub model: serde_json::Value,
-    pub crate_version: String,
-    pub git_commit: String,
-}
+/// An EAL run's manifest: its study configuration and what ran it.
+pub type Manifest = rundir::Manifest<StudyConfig>;
 
 /// One planned executor call, its evidence frozen.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -236,29 +227,9 @@ pub struct Trial {
 /// Errors of a study run.
 #[derive(Debug, thiserror::Error)]
 pub enum StudyError {
-    #[error("{path}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A lock held elsewhere, or a file that cannot be one of the study's.
+    /// The run directory: its lock, manifest, logs and artifacts.
     #[error(transparent)]
     Dir(#[from] DirError),
-    #[error("{path}:{line}")]
-    Parse {
-        path: PathBuf,
-        line: usize,
-        #[source]
-        source: serde_json::Error,
-    },
-    #[error("{path} was made with a different configuration: {key} is {old} there, {new} now (use another --out, or the same settings to resume)")]
-    ConfigMismatch {
-        path: PathBuf,
-        key: String,
-        old: String,
-        new: String,
-    },
     #[error("{dir}: checkpoint artifact changed: {name} (its sha256 is not the bundle's; formation is never re-run into a frozen bundle: restore the file or use another --out)")]
     Changed { dir: PathBuf, name: String },
     #[error("{dir}: the plan names {what}, which the frozen cases do not hold")]
@@ -270,10 +241,7 @@ pub enum StudyError {
 }
 
 pub(crate) fn io(path: &Path) -> impl Fn(std::io::Error) -> StudyError + '_ {
-    move |source| StudyError::Io {
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| StudyError::Dir(rundir::io(path)(source))
 }
 
 fn sha256(bytes: &[u8]) -> String {
@@ -287,44 +255,11 @@ fn jsonl<T: Serialize>(items: &[T]) -> String {
         .collect()
 }
 
-/// Reads complete lines of a JSON-lines file; a torn last line is skipped.
-pub fn read_jsonl<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<T>, StudyError> {
-    let (lines, complete) = rundir::read_log_lines(path)?;
-    let mut out = Vec::new();
-    for (i, l) in lines.iter().enumerate() {
-        if l.trim().is_empty() {
-            continue;
-        }
-        match serde_json::from_str(l) {
-            Ok(v) => out.push(v),
-            Err(_) if i + 1 == lines.len() && !complete => {}
-            Err(source) => {
-                return Err(StudyError::Parse {
-                    path: path.into(),
-                    line: i + 1,
-                    source,
-                })
-            }
-        }
-    }
-    Ok(out)
-}
-
-/// Reads one JSON file (a manifest, a bundle).
-pub fn read_json<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<T, StudyError> {
-    let text = rundir::read_manifest_text(path)?;
-    serde_json::from_str(&text).map_err(|source| StudyError::Parse {
-        path: path.into(),
-        line: 1,
-        source,
-    })
-}
-
 /// The model a study asks, when it asks one.
 pub struct StudyModel {
     pub client: Option<Client>,
-    /// Model identity for the manifest (`"scripted"` without a model).
-    pub identity: serde_json::Value,
+    /// What the manifest names as the study's model.
+    pub identity: Identity,
     /// Writer chains and executor calls in flight at once.
     pub concurrency: usize,
 }
@@ -350,6 +285,11 @@ pub struct RunSummary {
     pub ran: usize,
 }
 
+/// The frozen bundle's index, the executor's log and the closed loop's.
+pub(crate) const BUNDLE: &str = "bundle.json";
+pub(crate) const TRIALS: &str = "trials.jsonl";
+pub(crate) const LOOP: &str = "loop.jsonl";
+
 const FROZEN: [&str; 6] = [
     "cases.jsonl",
     "attempts.jsonl",
@@ -373,7 +313,7 @@ pub fn run(
             "a closed-loop configuration runs with `eal loop`".into(),
         ));
     }
-    let _lock = open(dir, config, model)?;
+    let (_lock, manifest) = open(dir, config, model)?;
     let mut summary = RunSummary::default();
     if !dir.join("bundle.json").exists() {
         progress.println("formation: writer chains");
@@ -381,19 +321,20 @@ pub fn run(
         summary.formed = true;
     }
     let cases = check_bundle(dir)?;
-    let plan: Vec<PlannedCall> = read_jsonl(&dir.join("plan.jsonl"))?;
+    let plan: Vec<PlannedCall> = rundir::read_jsonl(&dir.join("plan.jsonl"))?;
     summary.planned = plan.len();
     if stop_after_formation {
         return Ok(summary);
     }
-    let tpath = dir.join("trials.jsonl");
-    repair_tail(&tpath).map_err(|e| StudyError::Io {
-        path: tpath.clone(),
-        source: std::io::Error::other(crate::one_line(&e)),
-    })?;
+    let tpath = dir.join(TRIALS);
+    let trials = Log::open(
+        &tpath,
+        log::next_attempt(&[&tpath])?,
+        &manifest.config_hash(),
+    )?;
     // A call the backend failed is not done: a resume asks again (readers
     // keep the last trial of a call).
-    let done: BTreeSet<String> = read_jsonl::<Trial>(&tpath)?
+    let done: BTreeSet<String> = read_trials(dir, &manifest)?
         .into_iter()
         .filter(|t| t.class != Class::Error)
         .map(|t| t.call)
@@ -408,23 +349,15 @@ pub fn run(
     progress.set_length(plan.len() as u64);
     progress.set_position(summary.resumed as u64);
     let by_id: BTreeMap<&str, &Case> = cases.iter().map(|c| (c.id.as_str(), c)).collect();
-    let trials = Mutex::new(
-        OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&tpath)
-            .map_err(io(&tpath))?,
-    );
+    let trials = Mutex::new(trials);
     let results = parallel(&missing, model.concurrency, |call| {
         let trial = execute(dir, config, model, &by_id, call)?;
-        let line = serde_json::to_string(&trial).expect("trials serialize") + "\n";
         let written = trials
             .lock()
             .expect("no writer panics holding it")
-            .write_all(line.as_bytes())
-            .map_err(io(&tpath));
+            .append([&trial], false);
         progress.inc();
-        written
+        Ok::<_, StudyError>(written?)
     });
     progress.finish();
     for r in results {
@@ -440,53 +373,33 @@ pub(crate) fn open(
     dir: &Path,
     config: &StudyConfig,
     model: &StudyModel,
-) -> Result<DirLock, StudyError> {
+) -> Result<(DirLock, Manifest), StudyError> {
     config.validate()?;
     if config.uses_model() && model.client.is_none() {
         return Err(StudyError::NoModel);
     }
     let lock = DirLock::acquire(dir)?;
-    let manifest = Manifest {
-        format: FORMAT.into(),
-        config: config.clone(),
-        model: model.identity.clone(),
-        crate_version: env!("CARGO_PKG_VERSION").into(),
-        git_commit: git_commit(),
-    };
-    check_manifest(dir, &manifest)?;
-    Ok(lock)
+    let manifest = Manifest::new(FORMAT, config.clone(), model.identity.clone());
+    let files: Vec<&str> = FROZEN
+        .iter()
+        .copied()
+        .chain([BUNDLE, TRIALS, LOOP])
+        .collect();
+    manifest.create_or_check(dir, &files)?;
+    Ok((lock, manifest))
 }
 
-fn check_manifest(dir: &Path, manifest: &Manifest) -> Result<(), StudyError> {
-    let path = dir.join("manifest.json");
-    let value = |m: &Manifest| serde_json::json!({"config": serde_json::to_value(&m.config).expect("configs serialize"), "model": m.model});
-    if path.exists() {
-        let old: Manifest = read_json(&path)?;
-        if let Some((key, old, new)) = first_difference(&value(&old), &value(manifest), "") {
-            return Err(StudyError::ConfigMismatch {
-                path,
-                key,
-                old,
-                new,
-            });
-        }
-        return Ok(());
-    }
-    let stray = FROZEN
-        .iter()
-        .chain(&["bundle.json", "trials.jsonl", "loop.jsonl"])
-        .find(|f| dir.join(f).exists());
-    if let Some(f) = stray {
-        return Err(StudyError::Changed {
-            dir: dir.into(),
-            name: format!("manifest.json (missing beside {f})"),
-        });
-    }
-    let text = serde_json::to_string_pretty(&sort_keys(
-        serde_json::to_value(manifest).expect("manifests serialize"),
-    ))
-    .expect("values serialize");
-    fs::write(&path, text + "\n").map_err(io(&path))
+/// The trials of a run directory, the last of each call (a resume asks a
+/// failed call again), written under its manifest's configuration.
+pub fn read_trials(dir: &Path, manifest: &Manifest) -> Result<Vec<Trial>, StudyError> {
+    let hash = manifest.config_hash();
+    let lines: Vec<log::Tagged<Trial>> = log::read::<Trial>(&dir.join(TRIALS))?
+        .into_iter()
+        .filter(|t| t.belongs(&hash))
+        .collect();
+    let calls: Vec<&str> = lines.iter().map(|t| t.record.call.as_str()).collect();
+    let last = log::last_per_key(&calls);
+    Ok(log::kept(lines, &last))
 }
 
 /// Formation: cases, writer chains, gate, plan; then the bundle.
@@ -621,7 +534,7 @@ fn form(dir: &Path, config: &StudyConfig, model: &StudyModel) -> Result<(), Stud
         hashes.insert(name.to_string(), sha256(text.as_bytes()));
     }
     // A stale trial log from an unfinished formation is not this bundle's.
-    let tpath = dir.join("trials.jsonl");
+    let tpath = dir.join(TRIALS);
     if tpath.exists() {
         fs::remove_file(&tpath).map_err(io(&tpath))?;
     }
@@ -629,17 +542,17 @@ fn form(dir: &Path, config: &StudyConfig, model: &StudyModel) -> Result<(), Stud
         files: hashes,
         calls: plan.len(),
     };
-    let bpath = dir.join("bundle.json");
-    let tmp = dir.join("bundle.json.tmp");
     let text = serde_json::to_string_pretty(&bundle).expect("bundles serialize") + "\n";
-    fs::write(&tmp, text).map_err(io(&tmp))?;
-    fs::rename(&tmp, &bpath).map_err(io(&bpath))
+    Ok(rundir::manifest::write_atomic(
+        &dir.join(BUNDLE),
+        text.as_bytes(),
+    )?)
 }
 
 /// Checks every frozen file against the bundle; returns the frozen cases.
 pub(crate) fn check_bundle(dir: &Path) -> Result<Vec<Case>, StudyError> {
     let bpath = dir.join("bundle.json");
-    let bundle: Bundle = read_json(&bpath)?;
+    let bundle: Bundle = rundir::read_json(&bpath)?;
     for name in FROZEN {
         let path = dir.join(name);
         // Only a regular file can hold the bytes the bundle hashed.
@@ -654,8 +567,7 @@ pub(crate) fn check_bundle(dir: &Path) -> Result<Vec<Case>, StudyError> {
             });
         }
     }
-    let cpath = dir.join("cases.jsonl");
-    read_jsonl(&cpath)
+    Ok(rundir::read_jsonl(&dir.join("cases.jsonl"))?)
 }
 
 /// Runs and scores one planned call.

@@ -14,11 +14,12 @@ use crate::ladder::arms::memory::MemoryUse;
 use crate::ladder::arms::Arm;
 use crate::ladder::episode::Protocol;
 use crate::ladder::run::cell::CellConfig;
-use crate::ladder::run::runlog::{sorted_keys, RunRead};
+use crate::ladder::run::runlog::RunRead;
 use crate::ladder::run::runner::{EpisodeRecord, MatcherStats, Obedience};
 use crate::ladder::run::trap::{Probes, TrapSplit};
 use crate::ladder::score::compile::CompileTotals;
 use crate::ladder::score::{Channel, ChannelCounts};
+use crate::rundir::manifest::sorted_keys;
 use crate::stats::{holm, mcnemar_exact, wilson};
 
 /// Decline-aware success of an arm.
@@ -473,8 +474,8 @@ pub fn build(runs: &[RunRead]) -> Report {
             contrasts,
             duplicates: run.duplicates as u64,
             model: match &run.manifest.model {
-                crate::ladder::run::cell::CellModel::Model(id) => Some(id.short_name()),
-                crate::ladder::run::cell::CellModel::Scripted { .. } => None,
+                crate::rundir::Identity::Model(id) => Some(id.short_name()),
+                _ => None,
             },
         });
     }

@@ -11,8 +11,9 @@ use serde::Serialize;
 use super::aggregate::Report;
 use super::figures::{self, Figure};
 use super::render::html_tables;
-use crate::ladder::run::runlog::{read_turns, RunLogError, RunRead};
+use crate::ladder::run::runlog::{read_turns, RunRead};
 use crate::ladder::run::runner::TurnRecord;
+use crate::rundir::DirError;
 
 const STYLE: &str = include_str!("page.css");
 const SCRIPT: &str = include_str!("page.js");
@@ -86,7 +87,7 @@ struct BrowseCell {
 }
 
 /// The finished turns of a run's first `seeds` seeds, by arm then seed.
-fn turns_of(run: &RunRead, seeds: usize) -> Result<Vec<TurnRecord>, RunLogError> {
+fn turns_of(run: &RunRead, seeds: usize) -> Result<Vec<TurnRecord>, DirError> {
     let mut keep: Vec<u64> = run.episodes.iter().map(|e| e.seed).collect();
     keep.dedup();
     keep.truncate(seeds);
@@ -104,7 +105,7 @@ fn turns_of(run: &RunRead, seeds: usize) -> Result<Vec<TurnRecord>, RunLogError>
 }
 
 /// The per-turn strip of a cell's first seed on every arm.
-pub fn cell_strip(run: &RunRead) -> Result<Option<Figure>, RunLogError> {
+pub fn cell_strip(run: &RunRead) -> Result<Option<Figure>, DirError> {
     let turns = turns_of(run, 1)?;
     let Some(seed) = turns.first().map(|t| t.seed) else {
         return Ok(None);
@@ -128,7 +129,7 @@ pub fn cell_strip(run: &RunRead) -> Result<Option<Figure>, RunLogError> {
 }
 
 /// Every figure of a report: success by S, channels, a strip per cell.
-pub fn all_figures(report: &Report, runs: &[RunRead]) -> Result<Vec<Figure>, RunLogError> {
+pub fn all_figures(report: &Report, runs: &[RunRead]) -> Result<Vec<Figure>, DirError> {
     let mut figs = figures::success_by_steps(report);
     figs.push(figures::channels(report));
     for run in runs {
@@ -140,7 +141,7 @@ pub fn all_figures(report: &Report, runs: &[RunRead]) -> Result<Vec<Figure>, Run
 }
 
 /// The HTML page; the browser holds the first `seeds` seeds of each cell.
-pub fn page(report: &Report, runs: &[RunRead], seeds: usize) -> Result<String, RunLogError> {
+pub fn page(report: &Report, runs: &[RunRead], seeds: usize) -> Result<String, DirError> {
     let mut cells = Vec::new();
     for run in runs {
         let turns = turns_of(run, seeds)?;

@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use super::runlog::{git_commit, Locking, Manifest, RunDir, RunLogError, RUN_FORMAT};
+use super::runlog::{Locking, Manifest, RunDir, RUN_FORMAT};
 use super::runner::{run_episode, Compiled, RunOptions};
 use crate::backend::shared::Client;
 use crate::backend::{BackendError, ModelIdentity};
@@ -25,6 +25,7 @@ use crate::ladder::parts::scripted::{
     Lexical, OracleCompiler, OracleMatcher, OracleMemoryWriter, Scripted,
 };
 use crate::ladder::parts::{Agent, Compiler, Embedder, Matcher, MemoryParts, MemoryWriter};
+use crate::rundir::{DirError, Identity};
 
 /// Everything a cell is a function of; stored in the manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -183,25 +184,6 @@ impl CellConfig {
     }
 }
 
-/// What ran a cell's model parts, for the manifest: the model's identity,
-/// or the scripted agent's name when no part needed a model.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(untagged)]
-pub enum CellModel {
-    Model(ModelIdentity),
-    Scripted { agent: String },
-}
-
-impl CellModel {
-    /// The model's name, or the scripted agent's.
-    pub fn name(&self) -> &str {
-        match self {
-            CellModel::Model(m) => &m.name,
-            CellModel::Scripted { agent } => agent,
-        }
-    }
-}
-
 /// Why a cell could not run.
 #[derive(Debug, thiserror::Error)]
 pub enum CellError {
@@ -210,7 +192,7 @@ pub enum CellError {
     Gen(#[from] GenError),
     /// Run directory trouble.
     #[error(transparent)]
-    Log(#[from] RunLogError),
+    Log(#[from] DirError),
     /// The model could not be reached.
     #[error("model")]
     Model(#[from] BackendError),
@@ -259,7 +241,7 @@ pub trait Parts: Sync {
     /// Fresh memory parts for one episode-arm of the cell.
     fn memory(&self, cfg: &CellConfig) -> Result<MemoryParts, CellError>;
     /// What runs the parts, for the manifest.
-    fn model(&self) -> CellModel;
+    fn model(&self) -> Identity;
 }
 
 /// Where a matcher or compiler comes from.
@@ -284,7 +266,7 @@ pub struct CellParts {
     /// A separate embedding model, when `--embedder` names one.
     pub embedder: Option<Client>,
     pub thinking: bool,
-    pub model: CellModel,
+    pub model: Identity,
 }
 
 impl CellParts {
@@ -297,7 +279,7 @@ impl CellParts {
             client: None,
             embedder: None,
             thinking: false,
-            model: CellModel::Scripted {
+            model: Identity::Scripted {
                 agent: agent.name(),
             },
         }
@@ -312,7 +294,7 @@ impl CellParts {
             client: Some(client),
             embedder: None,
             thinking,
-            model: CellModel::Model(model),
+            model: Identity::Model(model),
         }
     }
 
@@ -357,7 +339,7 @@ impl Parts for CellParts {
         };
         Ok(MemoryParts { embedder, writer })
     }
-    fn model(&self) -> CellModel {
+    fn model(&self) -> Identity {
         self.model.clone()
     }
 }
@@ -451,13 +433,7 @@ pub fn run_cells(
     let mut progress = Vec::new();
     let mut todo_per_cell = Vec::new();
     for (i, c) in cells.iter().enumerate() {
-        let manifest = Manifest {
-            format: RUN_FORMAT.to_string(),
-            config: c.cfg.clone(),
-            model: c.parts.model(),
-            crate_version: env!("CARGO_PKG_VERSION").to_string(),
-            git_commit: git_commit(),
-        };
+        let manifest = Manifest::new(RUN_FORMAT, c.cfg.clone(), c.parts.model());
         let dir = RunDir::open(&c.out, &manifest, c.locking)?;
         let seeds: Vec<u64> = match &c.seeds {
             Some(s) => s.clone(),

@@ -26,7 +26,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 
 use super::cell::{CellConfig, Source};
-use super::runlog::{read_run, RunLogError, RunRead};
+use super::runlog::{read_run, RunRead};
 use super::runner::RunOptions;
 use crate::ladder::arms::Arm;
 use crate::ladder::episode::domain::Domain;
@@ -797,7 +797,7 @@ pub fn read_runs(dirs: &[PathBuf]) -> Result<Vec<RunRead>, GridError> {
     Ok(runs)
 }
 
-fn dir_error(d: &Path, e: RunLogError) -> GridError {
+fn dir_error(d: &Path, e: crate::rundir::DirError) -> GridError {
     GridError::Dir {
         dir: d.display().to_string(),
         why: e.to_string(),

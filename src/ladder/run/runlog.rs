@@ -10,161 +10,34 @@
 //! the directory is reopened and ignored when it is read.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fs::{self, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::path::{Path, PathBuf};
 
-use serde::{Deserialize, Serialize, Serializer};
-use serde_json::Value;
+use serde::Deserialize;
 
-use super::cell::{CellConfig, CellModel};
+use super::cell::CellConfig;
 use super::runner::{EpisodeRecord, TurnRecord};
 use super::trap::Probes;
 use crate::ladder::arms::Arm;
-use crate::rundir::{self, DirError, DirLock};
+use crate::rundir::log::{self as runlog_file, first_finished, next_attempt, Log, Tagged};
+use crate::rundir::{self, parse_line, DirError, DirLock};
 
 /// Format tag of a run directory.
 pub const RUN_FORMAT: &str = "statebench-run/1";
 
-/// Errors reading or writing a run directory.
-#[derive(Debug, thiserror::Error)]
-pub enum RunLogError {
-    #[error("{path}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
-    /// A line or file that does not parse.
-    #[error("{path}:{line}")]
-    Parse {
-        path: String,
-        /// One-based line number.
-        line: usize,
-        #[source]
-        source: serde_json::Error,
-    },
-    /// The directory was made with another configuration.
-    #[error("{path} was made with a different configuration: {key} is {old} there, {new} now (use another --out, or the same settings to resume)")]
-    ConfigMismatch {
-        /// The manifest.
-        path: String,
-        /// The differing setting.
-        key: String,
-        /// Value in the directory.
-        old: String,
-        /// Value requested.
-        new: String,
-    },
-    /// A lock held elsewhere, or a file that cannot be a log.
-    #[error(transparent)]
-    Dir(#[from] DirError),
-    /// Not a run directory.
-    #[error("{0} is not a statebench run directory (no manifest.json)")]
-    NotARun(String),
-    /// Logs whose configuration is unknown.
-    #[error("{0} holds run logs but no manifest.json: refusing to add to logs of an unknown configuration (restore the manifest, or use another --out)")]
-    NoManifest(String),
-}
+/// A ladder run's manifest: its cell configuration and what ran it.
+pub type Manifest = rundir::Manifest<CellConfig>;
 
-/// What `manifest.json` holds.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Manifest {
-    /// [`RUN_FORMAT`].
-    pub format: String,
-    /// The full cell configuration; resuming requires it unchanged.
-    #[serde(serialize_with = "sorted_keys")]
-    pub config: CellConfig,
-    /// Model identity (name, source, weights hash, arithmetic) or the
-    /// scripted agent's name; resuming requires it unchanged.
-    #[serde(serialize_with = "sorted_keys")]
-    pub model: CellModel,
-    /// statebench version that created the directory.
-    pub crate_version: String,
-    /// Git commit of the source tree, when known.
-    pub git_commit: String,
-}
-
-/// Writes a value with its object keys sorted: a manifest's bytes depend on
-/// its values alone, never on the order of a struct's fields, so a resume
-/// compares manifests written by any version.
-pub fn sorted_keys<T: Serialize, S: Serializer>(v: &T, s: S) -> Result<S::Ok, S::Error> {
-    serde_json::to_value(v)
-        .map(sort_keys)
-        .map_err(serde::ser::Error::custom)?
-        .serialize(s)
-}
-
-/// A JSON value with every object's keys in sorted order (JSON objects
-/// otherwise keep the order they were built or read in).
-pub fn sort_keys(v: Value) -> Value {
-    match v {
-        Value::Object(m) => {
-            let mut entries: Vec<(String, Value)> = m.into_iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(&b.0));
-            Value::Object(
-                entries
-                    .into_iter()
-                    .map(|(k, v)| (k, sort_keys(v)))
-                    .collect(),
-            )
-        }
-        Value::Array(a) => Value::Array(a.into_iter().map(sort_keys).collect()),
-        v => v,
-    }
-}
-
-fn io(path: &Path) -> impl Fn(std::io::Error) -> RunLogError + '_ {
-    move |source| RunLogError::Io {
-        path: path.display().to_string(),
-        source,
-    }
-}
-
-/// The git commit of the working directory's repository, or "unknown".
-pub fn git_commit() -> String {
-    std::process::Command::new("git")
-        .args(["rev-parse", "HEAD"])
-        .output()
-        .ok()
-        .filter(|o| o.status.success())
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_else(|| "unknown".into())
-}
-
-/// First key path at which two JSON values differ: (path, old, new).
-pub fn first_difference(
-    old: &Value,
-    new: &Value,
-    prefix: &str,
-) -> Option<(String, String, String)> {
-    match (old, new) {
-        (Value::Object(a), Value::Object(b)) => {
-            let keys: BTreeSet<&String> = a.keys().chain(b.keys()).collect();
-            keys.into_iter().find_map(|k| {
-                let p = if prefix.is_empty() {
-                    k.clone()
-                } else {
-                    format!("{prefix}.{k}")
-                };
-                first_difference(
-                    a.get(k).unwrap_or(&Value::Null),
-                    b.get(k).unwrap_or(&Value::Null),
-                    &p,
-                )
-            })
-        }
-        _ if old == new => None,
-        _ => Some((prefix.to_string(), old.to_string(), new.to_string())),
-    }
-}
+/// The logs a run directory holds.
+const EPISODES: &str = "episodes.jsonl";
+const TURNS: &str = "turns.jsonl";
 
 /// An open run directory. Its logs are opened for each append, so a grid
 /// of many cells holds no file of a cell that is not writing.
 pub struct RunDir {
     dir: PathBuf,
-    attempt: u32,
-    config_hash: String,
+    episodes: Log,
+    turns: Log,
     finished: BTreeSet<(u64, Arm)>,
     /// This directory's lock, or None inside a grid whose lock covers it.
     _lock: Option<DirLock>,
@@ -179,154 +52,12 @@ pub enum Locking<'a> {
     Grid(&'a DirLock),
 }
 
-#[derive(Serialize)]
-struct Line<'a, T: Serialize> {
-    attempt: u32,
-    config_hash: &'a str,
-    #[serde(flatten)]
-    record: &'a T,
-}
-
-#[derive(Deserialize)]
-struct Tagged<T> {
-    attempt: u32,
-    /// Absent in logs written before lines carried it.
-    #[serde(default)]
-    config_hash: Option<String>,
-    #[serde(flatten)]
-    record: T,
-}
-
-impl<T> Tagged<T> {
-    /// Whether the line was written under the configuration with this hash.
-    fn belongs(&self, hash: &str) -> bool {
-        self.config_hash.as_deref().is_none_or(|h| h == hash)
-    }
-}
-
-impl Manifest {
-    /// A short hash of what the manifest pins (configuration and model):
-    /// every log line carries it, so a line from another run is told apart.
-    pub fn config_hash(&self) -> String {
-        use sha2::{Digest, Sha256};
-        let text = format!("{}\n{}", json(&self.config), json(&self.model));
-        crate::hex(&Sha256::digest(text.as_bytes())[..8])
-    }
-}
-
-/// Drops a torn last line (no trailing newline), reading only the file's
-/// end.
-pub fn repair_tail(path: &Path) -> Result<(), RunLogError> {
-    if !rundir::regular_file(path)? {
-        return Ok(());
-    }
-    let (len, last) = last_line(path)?;
-    if let Some((start, complete)) = last {
-        if !complete {
-            let f = OpenOptions::new()
-                .write(true)
-                .open(path)
-                .map_err(io(path))?;
-            f.set_len(start).map_err(io(path))?;
-        }
-    } else if len > 0 {
-        // One torn line and nothing before it.
-        let f = OpenOptions::new()
-            .write(true)
-            .open(path)
-            .map_err(io(path))?;
-        f.set_len(0).map_err(io(path))?;
-    }
-    Ok(())
-}
-
-/// The file's length and where its last line starts, and whether that line
-/// ends in a newline (None: no line starts after a newline, i.e. the file
-/// is empty or one unterminated line). Reads backwards from the end in
-/// blocks, so a long log costs what its last line does.
-fn last_line(path: &Path) -> Result<(u64, Option<(u64, bool)>), RunLogError> {
-    use std::io::{Read, Seek, SeekFrom};
-    let mut f = rundir::open_regular(path)?;
-    let len = f.metadata().map_err(io(path))?.len();
-    if len == 0 {
-        return Ok((0, None));
-    }
-    let mut last = [0u8; 1];
-    f.seek(SeekFrom::Start(len - 1)).map_err(io(path))?;
-    f.read_exact(&mut last).map_err(io(path))?;
-    let complete = last[0] == b'\n';
-    // Search for the newline before the last line.
-    let mut end = if complete { len - 1 } else { len };
-    let mut buf = vec![0u8; 64 << 10];
-    while end > 0 {
-        let start = end.saturating_sub(buf.len() as u64);
-        let chunk = &mut buf[..(end - start) as usize];
-        f.seek(SeekFrom::Start(start)).map_err(io(path))?;
-        f.read_exact(chunk).map_err(io(path))?;
-        if let Some(i) = chunk.iter().rposition(|b| *b == b'\n') {
-            return Ok((len, Some((start + i as u64 + 1, complete))));
-        }
-        end = start;
-    }
-    Ok((len, if complete { Some((0, true)) } else { None }))
-}
-
-/// The attempt of a log's last complete line (attempts only grow), or 0.
-fn last_attempt(path: &Path) -> Result<u32, RunLogError> {
-    use std::io::{Read, Seek, SeekFrom};
-    if !rundir::regular_file(path)? {
-        return Ok(0);
-    }
-    let (len, last) = last_line(path)?;
-    let Some((start, true)) = last else {
-        return Ok(0);
-    };
-    let mut f = rundir::open_regular(path)?;
-    f.seek(SeekFrom::Start(start)).map_err(io(path))?;
-    let mut line = String::new();
-    f.take((len - start).min(rundir::LINE_CAP as u64))
-        .read_to_string(&mut line)
-        .map_err(io(path))?;
-    Ok(serde_json::from_str::<Tagged<serde::de::IgnoredAny>>(&line).map_or(0, |t| t.attempt))
-}
-
-/// Reads the complete, parseable lines of a JSONL file; a torn last line is ignored.
-fn read_lines<T: for<'de> Deserialize<'de>>(path: &Path) -> Result<Vec<Tagged<T>>, RunLogError> {
-    let (lines, complete) = rundir::read_log_lines(path)?;
-    let mut out = Vec::with_capacity(lines.len());
-    for (i, line) in lines.iter().enumerate() {
-        if line.trim().is_empty() {
-            continue;
-        }
-        out.extend(parse_line(path, &lines, complete, i)?);
-    }
-    Ok(out)
-}
-
-/// Parses line `i` of a log; None for a torn last line.
-fn parse_line<T: for<'de> Deserialize<'de>>(
-    path: &Path,
-    lines: &[String],
-    complete: bool,
-    i: usize,
-) -> Result<Option<Tagged<T>>, RunLogError> {
-    match serde_json::from_str::<Tagged<T>>(&lines[i]) {
-        Ok(t) => Ok(Some(t)),
-        Err(_) if i + 1 == lines.len() && !complete => Ok(None),
-        Err(source) => Err(RunLogError::Parse {
-            path: path.display().to_string(),
-            line: i + 1,
-            source,
-        }),
-    }
-}
-
 impl RunDir {
     /// Opens (or creates) a run directory for this manifest; refuses one
     /// made with another configuration, logs without a manifest, and a
     /// directory another process is writing (a cell run alone also refuses
     /// the cell of a running grid).
-    pub fn open(dir: &Path, manifest: &Manifest, locking: Locking) -> Result<RunDir, RunLogError> {
+    pub fn open(dir: &Path, manifest: &Manifest, locking: Locking) -> Result<RunDir, DirError> {
         let lock = match locking {
             Locking::Own => {
                 let lock = DirLock::acquire(dir)?;
@@ -336,56 +67,26 @@ impl RunDir {
                 Some(lock)
             }
             Locking::Grid(_) => {
-                fs::create_dir_all(dir).map_err(io(dir))?;
+                fs::create_dir_all(dir).map_err(rundir::io(dir))?;
                 DirLock::check_free(dir)?;
                 None
             }
         };
-        let mpath = dir.join("manifest.json");
-        let epath = dir.join("episodes.jsonl");
-        let tpath = dir.join("turns.jsonl");
-        if !mpath.exists() && (epath.exists() || tpath.exists()) {
-            return Err(RunLogError::NoManifest(dir.display().to_string()));
-        }
-        if mpath.exists() {
-            let old = read_manifest(&mpath)?;
-            let diff = first_difference(&json(&old.config), &json(&manifest.config), "config")
-                .or_else(|| first_difference(&json(&old.model), &json(&manifest.model), "model"));
-            if let Some((key, old, new)) = diff {
-                return Err(RunLogError::ConfigMismatch {
-                    path: mpath.display().to_string(),
-                    key,
-                    old,
-                    new,
-                });
-            }
-        } else {
-            let tmp = dir.join("manifest.json.tmp");
-            let text = serde_json::to_string_pretty(manifest).expect("manifest serializes");
-            fs::write(&tmp, text + "\n").map_err(io(&tmp))?;
-            fs::rename(&tmp, &mpath).map_err(io(&mpath))?;
-        }
-        repair_tail(&epath)?;
-        repair_tail(&tpath)?;
+        manifest.create_or_check(dir, &[EPISODES, TURNS])?;
+        let (epath, tpath) = (dir.join(EPISODES), dir.join(TURNS));
+        let attempt = next_attempt(&[&epath, &tpath])?;
         let config_hash = manifest.config_hash();
-        let done: Vec<Tagged<EpisodeRecord>> = read_lines(&epath)?;
-        let attempt = done
-            .iter()
-            .map(|t| t.attempt)
-            .max()
-            .unwrap_or(0)
-            .max(last_attempt(&tpath)?)
-            + 1;
+        let done: Vec<Tagged<EpisodeRecord>> = runlog_file::read(&epath)?;
         Ok(RunDir {
             dir: dir.to_path_buf(),
-            attempt,
             // An episode whose agent calls failed runs again.
             finished: done
                 .iter()
                 .filter(|t| t.belongs(&config_hash) && t.record.failed_calls == 0)
                 .map(|t| (t.record.seed, t.record.arm))
                 .collect(),
-            config_hash,
+            episodes: Log::open(&epath, attempt, &config_hash)?,
+            turns: Log::open(&tpath, attempt, &config_hash)?,
             _lock: lock,
         })
     }
@@ -405,43 +106,11 @@ impl RunDir {
         &self.dir
     }
 
-    /// Appends one finished episode: its turn lines, then its episode line.
-    pub fn append(&mut self, rec: &EpisodeRecord, turns: &[TurnRecord]) -> Result<(), RunLogError> {
-        let tpath = self.dir.join("turns.jsonl");
-        let epath = self.dir.join("episodes.jsonl");
-        let mut buf = String::new();
-        for t in turns {
-            buf.push_str(
-                &serde_json::to_string(&Line {
-                    attempt: self.attempt,
-                    config_hash: &self.config_hash,
-                    record: t,
-                })
-                .expect("turn serializes"),
-            );
-            buf.push('\n');
-        }
-        let open = |p: &Path| {
-            OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(p)
-                .map_err(io(p))
-        };
-        open(&tpath)?
-            .write_all(buf.as_bytes())
-            .map_err(io(&tpath))?;
-        let line = serde_json::to_string(&Line {
-            attempt: self.attempt,
-            config_hash: &self.config_hash,
-            record: rec,
-        })
-        .expect("episode serializes");
-        let mut episodes = open(&epath)?;
-        episodes
-            .write_all(format!("{line}\n").as_bytes())
-            .map_err(io(&epath))?;
-        episodes.sync_data().map_err(io(&epath))?;
+    /// Appends one finished episode: its turn lines, then its episode line
+    /// (on disk before it returns: the line that marks the episode done).
+    pub fn append(&mut self, rec: &EpisodeRecord, turns: &[TurnRecord]) -> Result<(), DirError> {
+        self.turns.append(turns, false)?;
+        self.episodes.append([rec], true)?;
         self.finished.insert((rec.seed, rec.arm));
         Ok(())
     }
@@ -471,28 +140,12 @@ pub struct RunRead {
     pub probes: BTreeMap<(u64, Arm), Probes>,
 }
 
-fn json<T: Serialize>(v: &T) -> Value {
-    serde_json::to_value(v).map_or(Value::Null, sort_keys)
-}
-
-fn read_manifest(mpath: &Path) -> Result<Manifest, RunLogError> {
-    serde_json::from_str(&rundir::read_manifest_text(mpath)?).map_err(|source| RunLogError::Parse {
-        path: mpath.display().to_string(),
-        line: 1,
-        source,
-    })
-}
-
 /// Reads a run directory's manifest and finished episodes.
-pub fn read_run(dir: &Path) -> Result<RunRead, RunLogError> {
-    let mpath = dir.join("manifest.json");
-    if !mpath.exists() {
-        return Err(RunLogError::NotARun(dir.display().to_string()));
-    }
-    let manifest = read_manifest(&mpath)?;
+pub fn read_run(dir: &Path) -> Result<RunRead, DirError> {
+    let manifest = Manifest::read(dir)?;
     let hash = manifest.config_hash();
     let (mine, foreign): (Vec<_>, Vec<_>) =
-        read_lines::<EpisodeRecord>(&dir.join("episodes.jsonl"))?
+        runlog_file::read::<EpisodeRecord>(&dir.join(EPISODES))?
             .into_iter()
             .partition(|t| t.belongs(&hash));
     let keys: Vec<LineKey> = mine
@@ -567,26 +220,12 @@ impl LineKey {
     }
 }
 
-/// Which episode lines count, in log order: per (seed, arm) the first clean
-/// line, else the first line (an episode whose agent calls failed); and how
-/// many lines repeat the counted one (failed lines a clean retry replaced
-/// are history, not duplicates).
+/// Which episode lines count, in log order: per (seed, arm) the first
+/// clean line, else the first line (an episode whose agent calls failed);
+/// and how many lines repeat a counted one.
 fn counted_lines(keys: &[LineKey]) -> (Vec<bool>, usize) {
-    let mut chosen: BTreeMap<(u64, Arm), usize> = BTreeMap::new();
-    for (i, k) in keys.iter().enumerate() {
-        let at = chosen.entry((k.seed, k.arm)).or_insert(i);
-        if keys[*at].failed && !k.failed {
-            *at = i;
-        }
-    }
-    let mut counts = vec![false; keys.len()];
-    let mut duplicates = 0;
-    for (i, k) in keys.iter().enumerate() {
-        let at = chosen[&(k.seed, k.arm)];
-        counts[i] = i == at;
-        duplicates += usize::from(i != at && k.failed == keys[at].failed);
-    }
-    (counts, duplicates)
+    let keys: Vec<((u64, Arm), bool)> = keys.iter().map(|k| ((k.seed, k.arm), !k.failed)).collect();
+    first_finished(&keys)
 }
 
 /// What identifies a turn line.
@@ -631,7 +270,7 @@ fn written_turn_key(line: &str) -> Option<Tagged<TurnKey>> {
 /// those of the attempt whose episode line counts (the first), so turns of
 /// unfinished attempts, of an episode finished twice, and repeated lines
 /// are skipped.
-pub fn read_turns(dir: &Path) -> Result<Vec<TurnRecord>, RunLogError> {
+pub fn read_turns(dir: &Path) -> Result<Vec<TurnRecord>, DirError> {
     /// What identifies an episode line.
     #[derive(Deserialize)]
     struct Key {
@@ -640,8 +279,8 @@ pub fn read_turns(dir: &Path) -> Result<Vec<TurnRecord>, RunLogError> {
         #[serde(default)]
         failed_calls: u32,
     }
-    let hash = read_manifest(&dir.join("manifest.json"))?.config_hash();
-    let keys: Vec<LineKey> = read_lines::<Key>(&dir.join("episodes.jsonl"))?
+    let hash = Manifest::read(dir)?.config_hash();
+    let keys: Vec<LineKey> = runlog_file::read::<Key>(&dir.join(EPISODES))?
         .into_iter()
         .filter(|t| t.belongs(&hash))
         .map(|t| LineKey {
@@ -665,7 +304,7 @@ fn turn_lines(
     keys: &[LineKey],
     counts: &[bool],
     keep: impl Fn(&str) -> bool,
-) -> Result<(Vec<TurnRecord>, usize), RunLogError> {
+) -> Result<(Vec<TurnRecord>, usize), DirError> {
     let counted: BTreeMap<(u64, Arm), LineKey> = keys
         .iter()
         .zip(counts)
@@ -680,7 +319,7 @@ fn turn_lines(
     let mut seen = BTreeSet::new();
     let mut repeated = 0;
     let mut out = Vec::new();
-    let path = dir.join("turns.jsonl");
+    let path = dir.join(TURNS);
     let (lines, complete) = rundir::read_log_lines(&path)?;
     // Every line's key is read (duplicates are counted over all of them);
     // only the lines `keep` accepts are parsed whole.
@@ -690,7 +329,7 @@ fn turn_lines(
         }
         let t = match written_turn_key(line) {
             Some(t) => t,
-            None => match parse_line::<TurnKey>(&path, &lines, complete, i)? {
+            None => match parse_line::<Tagged<TurnKey>>(&path, &lines, complete, i)? {
                 Some(t) => t,
                 None => continue,
             },
@@ -710,7 +349,9 @@ fn turn_lines(
         } else if !seen.insert((seed, arm, t.record.turn)) {
             repeated += 1;
         } else if keep(line) {
-            out.extend(parse_line::<TurnRecord>(&path, &lines, complete, i)?.map(|t| t.record));
+            out.extend(
+                parse_line::<Tagged<TurnRecord>>(&path, &lines, complete, i)?.map(|t| t.record),
+            );
         }
     }
     Ok((out, repeated))

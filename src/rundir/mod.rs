@@ -1,5 +1,11 @@
-//! What every study's run directory needs from the file system: one
-//! process at a time, and reads that stay bounded whatever sits at a path.
+//! What every study's run directory is made of: one process at a time
+//! ([`DirLock`]), a [`Manifest`] that pins the configuration and the model,
+//! append-only JSONL logs whose lines are tagged with the attempt and the
+//! configuration that wrote them ([`log`]), reads that stay bounded
+//! whatever sits at a path, and the worker pool ([`parallel`]).
+//!
+//! A study defines its configuration type, its records and which log lines
+//! count; everything about files, resumption and refusal lives here.
 //!
 //! A run directory is written by exactly one process: two writers would
 //! each run every episode and interleave their lines. The lock is an
@@ -14,8 +20,15 @@
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
+
+use serde::de::DeserializeOwned;
+
+pub mod log;
+pub mod manifest;
+mod pool;
+
+pub use manifest::{Identity, Manifest};
+pub use pool::parallel;
 
 /// Largest manifest (or configuration file) read: a grid's manifest holds
 /// every cell's configuration, a few KiB each.
@@ -48,6 +61,32 @@ pub enum DirError {
     NotAFile(PathBuf),
     #[error("{path} is {size} bytes, more than the {cap} a statebench manifest may hold")]
     TooLarge { path: PathBuf, size: u64, cap: u64 },
+    /// A line or file that does not parse.
+    #[error("{path}:{line}")]
+    Parse {
+        path: PathBuf,
+        /// One-based line number.
+        line: usize,
+        #[source]
+        source: serde_json::Error,
+    },
+    /// The directory was made with another configuration or model.
+    #[error("{path} was made with a different configuration: {key} is {old} there, {new} now (use another --out, or the same settings to resume)")]
+    ConfigMismatch {
+        /// The manifest.
+        path: PathBuf,
+        /// The differing setting, as a key path (`config.steps`).
+        key: String,
+        /// Value in the directory.
+        old: String,
+        /// Value requested.
+        new: String,
+    },
+    #[error("{0} is not a statebench run directory (no manifest.json)")]
+    NotARun(PathBuf),
+    /// Logs whose configuration is unknown.
+    #[error("{dir} holds {file} but no manifest.json: refusing to add to logs of an unknown configuration (restore the manifest, or use another --out)")]
+    NoManifest { dir: PathBuf, file: String },
     #[error("{path}:{line}: a line longer than {cap} bytes: not a statebench log")]
     LineTooLong {
         path: PathBuf,
@@ -61,7 +100,7 @@ fn holder_text(pid: Option<u32>) -> String {
     pid.map(|p| format!(" (pid {p})")).unwrap_or_default()
 }
 
-fn io(path: &Path) -> impl Fn(std::io::Error) -> DirError + '_ {
+pub(crate) fn io(path: &Path) -> impl Fn(std::io::Error) -> DirError + '_ {
     move |source| DirError::Io {
         path: path.to_path_buf(),
         source,
@@ -219,30 +258,48 @@ pub fn read_log_lines(path: &Path) -> Result<(Vec<String>, bool), DirError> {
     Ok((lines, complete))
 }
 
-/// The studies' worker pool: runs `f` on every item with `workers`
-/// threads, each taking the next item in order; results in item order.
-pub fn parallel<T: Sync, R: Send>(
-    items: &[T],
-    workers: usize,
-    f: impl Fn(&T) -> R + Sync,
-) -> Vec<R> {
-    let next = AtomicUsize::new(0);
-    let out: Mutex<Vec<Option<R>>> = Mutex::new((0..items.len()).map(|_| None).collect());
-    std::thread::scope(|s| {
-        for _ in 0..workers.clamp(1, items.len().max(1)) {
-            s.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(item) = items.get(i) else { break };
-                let r = f(item);
-                out.lock().expect("no worker panics holding it")[i] = Some(r);
-            });
+/// Reads a JSON-lines file of records written whole (an artifact, or a
+/// log whose tags are part of `T`); a torn last line is ignored, any other
+/// line that does not parse is refused with its number. A missing file
+/// has no lines.
+pub fn read_jsonl<T: DeserializeOwned>(path: &Path) -> Result<Vec<T>, DirError> {
+    let (lines, complete) = read_log_lines(path)?;
+    let mut out = Vec::with_capacity(lines.len());
+    for (i, line) in lines.iter().enumerate() {
+        if line.trim().is_empty() {
+            continue;
         }
-    });
-    out.into_inner()
-        .expect("workers joined")
-        .into_iter()
-        .map(|r| r.expect("every item ran"))
-        .collect()
+        out.extend(parse_line(path, &lines, complete, i)?);
+    }
+    Ok(out)
+}
+
+/// Parses line `i` of a file's `lines`; None for a torn last line.
+pub fn parse_line<T: DeserializeOwned>(
+    path: &Path,
+    lines: &[String],
+    complete: bool,
+    i: usize,
+) -> Result<Option<T>, DirError> {
+    match serde_json::from_str::<T>(&lines[i]) {
+        Ok(t) => Ok(Some(t)),
+        Err(_) if i + 1 == lines.len() && !complete => Ok(None),
+        Err(source) => Err(DirError::Parse {
+            path: path.to_path_buf(),
+            line: i + 1,
+            source,
+        }),
+    }
+}
+
+/// Reads one JSON file (a manifest, a bundle) of at most [`MANIFEST_CAP`]
+/// bytes.
+pub fn read_json<T: DeserializeOwned>(path: &Path) -> Result<T, DirError> {
+    serde_json::from_str(&read_manifest_text(path)?).map_err(|source| DirError::Parse {
+        path: path.to_path_buf(),
+        line: 1,
+        source,
+    })
 }
 
 #[cfg(test)]
