@@ -1,8 +1,9 @@
 //! statebench: how strongly should task state act on an LLM agent?
 //!
 //! The crate holds the in-process engine (`engine`), the one chat interface
-//! the studies call (`backend`), the paper's testbed (`ladder`), its
-//! statistics (`stats`) and reports (`report`), EAL-Bench's authorization-
+//! the studies call (`backend`), the paper's testbed (`ladder`, with its
+//! reports), what every study's run directory is made of (`rundir`),
+//! statistics (`stats`) and tables (`table`), EAL-Bench's authorization-
 //! memory study (`eal`: its own generator, writers, executor, scorer and
 //! report over the same engine), and the OpenAI-compatible
 //! server (`http_server`, over the wire format in `wire`). Data flows one
@@ -17,7 +18,6 @@ pub mod engine;
 pub mod http_server;
 pub mod ladder;
 pub mod progress;
-pub mod report;
 pub mod rng;
 pub mod rundir;
 pub mod stats;

@@ -9,9 +9,9 @@ use statebench::ladder::episode::domain::Domain;
 use statebench::ladder::episode::{BriefVariant, EpisodeConfig};
 use statebench::ladder::parts::scripted::Scripted;
 use statebench::ladder::parts::Agent;
+use statebench::ladder::report;
 use statebench::ladder::run::cell::{run_cell, CellConfig, CellParts, Source};
 use statebench::ladder::run::runlog::read_run;
-use statebench::report;
 
 fn cell(dir: &Path, agent: Scripted, f: impl Fn(&mut CellConfig)) {
     let base = EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 100);

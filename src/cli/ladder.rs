@@ -15,6 +15,7 @@ use statebench::ladder::episode::paraphrase::{self, RewriteOptions};
 use statebench::ladder::episode::{BriefVariant, EpisodeConfig, Protocol, StepId};
 use statebench::ladder::parts::scripted::Scripted;
 use statebench::ladder::parts::Agent;
+use statebench::ladder::report::{self, Format};
 use statebench::ladder::run::cell::{
     progress_bar, run_cell, run_cells, CellConfig, CellJob, CellParts, EmbedderId, Parts, Source,
 };
@@ -23,7 +24,6 @@ use statebench::ladder::run::replay::{read_episode, read_replies, score_replies,
 use statebench::ladder::run::runlog::{read_run, Locking};
 use statebench::ladder::run::runner::RunOptions;
 use statebench::ladder::score::{perfect_labels, ChannelCounts, Label, Violation};
-use statebench::report::{self, Format};
 use statebench::rundir::{DirLock, Identity};
 
 use super::{emit, BackendArgs};

@@ -4,7 +4,8 @@
 //! - [`arms`]: what the agent reads and which gate applies, arm by arm;
 //! - [`parts`]: the agent, matcher and compiler (scripted, oracle or model);
 //! - [`run`]: the episode runner, cells, run logs and replays;
-//! - [`score`]: ground-truth labels, the six error channels, compile accuracy.
+//! - [`score`]: ground-truth labels, the six error channels, compile accuracy;
+//! - [`report`]: the paper's tables and figures over run directories.
 //!
 //! [`prompts`] holds every string the experiment sends, [`state`] the task
 //! state machine, [`receipt`] the extraction of bookings from replies.
@@ -15,6 +16,7 @@ pub mod harness;
 pub mod parts;
 pub mod prompts;
 pub mod receipt;
+pub mod report;
 pub mod run;
 pub mod score;
 pub mod state;
