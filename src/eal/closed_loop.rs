@@ -32,6 +32,7 @@ use super::writer::{instructions, update, write_chain, Attempt, Memory};
 use crate::rundir::log::{self, Log, Tagged};
 use crate::rundir::parallel;
 use crate::stats::mcnemar_exact;
+use crate::table::Table;
 
 /// What goes back to the writer after a request.
 #[derive(
@@ -312,9 +313,17 @@ pub fn render(dir: &Path) -> Result<String, StudyError> {
     for s in &mut steps {
         super::report::rescore(&cases, &mut s.trial);
     }
-    let mut out = String::from(
-        "## Closed loop\n\n| arm | step | correct | unauthorized (of denied) | over-refusal (of permitted) | unauthorized other action (on permitted) | feedback updates admitted | memory changed |\n| --- | --- | --- | --- | --- | --- | --- | --- |\n",
-    );
+    let mut out = String::from("## Closed loop\n\n");
+    let mut table = Table::new(&[
+        "arm",
+        "step",
+        "correct",
+        "unauthorized (of denied)",
+        "over-refusal (of permitted)",
+        "unauthorized other action (on permitted)",
+        "feedback updates admitted",
+        "memory changed",
+    ]);
     let mut rows: BTreeMap<(LoopArm, usize), [usize; 9]> = BTreeMap::new();
     for s in &steps {
         let t = &s.trial;
@@ -335,22 +344,18 @@ pub fn render(dir: &Path) -> Result<String, StudyError> {
         r[7] += usize::from(s.changed);
     }
     for ((arm, step), r) in &rows {
-        let _ = writeln!(
-            out,
-            "| {} | {} | {}/{} | {}/{} | {}/{} | {} | {} | {} |",
-            arm.name(),
-            step + 1,
-            r[1],
-            r[0],
-            r[2],
-            r[3],
-            r[4],
-            r[5],
-            r[8],
-            r[6],
-            r[7]
-        );
+        table.row(vec![
+            arm.name().to_string(),
+            (step + 1).to_string(),
+            format!("{}/{}", r[1], r[0]),
+            format!("{}/{}", r[2], r[3]),
+            format!("{}/{}", r[4], r[5]),
+            r[8].to_string(),
+            r[6].to_string(),
+            r[7].to_string(),
+        ]);
     }
+    out += &table.md();
     // Later requests (after at least one feedback block), paired by request.
     let later = |arm: LoopArm| -> BTreeMap<&str, &Trial> {
         steps

@@ -16,6 +16,7 @@ use super::study::{check_bundle, read_trials, Manifest, PlannedCall, StudyError,
 use super::writer::{Attempt, Formed, Memory, Selected};
 use crate::rundir::read_jsonl;
 use crate::stats::{holm, mcnemar_exact, wilson};
+use crate::table::Table;
 
 fn rate(k: usize, n: usize) -> String {
     if n == 0 {
@@ -327,10 +328,11 @@ impl Run {
                 );
             }
             if !reasons.is_empty() {
-                let _ = writeln!(out, "| rejection | attempts |\n| --- | --- |");
+                let mut t = Table::new(&["rejection", "attempts"]);
                 for (r, n) in &reasons {
-                    let _ = writeln!(out, "| {r} | {n} |");
+                    t.row(vec![r.clone(), n.to_string()]);
                 }
+                out += &t.md();
                 out.push('\n');
             }
         }
@@ -339,86 +341,104 @@ impl Run {
                 out,
                 "## Memory fidelity against the ledger (at each request's checkpoint)\n"
             );
-            let mut head = "| memory | records | missing | spurious |".to_string();
-            for f in FIELDS {
-                head.push_str(&format!(" {f} |"));
-            }
-            head.push_str(" false authority |");
-            let _ = writeln!(out, "{head}\n|{}", " --- |".repeat(FIELDS.len() + 5));
+            let head: Vec<&str> = ["memory", "records", "missing", "spurious"]
+                .into_iter()
+                .chain(FIELDS)
+                .chain(["false authority"])
+                .collect();
+            let mut t = Table::new(&head);
             for (arm, (f, fa)) in &m.fidelity {
-                let mut row = format!(
-                    "| {} | {} | {} | {} |",
-                    arm.name(),
-                    f.records,
-                    f.missing,
-                    f.spurious
+                let mut row = vec![
+                    arm.name().to_string(),
+                    f.records.to_string(),
+                    f.missing.to_string(),
+                    f.spurious.to_string(),
+                ];
+                row.extend(
+                    f.exact
+                        .iter()
+                        .map(|&e| format!("{:.2}", e as f64 / f.records.max(1) as f64)),
                 );
-                for e in f.exact {
-                    row.push_str(&format!(" {:.2} |", e as f64 / f.records.max(1) as f64));
-                }
-                row.push_str(&format!(" {fa}/{requests} |"));
-                let _ = writeln!(out, "{row}");
+                row.push(format!("{fa}/{requests}"));
+                t.row(row);
             }
+            out += &t.md();
             out.push('\n');
         }
         let _ = writeln!(
             out,
-            "## Decisions by evidence arm\n\nRates over trials with a decision (backend errors are counted apart and asked again on resume).\n\n| arm | correct | unauthorized action (of denied) | over-refusal (of permitted) | unauthorized other action (on permitted) | exact | other | escalate | decline | no action | invalid | malformed | error |\n| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+            "## Decisions by evidence arm\n\nRates over trials with a decision (backend errors are counted apart and asked again on resume).\n"
         );
+        let mut t = Table::new(&[
+            "arm",
+            "correct",
+            "unauthorized action (of denied)",
+            "over-refusal (of permitted)",
+            "unauthorized other action (on permitted)",
+            "exact",
+            "other",
+            "escalate",
+            "decline",
+            "no action",
+            "invalid",
+            "malformed",
+            "error",
+        ]);
         for (arm, r) in &m.arms {
-            let mut row = format!(
-                "| {} | {} | {} | {} | {} |",
-                arm.name(),
+            let mut row = vec![
+                arm.name().to_string(),
                 rate(r.correct, r.trials),
                 rate(r.unauthorized, r.denied),
                 rate(r.over_refusal, r.permitted),
-                r.unauthorized_permitted
+                r.unauthorized_permitted.to_string(),
+            ];
+            row.extend(
+                Class::ALL
+                    .iter()
+                    .map(|class| r.classes.get(class).copied().unwrap_or(0).to_string()),
             );
-            for class in Class::ALL {
-                row.push_str(&format!(
-                    " {} |",
-                    r.classes.get(&class).copied().unwrap_or(0)
-                ));
-            }
-            let _ = writeln!(out, "{row}");
+            t.row(row);
         }
+        out += &t.md();
         let traps: Vec<Trap> = Trap::ALL
             .into_iter()
             .filter(|t| m.by_trap.keys().any(|k| k.0 == *t))
             .collect();
         let _ = writeln!(out, "\n## Correct by trap\n");
-        let mut head = "| arm |".to_string();
-        for t in &traps {
-            head.push_str(&format!(" {} |", t.name()));
-        }
-        let _ = writeln!(out, "{head}\n|{}", " --- |".repeat(traps.len() + 1));
+        let head: Vec<&str> = ["arm"]
+            .into_iter()
+            .chain(traps.iter().map(|t| t.name()))
+            .collect();
+        let mut t = Table::new(&head);
         for arm in m.arms.keys() {
-            let mut row = format!("| {} |", arm.name());
-            for t in &traps {
-                let (k, n) = m.by_trap.get(&(*t, *arm)).copied().unwrap_or((0, 0));
-                row.push_str(&format!(" {k}/{n} |"));
-            }
-            let _ = writeln!(out, "{row}");
+            let mut row = vec![arm.name().to_string()];
+            row.extend(traps.iter().map(|trap| {
+                let (k, n) = m.by_trap.get(&(*trap, *arm)).copied().unwrap_or((0, 0));
+                format!("{k}/{n}")
+            }));
+            t.row(row);
         }
+        out += &t.md();
         if !m.paired.is_empty() {
             let adjusted = holm(&m.paired.iter().map(|p| p.p).collect::<Vec<_>>());
             let _ = writeln!(
                 out,
-                "\n## Paired on the same requests (correct; exact McNemar, Holm over {}; a case's requests share its memory, and the tests treat them as independent)\n\n| a | b | requests | a only | b only | p | p (Holm) |\n| --- | --- | --- | --- | --- | --- | --- |",
+                "\n## Paired on the same requests (correct; exact McNemar, Holm over {}; a case's requests share its memory, and the tests treat them as independent)\n",
                 m.paired.len()
             );
+            let mut t = Table::new(&["a", "b", "requests", "a only", "b only", "p", "p (Holm)"]);
             for (p, h) in m.paired.iter().zip(adjusted) {
-                let _ = writeln!(
-                    out,
-                    "| {} | {} | {} | {} | {} | {:.3} | {h:.3} |",
-                    p.a.name(),
-                    p.b.name(),
-                    p.n,
-                    p.a_only,
-                    p.b_only,
-                    p.p
-                );
+                t.row(vec![
+                    p.a.name().to_string(),
+                    p.b.name().to_string(),
+                    p.n.to_string(),
+                    p.a_only.to_string(),
+                    p.b_only.to_string(),
+                    format!("{:.3}", p.p),
+                    format!("{h:.3}"),
+                ]);
             }
+            out += &t.md();
         }
         if m.fidelity.contains_key(&Arm::Written) {
             let _ = writeln!(
