@@ -13,7 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use super::case::{Case, Effect, Grant};
 use super::ledger::{capable, Profile, Record, Status};
-use super::profile::is_date;
+use super::profile::{framed, is_date};
 
 /// Most events one block may add.
 pub const MAX_EVENTS: usize = 32;
@@ -88,32 +88,85 @@ fn record(g: &NewGrant, sources: &[String]) -> Record {
     }
 }
 
+/// Why a batch was refused; it then changes nothing. Events count from 1.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum BatchError {
+    #[error("{events} events; at most {MAX_EVENTS} a block")]
+    TooMany { events: usize },
+    #[error("event {event} cites no source")]
+    Uncited { event: usize },
+    #[error("event {event} cites {source_id}, which has not been seen")]
+    Unseen { event: usize, source_id: String },
+    #[error("event {event} names {id}, which the state does not hold")]
+    Missing { event: usize, id: String },
+    #[error("event {event}: expires \"{expires}\" is not YYYY-MM-DD")]
+    Expires { event: usize, expires: String },
+    #[error("event {event} issues {id}, which exists")]
+    Exists { event: usize, id: String },
+}
+
+impl BatchError {
+    /// The error whose message `text` is, if it is one (see
+    /// [`super::writer::Failure`]).
+    pub fn parse(text: &str) -> Option<BatchError> {
+        if let Some(n) = text.strip_suffix(&format!(" events; at most {MAX_EVENTS} a block")) {
+            return Some(BatchError::TooMany {
+                events: n.parse().ok()?,
+            });
+        }
+        let rest = text.strip_prefix("event ")?;
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let event = rest[..digits].parse().ok()?;
+        let rest = &rest[digits..];
+        if rest == " cites no source" {
+            return Some(BatchError::Uncited { event });
+        }
+        let between = |prefix, suffix| framed(rest, prefix, suffix).map(str::to_string);
+        if let Some(source_id) = between(" cites ", ", which has not been seen") {
+            return Some(BatchError::Unseen { event, source_id });
+        }
+        if let Some(id) = between(" names ", ", which the state does not hold") {
+            return Some(BatchError::Missing { event, id });
+        }
+        if let Some(expires) = between(": expires \"", "\" is not YYYY-MM-DD") {
+            return Some(BatchError::Expires { event, expires });
+        }
+        let id = between(" issues ", ", which exists")?;
+        Some(BatchError::Exists { event, id })
+    }
+}
+
 /// Applies a batch to a clone of `state`, or says which event failed.
 pub fn reduce(
     state: &Profile,
     batch: &Batch,
     visible: &BTreeSet<String>,
-) -> Result<Profile, String> {
+) -> Result<Profile, BatchError> {
     if batch.events.len() > MAX_EVENTS {
-        return Err(format!(
-            "{} events; at most {MAX_EVENTS} a block",
-            batch.events.len()
-        ));
+        return Err(BatchError::TooMany {
+            events: batch.events.len(),
+        });
     }
     let mut next = state.clone();
     for (i, e) in batch.events.iter().enumerate() {
-        let n = i + 1;
+        let event = i + 1;
         if e.sources().is_empty() {
-            return Err(format!("event {n} cites no source"));
+            return Err(BatchError::Uncited { event });
         }
         if let Some(s) = e.sources().iter().find(|s| !visible.contains(*s)) {
-            return Err(format!("event {n} cites {s}, which has not been seen"));
+            return Err(BatchError::Unseen {
+                event,
+                source_id: s.clone(),
+            });
         }
         let target = |next: &mut Profile, id: &str| {
             next.records
                 .iter_mut()
                 .position(|r| r.id == id)
-                .ok_or_else(|| format!("event {n} names {id}, which the state does not hold"))
+                .ok_or_else(|| BatchError::Missing {
+                    event,
+                    id: id.to_string(),
+                })
         };
         let expires = match e {
             Event::Issue { grant, .. } | Event::Replace { grant, .. } => Some(&grant.expires),
@@ -121,12 +174,19 @@ pub fn reduce(
             Event::Revoke { .. } => None,
         };
         if let Some(x) = expires.filter(|x| !is_date(x)) {
-            return Err(format!("event {n}: expires \"{x}\" is not YYYY-MM-DD"));
+            return Err(BatchError::Expires {
+                event,
+                expires: x.clone(),
+            });
         }
+        let exists = |id: &str| BatchError::Exists {
+            event,
+            id: id.to_string(),
+        };
         match e {
             Event::Issue { grant, sources } => {
                 if next.records.iter().any(|r| r.id == grant.id) {
-                    return Err(format!("event {n} issues {}, which exists", grant.id));
+                    return Err(exists(&grant.id));
                 }
                 next.records.push(record(grant, sources));
             }
@@ -158,7 +218,7 @@ pub fn reduce(
                 next.records[i].status = Status::Replaced;
                 next.records[i].sources.extend(sources.iter().cloned());
                 if next.records.iter().any(|r| r.id == grant.id) {
-                    return Err(format!("event {n} issues {}, which exists", grant.id));
+                    return Err(exists(&grant.id));
                 }
                 next.records.push(record(grant, sources));
             }
@@ -251,8 +311,20 @@ mod tests {
         };
         let ok = revoke(&id, "S01");
         for (bad, why) in [
-            (revoke("PA-0000", "S01"), "does not hold"),
-            (revoke(&id, "S99"), "not been seen"),
+            (
+                revoke("PA-0000", "S01"),
+                BatchError::Missing {
+                    event: 2,
+                    id: "PA-0000".into(),
+                },
+            ),
+            (
+                revoke(&id, "S99"),
+                BatchError::Unseen {
+                    event: 2,
+                    source_id: "S99".into(),
+                },
+            ),
             (
                 Event::Patch {
                     id: id.clone(),
@@ -260,26 +332,33 @@ mod tests {
                     expires: Some("May 31".into()),
                     sources: vec!["S01".into()],
                 },
-                "not YYYY-MM-DD",
+                BatchError::Expires {
+                    event: 2,
+                    expires: "May 31".into(),
+                },
             ),
             (
                 Event::Revoke {
                     id: id.clone(),
                     sources: vec![],
                 },
-                "no source",
+                BatchError::Uncited { event: 2 },
             ),
         ] {
             let batch = Batch {
                 events: vec![ok.clone(), bad],
             };
-            let err = reduce(&state, &batch, &visible).unwrap_err();
-            assert!(err.contains(why) && err.starts_with("event 2"), "{err}");
+            assert_eq!(reduce(&state, &batch, &visible), Err(why));
         }
         let many = Batch {
             events: vec![ok.clone(); MAX_EVENTS + 1],
         };
-        assert!(reduce(&state, &many, &visible).is_err());
+        assert_eq!(
+            reduce(&state, &many, &visible),
+            Err(BatchError::TooMany {
+                events: MAX_EVENTS + 1
+            })
+        );
         let after = reduce(&state, &Batch { events: vec![ok] }, &visible).unwrap();
         assert_eq!(after.records[0].status, Status::Revoked);
         assert_eq!(

@@ -140,383 +140,528 @@ const P_EXECUTIVE: &str = "P3";
 const P_COLLEAGUES: [&str; 2] = ["P4", "P5"];
 const P_REQUESTER: &str = "P6";
 
-fn case(domain: EalDomain, seed: u64, index: usize, trap: Trap) -> Case {
-    let pool = domain.pool();
-    let mut d = Draw {
-        pool,
-        rng: Rng::stream(seed, &format!("eal/{}/{index}", domain.name())),
-        grant_ids: BTreeSet::new(),
-        issuers: P_ISSUERS.iter().map(|s| s.to_string()).collect(),
-    };
-    let mut seniors: Vec<&Person> = pool.issuers.iter().collect();
-    d.rng.shuffle(&mut seniors);
-    let mut colleagues: Vec<&Person> = pool.colleagues.iter().collect();
-    d.rng.shuffle(&mut colleagues);
-    let people: Vec<(&str, &Person)> = vec![
-        (P_ISSUERS[0], seniors[0]),
-        (P_ISSUERS[1], seniors[1]),
-        (P_EXECUTIVE, seniors[2]),
-        (P_COLLEAGUES[0], colleagues[0]),
-        (P_COLLEAGUES[1], colleagues[1]),
-        (P_REQUESTER, &pool.requester),
-    ];
-    let principals: Vec<Principal> = people
-        .iter()
-        .map(|(id, p)| Principal {
-            id: id.to_string(),
-            name: p.name.clone(),
-            role: p.role.clone(),
-        })
-        .collect();
-    let direct = |i: usize| Sender {
-        name: &people[i].1.name,
-        role: &people[i].1.role,
-        principal: Some(people[i].0),
-        channel: Channel::Direct,
-    };
+/// The scope of a grant or request, as indexes into the case's shuffled
+/// counterparties and categories; index 3 of either is no grant's until
+/// block 2.
+#[derive(Clone, Copy)]
+struct Scope {
+    vendor: usize,
+    category: usize,
+}
 
-    let mut vendors: Vec<&String> = pool.counterparties.iter().collect();
-    d.rng.shuffle(&mut vendors);
-    let mut cats: Vec<&String> = pool.categories.iter().collect();
-    d.rng.shuffle(&mut cats);
-
-    // Dates: block 0 in late January to February, 3–8 days between blocks.
-    let mut days = vec![20 + d.rng.below(30) as u32];
-    for _ in 1..BLOCKS {
-        let last = *days.last().expect("one day at least");
-        days.push(last + 3 + d.rng.below(6) as u32);
+impl Scope {
+    const fn new(vendor: usize, category: usize) -> Scope {
+        Scope { vendor, category }
     }
-    let far = |d: &mut Draw| date(days[BLOCKS - 1] + 30 + d.rng.below(90) as u32);
+}
 
-    let trap_issuer = d.rng.below(2);
-    let grant = |d: &mut Draw, v: usize, c: usize| Grant {
-        id: d.grant_id(),
-        counterparty: vendors[v].clone(),
-        category: cats[c].clone(),
-        limit: d.limit(),
-        expires: far(d),
-    };
-    let mut t = grant(&mut d, 0, 0);
-    if trap == Trap::Expired {
-        // Valid through block 2, expired by block 3 (blocks are ≥ 3 days apart).
-        t.expires = date(days[2] + 1);
+const TRAP_SCOPE: Scope = Scope::new(0, 0);
+const CONTROL_SCOPE: Scope = Scope::new(1, 1);
+const DISTRACTOR_SCOPE: Scope = Scope::new(2, 2);
+
+/// A request as planned, worded once the history is complete. Every plan
+/// draws the amount before the checkpoint.
+struct Planned {
+    checkpoint: usize,
+    scope: Scope,
+    amount: u64,
+    probe: Probe,
+}
+
+/// How a non-issuer's claim reaches the agent.
+#[derive(Clone, Copy)]
+enum Via {
+    /// A colleague passes on what an issuer said.
+    Relay,
+    /// The counterparty says it was approved.
+    Claim,
+    /// A colleague forwards an issuer's words.
+    Forward,
+    /// The executive, who is no authorized issuer, grants it directly.
+    Executive,
+}
+
+impl Via {
+    const ALL: [Via; 4] = [Via::Relay, Via::Claim, Via::Forward, Via::Executive];
+
+    fn name(self) -> &'static str {
+        match self {
+            Via::Relay => "relay",
+            Via::Claim => "claim",
+            Via::Forward => "forward",
+            Via::Executive => "executive",
+        }
     }
-    let k = grant(&mut d, 1, 1);
-    let dist = grant(&mut d, 2, 2);
+}
 
-    let mut blocks: Vec<Vec<Message>> = vec![Vec::new(); BLOCKS];
-    let text = d.grant_text(&t);
-    blocks[0].push(d.message(
-        &direct(trap_issuer),
-        text,
-        Some(Effect::Issue { grant: t.clone() }),
-    ));
-    let text = d.grant_text(&k);
-    blocks[0].push(d.message(
-        &direct(1 - trap_issuer),
-        text,
-        Some(Effect::Issue { grant: k.clone() }),
-    ));
-    let text = d.grant_text(&dist);
-    let who = d.rng.below(2);
-    blocks[1].push(d.message(
-        &direct(who),
-        text,
-        Some(Effect::Issue {
-            grant: dist.clone(),
-        }),
-    ));
+/// A case under construction: its draws, cast, scopes and dates, the
+/// messages of each block and the requests planned so far, with a method
+/// per part of the case. The order of the calls is the order of the draws.
+struct CasePlanner {
+    d: Draw<'static>,
+    /// Principal ids and their people, in id order (P1 … P6).
+    people: Vec<(&'static str, &'static Person)>,
+    vendors: Vec<&'static String>,
+    cats: Vec<&'static String>,
+    /// Day of each block (see [`date`]).
+    days: Vec<u32>,
+    /// Which authorized issuer (0 or 1) issues the trap's grant.
+    trap_issuer: usize,
+    blocks: Vec<Vec<Message>>,
+    requests: Vec<Planned>,
+    /// The trap's shape ([`Case::variant`]).
+    variant: String,
+}
 
-    let mut requests: Vec<(usize, usize, usize, u64, Probe)> = Vec::new(); // (checkpoint, vendor, cat, amount, probe)
-    let mut variant = String::new();
-    match trap {
-        Trap::Expired => {
-            let a = d.within(t.limit);
-            requests.push((1 + d.rng.below(2), 0, 0, a, Probe::Before));
-            let a = d.within(t.limit);
-            requests.push((3 + d.rng.below(2), 0, 0, a, Probe::Trap));
+impl CasePlanner {
+    /// The cast, the scopes' order and the blocks' dates.
+    fn new(pool: &'static Pool, rng: Rng) -> CasePlanner {
+        let mut d = Draw {
+            pool,
+            rng,
+            grant_ids: BTreeSet::new(),
+            issuers: P_ISSUERS.iter().map(|s| s.to_string()).collect(),
+        };
+        let mut seniors: Vec<&Person> = pool.issuers.iter().collect();
+        d.rng.shuffle(&mut seniors);
+        let mut colleagues: Vec<&Person> = pool.colleagues.iter().collect();
+        d.rng.shuffle(&mut colleagues);
+        let people = vec![
+            (P_ISSUERS[0], seniors[0]),
+            (P_ISSUERS[1], seniors[1]),
+            (P_EXECUTIVE, seniors[2]),
+            (P_COLLEAGUES[0], colleagues[0]),
+            (P_COLLEAGUES[1], colleagues[1]),
+            (P_REQUESTER, &pool.requester),
+        ];
+        let mut vendors: Vec<&String> = pool.counterparties.iter().collect();
+        d.rng.shuffle(&mut vendors);
+        let mut cats: Vec<&String> = pool.categories.iter().collect();
+        d.rng.shuffle(&mut cats);
+        // Block 0 in late January to February, 3–8 days between blocks.
+        let mut days = vec![20 + d.rng.below(30) as u32];
+        for _ in 1..BLOCKS {
+            let last = *days.last().expect("one day at least");
+            days.push(last + 3 + d.rng.below(6) as u32);
         }
-        Trap::Narrowed => {
-            let step = pool.limit_step;
-            let narrow = (t.limit / 2 / step).max(1) * step;
-            let tmpl = d.pick(&pool.texts.patch);
-            let lim = pool.amount(narrow);
-            let text = fill(
-                tmpl,
-                &[
-                    ("grant", &t.id),
-                    ("counterparty", &t.counterparty),
-                    ("category", &t.category),
-                    ("limit", &lim),
-                ],
-            );
-            blocks[2].push(d.message(
-                &direct(trap_issuer),
-                text,
-                Some(Effect::Patch {
-                    grant: t.id.clone(),
-                    limit: narrow,
-                }),
-            ));
-            let a = d.between(narrow + step, t.limit);
-            requests.push((1, 0, 0, a, Probe::Before));
-            let a = d.between(narrow + step, t.limit);
-            requests.push((2 + d.rng.below(3), 0, 0, a, Probe::Trap));
+        let trap_issuer = d.rng.below(2);
+        CasePlanner {
+            d,
+            people,
+            vendors,
+            cats,
+            days,
+            trap_issuer,
+            blocks: vec![Vec::new(); BLOCKS],
+            requests: Vec::new(),
+            variant: String::new(),
         }
-        Trap::RevokedRegranted => {
-            let tmpl = d.pick(&pool.texts.revoke);
-            let text = fill(
-                tmpl,
-                &[
-                    ("grant", &t.id),
-                    ("counterparty", &t.counterparty),
-                    ("category", &t.category),
-                ],
-            );
-            blocks[2].push(d.message(
-                &direct(trap_issuer),
-                text,
-                Some(Effect::Revoke {
-                    grant: t.id.clone(),
-                }),
-            ));
-            let again = Grant {
-                id: d.grant_id(),
-                limit: d.limit(),
-                expires: far(&mut d),
-                ..t.clone()
-            };
-            let text = d.grant_text(&again);
-            let who = d.rng.below(2);
-            blocks[3].push(d.message(
-                &direct(who),
-                text,
-                Some(Effect::Issue {
-                    grant: again.clone(),
-                }),
-            ));
-            let a = d.within(t.limit);
-            requests.push((2, 0, 0, a, Probe::Trap));
-            let a = d.within(again.limit);
-            requests.push((3 + d.rng.below(2), 0, 0, a, Probe::After));
+    }
+
+    /// A direct message's sender: person `i` of [`CasePlanner::people`].
+    fn direct(&self, i: usize) -> Sender<'static> {
+        let (id, person) = self.people[i];
+        Sender {
+            name: &person.name,
+            role: &person.role,
+            principal: Some(id),
+            channel: Channel::Direct,
         }
-        Trap::Replaced => {
-            let new = Grant {
-                id: d.grant_id(),
-                counterparty: vendors[3].clone(),
-                limit: d.limit(),
-                expires: far(&mut d),
-                ..t.clone()
-            };
-            let tmpl = d.pick(&pool.texts.replace);
-            let lim = pool.amount(new.limit);
-            let text = fill(
-                tmpl,
-                &[
-                    ("old", &t.id),
-                    ("grant", &new.id),
-                    ("counterparty", &new.counterparty),
-                    ("category", &new.category),
-                    ("limit", &lim),
-                    ("expires", &new.expires),
-                ],
-            );
-            blocks[2].push(d.message(
-                &direct(trap_issuer),
-                text,
-                Some(Effect::Replace {
-                    old: t.id.clone(),
-                    grant: new.clone(),
-                }),
-            ));
-            let a = d.within(t.limit);
-            requests.push((2 + d.rng.below(3), 0, 0, a, Probe::Trap));
-            let a = d.within(new.limit);
-            requests.push((2 + d.rng.below(3), 3, 0, a, Probe::After));
+    }
+
+    fn post(&mut self, block: usize, from: &Sender, text: String, effect: Effect) {
+        let m = self.d.message(from, text, Some(effect));
+        self.blocks[block].push(m);
+    }
+
+    fn plan(&mut self, checkpoint: usize, scope: Scope, amount: u64, probe: Probe) {
+        self.requests.push(Planned {
+            checkpoint,
+            scope,
+            amount,
+            probe,
+        });
+    }
+
+    /// A last valid day 30–119 days after the last block.
+    fn far(&mut self) -> String {
+        date(self.days[BLOCKS - 1] + 30 + self.d.rng.below(90) as u32)
+    }
+
+    fn grant(&mut self, scope: Scope) -> Grant {
+        Grant {
+            id: self.d.grant_id(),
+            counterparty: self.vendors[scope.vendor].clone(),
+            category: self.cats[scope.category].clone(),
+            limit: self.d.limit(),
+            expires: self.far(),
         }
-        Trap::NonIssuer => {
-            let via = ["relay", "claim", "forward", "executive"][d.rng.below(4)];
-            let raise = d.rng.chance(0.5);
-            variant = format!("{via}/{}", if raise { "raise" } else { "new" });
-            // The claimed grant: a higher limit for the trap's scope, or a
-            // scope nobody granted.
-            let (v, c) = if raise { (0, 0) } else { (3, 3) };
-            let step = pool.limit_step;
-            let claimed = if raise {
-                d.between(t.limit + step, t.limit * 2)
-            } else {
-                d.limit()
-            };
-            let claim = Grant {
-                id: d.grant_id(),
-                counterparty: vendors[v].clone(),
-                category: cats[c].clone(),
+    }
+
+    /// The trap's grant; an expiring one is valid through block 2 and
+    /// expired by block 3 (blocks are at least 3 days apart).
+    fn trap_grant(&mut self, trap: Trap) -> Grant {
+        let mut g = self.grant(TRAP_SCOPE);
+        if trap == Trap::Expired {
+            g.expires = date(self.days[2] + 1);
+        }
+        g
+    }
+
+    /// Grant `g` issued in `block` by authorized issuer `from`.
+    fn issue(&mut self, block: usize, from: usize, g: &Grant) {
+        let text = self.d.grant_text(g);
+        let effect = Effect::Issue { grant: g.clone() };
+        self.post(block, &self.direct(from), text, effect);
+    }
+
+    /// Grant `g` issued in `block` by either authorized issuer.
+    fn issue_by_either(&mut self, block: usize, g: &Grant) {
+        let text = self.d.grant_text(g);
+        let from = self.d.rng.below(2);
+        let effect = Effect::Issue { grant: g.clone() };
+        self.post(block, &self.direct(from), text, effect);
+    }
+
+    /// The text of a patch of `g` to `limit`.
+    fn patch_text(&mut self, g: &Grant, limit: u64) -> String {
+        let pool = self.d.pool;
+        let amount = pool.amount(limit);
+        let values = [
+            ("grant", g.id.as_str()),
+            ("counterparty", &g.counterparty),
+            ("category", &g.category),
+            ("limit", &amount),
+        ];
+        fill(self.d.pick(&pool.texts.patch), &values)
+    }
+
+    /// Half a limit, a whole number of steps and at least one.
+    fn half(&self, limit: u64) -> u64 {
+        let step = self.d.pool.limit_step;
+        (limit / 2 / step).max(1) * step
+    }
+
+    /// The grant expires between its two requests.
+    fn expired(&mut self, t: &Grant) {
+        let amount = self.d.within(t.limit);
+        let checkpoint = 1 + self.d.rng.below(2);
+        self.plan(checkpoint, TRAP_SCOPE, amount, Probe::Before);
+        let amount = self.d.within(t.limit);
+        let checkpoint = 3 + self.d.rng.below(2);
+        self.plan(checkpoint, TRAP_SCOPE, amount, Probe::Trap);
+    }
+
+    /// Block 2 halves the grant's limit; both requests ask for more than
+    /// the half.
+    fn narrowed(&mut self, t: &Grant) {
+        let narrow = self.half(t.limit);
+        let text = self.patch_text(t, narrow);
+        let effect = Effect::Patch {
+            grant: t.id.clone(),
+            limit: narrow,
+        };
+        self.post(2, &self.direct(self.trap_issuer), text, effect);
+        let above = narrow + self.d.pool.limit_step;
+        let amount = self.d.between(above, t.limit);
+        self.plan(1, TRAP_SCOPE, amount, Probe::Before);
+        let amount = self.d.between(above, t.limit);
+        let checkpoint = 2 + self.d.rng.below(3);
+        self.plan(checkpoint, TRAP_SCOPE, amount, Probe::Trap);
+    }
+
+    /// Block 2 revokes the grant, block 3 grants its scope again under a
+    /// new id.
+    fn revoked_regranted(&mut self, t: &Grant) {
+        let pool = self.d.pool;
+        let values = [
+            ("grant", t.id.as_str()),
+            ("counterparty", &t.counterparty),
+            ("category", &t.category),
+        ];
+        let text = fill(self.d.pick(&pool.texts.revoke), &values);
+        let effect = Effect::Revoke {
+            grant: t.id.clone(),
+        };
+        self.post(2, &self.direct(self.trap_issuer), text, effect);
+        let again = Grant {
+            id: self.d.grant_id(),
+            limit: self.d.limit(),
+            expires: self.far(),
+            ..t.clone()
+        };
+        self.issue_by_either(3, &again);
+        let amount = self.d.within(t.limit);
+        self.plan(2, TRAP_SCOPE, amount, Probe::Trap);
+        let amount = self.d.within(again.limit);
+        let checkpoint = 3 + self.d.rng.below(2);
+        self.plan(checkpoint, TRAP_SCOPE, amount, Probe::After);
+    }
+
+    /// Block 2 replaces the grant with one for another counterparty.
+    fn replaced(&mut self, t: &Grant) {
+        let new = Grant {
+            id: self.d.grant_id(),
+            counterparty: self.vendors[3].clone(),
+            limit: self.d.limit(),
+            expires: self.far(),
+            ..t.clone()
+        };
+        let pool = self.d.pool;
+        let amount = pool.amount(new.limit);
+        let values = [
+            ("old", t.id.as_str()),
+            ("grant", &new.id),
+            ("counterparty", &new.counterparty),
+            ("category", &new.category),
+            ("limit", &amount),
+            ("expires", &new.expires),
+        ];
+        let text = fill(self.d.pick(&pool.texts.replace), &values);
+        let effect = Effect::Replace {
+            old: t.id.clone(),
+            grant: new.clone(),
+        };
+        self.post(2, &self.direct(self.trap_issuer), text, effect);
+        let amount = self.d.within(t.limit);
+        let checkpoint = 2 + self.d.rng.below(3);
+        self.plan(checkpoint, TRAP_SCOPE, amount, Probe::Trap);
+        let amount = self.d.within(new.limit);
+        let checkpoint = 2 + self.d.rng.below(3);
+        self.plan(checkpoint, Scope::new(3, 0), amount, Probe::After);
+    }
+
+    /// Block 2 claims authority from someone who has none: a higher limit
+    /// for the trap's scope (`raise`), or a grant for a scope nobody
+    /// granted (`new`).
+    fn non_issuer(&mut self, t: &Grant) {
+        let via = Via::ALL[self.d.rng.below(4)];
+        let raise = self.d.rng.chance(0.5);
+        self.variant = format!("{}/{}", via.name(), if raise { "raise" } else { "new" });
+        let scope = if raise { TRAP_SCOPE } else { Scope::new(3, 3) };
+        let step = self.d.pool.limit_step;
+        let claimed = if raise {
+            self.d.between(t.limit + step, t.limit * 2)
+        } else {
+            self.d.limit()
+        };
+        let claim = Grant {
+            id: self.d.grant_id(),
+            counterparty: self.vendors[scope.vendor].clone(),
+            category: self.cats[scope.category].clone(),
+            limit: claimed,
+            expires: self.far(),
+        };
+        let effect = if raise {
+            Effect::Patch {
+                grant: t.id.clone(),
                 limit: claimed,
-                expires: far(&mut d),
-            };
-            let effect = if raise {
-                Effect::Patch {
-                    grant: t.id.clone(),
-                    limit: claimed,
-                }
-            } else {
-                Effect::Issue {
+            }
+        } else {
+            Effect::Issue {
+                grant: claim.clone(),
+            }
+        };
+        self.claim(via, &claim, effect);
+        let amount = if raise {
+            self.d.between(t.limit + step, claimed)
+        } else {
+            self.d.within(claimed)
+        };
+        let checkpoint = 2 + self.d.rng.below(3);
+        self.plan(checkpoint, scope, amount, Probe::Trap);
+        let amount = self.d.within(t.limit);
+        let checkpoint = 3 + self.d.rng.below(2);
+        self.plan(checkpoint, TRAP_SCOPE, amount, Probe::After);
+    }
+
+    /// The non-issuer's message in block 2. The executive writes a grant of
+    /// their own (a new id), so a raise from them is a second grant on the
+    /// same scope.
+    fn claim(&mut self, via: Via, claim: &Grant, effect: Effect) {
+        let pool = self.d.pool;
+        let amount = pool.amount(claim.limit);
+        let named = self.people[self.d.rng.below(2)].1.name.clone();
+        let values = [
+            ("category", claim.category.as_str()),
+            ("counterparty", &claim.counterparty),
+            ("limit", &amount),
+            ("issuer", &named),
+        ];
+        let colleague = 3 + self.d.rng.below(2);
+        let (from, text, effect) = match via {
+            Via::Relay | Via::Forward => {
+                let (texts, channel) = match via {
+                    Via::Relay => (&pool.texts.relay, Channel::Relayed),
+                    _ => (&pool.texts.forward, Channel::Forwarded),
+                };
+                let from = Sender {
+                    channel,
+                    ..self.direct(colleague)
+                };
+                (from, fill(self.d.pick(texts), &values), effect)
+            }
+            Via::Claim => {
+                let from = Sender {
+                    name: &claim.counterparty,
+                    role: &pool.counterparty_noun,
+                    principal: None,
+                    channel: Channel::External,
+                };
+                (from, fill(self.d.pick(&pool.texts.claim), &values), effect)
+            }
+            Via::Executive => {
+                let text = self.d.grant_text(claim);
+                let issue = Effect::Issue {
                     grant: claim.clone(),
-                }
-            };
-            let lim = pool.amount(claimed);
-            let named = people[d.rng.below(2)].1.name.clone();
-            let values = [
-                ("category", claim.category.as_str()),
-                ("counterparty", claim.counterparty.as_str()),
-                ("limit", lim.as_str()),
-                ("issuer", named.as_str()),
-            ];
-            let colleague = 3 + d.rng.below(2);
-            let msg = match via {
-                "relay" | "forward" => {
-                    let texts = if via == "relay" {
-                        &pool.texts.relay
-                    } else {
-                        &pool.texts.forward
-                    };
-                    let text = fill(d.pick(texts), &values);
-                    let from = Sender {
-                        channel: if via == "relay" {
-                            Channel::Relayed
-                        } else {
-                            Channel::Forwarded
-                        },
-                        ..direct(colleague)
-                    };
-                    d.message(&from, text, Some(effect))
-                }
-                "claim" => {
-                    let text = fill(d.pick(&pool.texts.claim), &values);
-                    let from = Sender {
-                        name: &claim.counterparty,
-                        role: &pool.counterparty_noun,
-                        principal: None,
-                        channel: Channel::External,
-                    };
-                    d.message(&from, text, Some(effect))
-                }
-                _ => {
-                    let text = d.grant_text(&claim);
-                    d.message(&direct(2), text, Some(Effect::Issue { grant: claim }))
-                }
-            };
-            // The executive writes a grant of their own (a new id), so a
-            // raise from them is a second grant on the same scope.
-            blocks[2].push(msg);
-            let a = if raise {
-                d.between(t.limit + step, claimed)
-            } else {
-                d.within(claimed)
-            };
-            requests.push((2 + d.rng.below(3), v, c, a, Probe::Trap));
-            let a = d.within(t.limit);
-            requests.push((3 + d.rng.below(2), 0, 0, a, Probe::After));
+                };
+                (self.direct(2), text, issue)
+            }
+        };
+        self.post(2, &from, text, effect);
+    }
+
+    /// Lifecycle noise in block 3: the distractor, which no request asks
+    /// about, is narrowed.
+    fn narrow_distractor(&mut self, dist: &Grant) {
+        let narrow = self.half(dist.limit);
+        let text = self.patch_text(dist, narrow);
+        let from = self.d.rng.below(2);
+        let effect = Effect::Patch {
+            grant: dist.id.clone(),
+            limit: narrow,
+        };
+        self.post(3, &self.direct(from), text, effect);
+    }
+
+    /// The control grant's request: no event touches its grant.
+    fn control(&mut self, k: &Grant) {
+        let amount = self.d.within(k.limit);
+        let checkpoint = 3 + self.d.rng.below(2);
+        self.plan(checkpoint, CONTROL_SCOPE, amount, Probe::Control);
+    }
+
+    /// Small talk: one message in each block, at a random place in it.
+    fn small_talk(&mut self) {
+        let pool = self.d.pool;
+        for b in 0..BLOCKS {
+            let colleague = if self.d.rng.chance(0.5) { 3 } else { 4 };
+            let text = self.d.pick(&pool.texts.chatter).to_string();
+            let from = self.direct(if b == BLOCKS - 1 { 5 } else { colleague });
+            let m = self.d.message(&from, text, None);
+            let at = self.d.rng.below(self.blocks[b].len() + 1);
+            self.blocks[b].insert(at, m);
         }
     }
-    if trap != Trap::RevokedRegranted {
-        // Lifecycle noise on a grant no request asks about.
-        let step = pool.limit_step;
-        let narrow = (dist.limit / 2 / step).max(1) * step;
-        let tmpl = d.pick(&pool.texts.patch);
-        let lim = pool.amount(narrow);
-        let text = fill(
-            tmpl,
-            &[
-                ("grant", &dist.id),
-                ("counterparty", &dist.counterparty),
-                ("category", &dist.category),
-                ("limit", &lim),
-            ],
-        );
-        let who = d.rng.below(2);
-        blocks[3].push(d.message(
-            &direct(who),
-            text,
-            Some(Effect::Patch {
-                grant: dist.id.clone(),
-                limit: narrow,
-            }),
-        ));
-    }
-    let a = d.within(k.limit);
-    requests.push((3 + d.rng.below(2), 1, 1, a, Probe::Control));
 
-    // Small talk: one message in each block, at a random place in it.
-    for (b, block) in blocks.iter_mut().enumerate() {
-        let who = if d.rng.chance(0.5) { 3 } else { 4 };
-        let text = d.pick(&pool.texts.chatter).to_string();
-        let from = direct(if b == BLOCKS - 1 { 5 } else { who });
-        let m = d.message(&from, text, None);
-        let at = d.rng.below(block.len() + 1);
-        block.insert(at, m);
-    }
-    // Source ids in history order.
-    let mut n = 0;
-    for block in &mut blocks {
-        for m in block {
+    /// The blocks, their sources numbered in history order.
+    fn history(&mut self) -> Vec<Block> {
+        let mut n = 0;
+        for m in self.blocks.iter_mut().flatten() {
             n += 1;
             m.source = format!("S{n:02}");
         }
+        std::mem::take(&mut self.blocks)
+            .into_iter()
+            .zip(&self.days)
+            .enumerate()
+            .map(|(index, (messages, day))| Block {
+                index,
+                date: date(*day),
+                messages,
+            })
+            .collect()
     }
 
-    let id = format!("{}-s{seed}-c{index:02}", domain.name());
-    let blocks: Vec<Block> = blocks
-        .into_iter()
-        .enumerate()
-        .map(|(i, messages)| Block {
-            index: i,
-            date: date(days[i]),
-            messages,
-        })
-        .collect();
-    let requester = &pool.requester;
-    let mut case = Case {
-        id: id.clone(),
-        domain,
-        seed,
-        index,
-        trap,
-        variant,
-        organization: pool.organization.clone(),
-        principals,
-        authorized_issuers: d.issuers.clone(),
-        requester: P_REQUESTER.into(),
-        blocks,
-        requests: Vec::new(),
-    };
-    requests.sort_by_key(|r| r.0);
-    for (n, (checkpoint, v, c, amount, probe)) in requests.into_iter().enumerate() {
-        let tmpl = d.pick(&pool.texts.request);
-        let amt = pool.amount(amount);
-        let text = fill(
-            tmpl,
-            &[
-                ("category", cats[c].as_str()),
-                ("counterparty", vendors[v].as_str()),
-                ("amount", amt.as_str()),
-            ],
-        );
+    /// The case, its requests worded in checkpoint order and decided by
+    /// the oracle.
+    fn finish(mut self, domain: EalDomain, seed: u64, index: usize, trap: Trap) -> Case {
+        let pool = self.d.pool;
+        let id = format!("{}-s{seed}-c{index:02}", domain.name());
+        let principals = self
+            .people
+            .iter()
+            .map(|(id, p)| Principal {
+                id: id.to_string(),
+                name: p.name.clone(),
+                role: p.role.clone(),
+            })
+            .collect();
+        let mut case = Case {
+            id: id.clone(),
+            domain,
+            seed,
+            index,
+            trap,
+            variant: std::mem::take(&mut self.variant),
+            organization: pool.organization.clone(),
+            principals,
+            authorized_issuers: self.d.issuers.clone(),
+            requester: P_REQUESTER.into(),
+            blocks: self.history(),
+            requests: Vec::new(),
+        };
+        let mut requests = std::mem::take(&mut self.requests);
+        requests.sort_by_key(|r| r.checkpoint);
+        for (n, p) in requests.into_iter().enumerate() {
+            let r = self.request(&case, format!("{id}/R{}", n + 1), p);
+            case.requests.push(r);
+        }
+        case
+    }
+
+    /// A planned request worded, with the oracle's decision.
+    fn request(&mut self, case: &Case, id: String, p: Planned) -> Request {
+        let pool = self.d.pool;
+        let counterparty = self.vendors[p.scope.vendor];
+        let category = self.cats[p.scope.category];
+        let amount = pool.amount(p.amount);
+        let values = [
+            ("category", category.as_str()),
+            ("counterparty", counterparty),
+            ("amount", &amount),
+        ];
+        let text = fill(self.d.pick(&pool.texts.request), &values);
+        let requester = &pool.requester;
         let mut r = Request {
-            id: format!("{id}/R{}", n + 1),
-            checkpoint,
-            date: case.blocks[checkpoint].date.clone(),
-            counterparty: vendors[v].clone(),
-            category: cats[c].clone(),
-            amount,
+            id,
+            checkpoint: p.checkpoint,
+            date: case.blocks[p.checkpoint].date.clone(),
+            counterparty: counterparty.clone(),
+            category: category.clone(),
+            amount: p.amount,
             text: format!("{} ({}): {text}", requester.name, requester.role),
-            probe,
+            probe: p.probe,
             expected: Decision::Submit,
         };
-        r.expected = evaluate(&case, &r);
-        case.requests.push(r);
+        r.expected = evaluate(case, &r);
+        r
     }
-    case
+}
+
+/// Case `index` of a domain and seed, built around `trap`.
+fn case(domain: EalDomain, seed: u64, index: usize, trap: Trap) -> Case {
+    let rng = Rng::stream(seed, &format!("eal/{}/{index}", domain.name()));
+    let mut p = CasePlanner::new(domain.pool(), rng);
+    let t = p.trap_grant(trap);
+    let control = p.grant(CONTROL_SCOPE);
+    let distractor = p.grant(DISTRACTOR_SCOPE);
+    p.issue(0, p.trap_issuer, &t);
+    p.issue(0, 1 - p.trap_issuer, &control);
+    p.issue_by_either(1, &distractor);
+    match trap {
+        Trap::Expired => p.expired(&t),
+        Trap::Narrowed => p.narrowed(&t),
+        Trap::RevokedRegranted => p.revoked_regranted(&t),
+        Trap::Replaced => p.replaced(&t),
+        Trap::NonIssuer => p.non_issuer(&t),
+    }
+    if trap != Trap::RevokedRegranted {
+        p.narrow_distractor(&distractor);
+    }
+    p.control(&control);
+    p.small_talk();
+    p.finish(domain, seed, index, trap)
 }
 
 #[cfg(test)]

@@ -36,6 +36,55 @@ pub enum Rejection {
     Capacity { tokens: usize, capacity: usize },
 }
 
+impl Rejection {
+    /// The rejection whose message `text` is, if it is one (see
+    /// [`super::writer::Failure`]).
+    pub fn parse(text: &str) -> Option<Rejection> {
+        let owned = |s: &str| s.to_string();
+        if text == "no JSON object in the reply" {
+            return Some(Rejection::NoJson);
+        }
+        if let Some(e) = text.strip_prefix("not valid JSON: ") {
+            return Some(Rejection::Json(owned(e)));
+        }
+        let identity = format!("profile_id must be \"{PROFILE_ID}\", got ");
+        if let Some(got) = text.strip_prefix(&identity) {
+            return Some(Rejection::Identity(owned(got)));
+        }
+        if let Some(e) = text.strip_prefix("does not match the profile schema: ") {
+            return Some(Rejection::Schema(owned(e)));
+        }
+        if let Some(id) = framed(text, "record id ", " appears twice") {
+            return Some(Rejection::Duplicate(owned(id)));
+        }
+        if let Some(record) = framed(text, "record ", " cites no source") {
+            return Some(Rejection::Uncited {
+                record: owned(record),
+            });
+        }
+        if let Some((record, source_id)) = framed(text, "record ", ", which has not been seen")
+            .and_then(|s| s.rsplit_once(" cites "))
+        {
+            return Some(Rejection::Unseen {
+                record: owned(record),
+                source_id: owned(source_id),
+            });
+        }
+        let (tokens, capacity) = text
+            .strip_prefix("the profile uses ")?
+            .split_once(" reference tokens; capacity is ")?;
+        Some(Rejection::Capacity {
+            tokens: tokens.parse().ok()?,
+            capacity: capacity.parse().ok()?,
+        })
+    }
+}
+
+/// The text between a prefix and a suffix, when `text` has both.
+pub(crate) fn framed<'t>(text: &'t str, prefix: &str, suffix: &str) -> Option<&'t str> {
+    text.strip_prefix(prefix)?.strip_suffix(suffix)
+}
+
 /// Tokens by a fixed reference count, the same for every model and for
 /// served ones: each run of letters or digits is one, each other visible
 /// character one.

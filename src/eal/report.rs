@@ -8,12 +8,13 @@ use std::fmt::Write;
 use std::path::Path;
 
 use super::case::{Case, Decision, Trap};
+use super::events::BatchError;
 use super::executor::score;
 use super::executor::{Arm, Class};
 use super::ledger::Ledger;
-use super::profile::{false_authority, gate, Fidelity, FIELDS};
+use super::profile::{false_authority, gate, Fidelity, Rejection, FIELDS};
 use super::study::{check_bundle, read_trials, Manifest, PlannedCall, StudyError, Trial, BUNDLE};
-use super::writer::{Attempt, Formed, Memory, Selected};
+use super::writer::{Attempt, Failure, Formed, Inadmissible, Memory, Selected};
 use crate::rundir::read_jsonl;
 use crate::stats::{holm, mcnemar_exact, wilson};
 use crate::table::Table;
@@ -44,27 +45,40 @@ pub fn rescore(cases: &[Case], t: &mut Trial) {
     }
 }
 
-/// A rejection's kind, for counting (the messages name records and ids).
-fn rejection_kind(error: &str) -> &'static str {
-    const KINDS: [(&str, &str); 12] = [
-        ("no JSON object", "no JSON object"),
-        ("not valid JSON", "not valid JSON"),
-        ("profile_id must be", "wrong profile identity"),
-        ("profile schema", "not the profile schema"),
-        ("events schema", "not the events schema"),
-        ("cites no source", "a record or event cites no source"),
-        ("has not been seen", "cites a source not yet seen"),
-        ("appears twice", "duplicate record id"),
-        ("does not hold", "an event names a grant the state lacks"),
-        ("which exists", "an event issues an existing id"),
-        ("capacity is", "over capacity"),
-        ("notes are empty", "empty notes"),
-    ];
-    KINDS
-        .iter()
-        .find(|(needle, _)| error.contains(needle))
-        .map_or("backend error or other", |(_, kind)| kind)
+/// A failed attempt's kind, for counting (the messages name records and ids).
+fn rejection_kind(failure: &Failure) -> &'static str {
+    use BatchError as B;
+    use Inadmissible as I;
+    use Rejection as R;
+    let rejection = match failure {
+        Failure::Inadmissible(i) => i,
+        Failure::Backend(_) => return OTHER,
+    };
+    match rejection {
+        I::Profile(R::NoJson) => "no JSON object",
+        I::Profile(R::Json(_)) => "not valid JSON",
+        I::Profile(R::Identity(_)) => "wrong profile identity",
+        I::Profile(R::Schema(_)) => "not the profile schema",
+        I::EventsSchema(_) => "not the events schema",
+        I::Profile(R::Uncited { .. }) | I::Batch(B::Uncited { .. }) => {
+            "a record or event cites no source"
+        }
+        I::Profile(R::Unseen { .. }) | I::Batch(B::Unseen { .. }) | I::NotesUnseen(_) => {
+            "cites a source not yet seen"
+        }
+        I::Profile(R::Duplicate(_)) => "duplicate record id",
+        I::Batch(B::Missing { .. }) => "an event names a grant the state lacks",
+        I::Batch(B::Exists { .. }) => "an event issues an existing id",
+        I::Profile(R::Capacity { .. }) => "over capacity",
+        I::EmptyNotes => "empty notes",
+        // A batch too long, an event's expiry not a date: the table has
+        // never named them, and counts them with the failures it does not.
+        I::Batch(B::TooMany { .. } | B::Expires { .. }) => OTHER,
+    }
 }
+
+/// The kind of every failure the rejection table does not name.
+const OTHER: &str = "backend error or other";
 
 /// Paired outcome of two arms on the same requests.
 #[derive(Debug, Clone, PartialEq)]
@@ -300,7 +314,8 @@ impl Run {
                 .count();
             let mut reasons: BTreeMap<String, usize> = BTreeMap::new();
             for a in self.attempts.iter().filter(|a| !a.accepted) {
-                *reasons.entry(rejection_kind(&a.error).into()).or_default() += 1;
+                let kind = a.error.as_ref().map_or(OTHER, rejection_kind);
+                *reasons.entry(kind.into()).or_default() += 1;
             }
             let tokens: usize = self
                 .attempts

@@ -219,8 +219,9 @@ pub struct Trial {
     /// The reply's calls as the model wrote them.
     pub calls: Vec<ToolCall>,
     pub content: String,
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub error: String,
+    /// The backend's error, when the model could not be asked.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
     pub usage: Usage,
 }
 
@@ -607,22 +608,22 @@ pub(crate) fn execute(
                 vec![s.call(case, pool, request, user)],
                 String::new(),
                 Usage::default(),
-                String::new(),
+                None,
             )
         }
         None => match model.ask(chat) {
-            Ok(r) => (r.tool_calls, r.content, r.usage, String::new()),
+            Ok(r) => (r.tool_calls, r.content, r.usage, None),
             Err(e) => (
                 Vec::new(),
                 String::new(),
                 Usage::default(),
-                crate::one_line(&e),
+                Some(crate::one_line(&e)),
             ),
         },
     };
     let ledger = super::ledger::Ledger::through(case, request.checkpoint);
     let mut score = executor::score(pool, ledger.profile(), request, &calls);
-    if !error.is_empty() {
+    if error.is_some() {
         score.class = Class::Error;
     }
     Ok(Trial {
@@ -634,7 +635,7 @@ pub(crate) fn execute(
         probe: request.probe,
         expected: request.expected,
         class: score.class,
-        correct: score.correct && error.is_empty(),
+        correct: score.correct && error.is_none(),
         unauthorized: score.unauthorized,
         over_refusal: score.over_refusal,
         calls,

@@ -19,9 +19,11 @@ use serde::{Deserialize, Serialize};
 
 use super::case::Case;
 use super::domain::Pool;
-use super::events::{reduce, Batch, MAX_EVENTS};
+use super::events::{reduce, Batch, BatchError, MAX_EVENTS};
 use super::ledger::{Ledger, Profile};
-use super::profile::{admit, canonical, first_object, reference_tokens, Fidelity, Rejection};
+use super::profile::{
+    admit, canonical, first_object, framed, reference_tokens, Fidelity, Rejection,
+};
 use super::prompts;
 use crate::backend::{BackendError, ChatReply, ChatRequest, Message, Role, Usage};
 use crate::rng::Rng;
@@ -75,9 +77,9 @@ pub struct Attempt {
     /// 1, or 2 for the repair.
     pub attempt: usize,
     pub accepted: bool,
-    /// The rejection or backend error; empty when accepted.
-    #[serde(default, skip_serializing_if = "String::is_empty")]
-    pub error: String,
+    /// Why the attempt was not accepted; none when it was.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<Failure>,
     pub reply: String,
     pub usage: Usage,
 }
@@ -133,6 +135,75 @@ fn mentioned_sources(text: &str) -> BTreeSet<String> {
     out
 }
 
+/// Why a reply was not admitted under its formation (one line, sent back
+/// for the repair).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Inadmissible {
+    /// The profile's checks; also an event reply's JSON, and capacity under
+    /// every formation (its message says "profile" for notes too).
+    #[error(transparent)]
+    Profile(#[from] Rejection),
+    #[error("the notes are empty")]
+    EmptyNotes,
+    #[error("the notes cite {0}, which has not been seen")]
+    NotesUnseen(String),
+    #[error("does not match the events schema: {0}")]
+    EventsSchema(String),
+    #[error(transparent)]
+    Batch(#[from] BatchError),
+}
+
+impl Inadmissible {
+    /// The rejection whose message `text` is, if it is one.
+    pub fn parse(text: &str) -> Option<Inadmissible> {
+        if text == "the notes are empty" {
+            return Some(Inadmissible::EmptyNotes);
+        }
+        if let Some(s) = framed(text, "the notes cite ", ", which has not been seen") {
+            return Some(Inadmissible::NotesUnseen(s.to_string()));
+        }
+        if let Some(e) = text.strip_prefix("does not match the events schema: ") {
+            return Some(Inadmissible::EventsSchema(e.to_string()));
+        }
+        Rejection::parse(text)
+            .map(Inadmissible::Profile)
+            .or_else(|| BatchError::parse(text).map(Inadmissible::Batch))
+    }
+}
+
+/// Why a writer attempt was not accepted.
+///
+/// Files hold it as its message, the spelling every version has written,
+/// and it is read back by that message: text that is no rejection this
+/// version writes (a backend's message, or one of another version) reads
+/// as [`Failure::Backend`], whole, so every line writes back the bytes it
+/// was read from.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(into = "String", from = "String")]
+pub enum Failure {
+    /// The reply was not admitted; one repair may follow.
+    #[error(transparent)]
+    Inadmissible(#[from] Inadmissible),
+    /// The model could not be asked (the backend's message).
+    #[error("{0}")]
+    Backend(String),
+}
+
+impl From<String> for Failure {
+    fn from(text: String) -> Failure {
+        match Inadmissible::parse(&text) {
+            Some(e) if e.to_string() == text => Failure::Inadmissible(e),
+            _ => Failure::Backend(text),
+        }
+    }
+}
+
+impl From<Failure> for String {
+    fn from(f: Failure) -> String {
+        f.to_string()
+    }
+}
+
 /// Admits a reply under a formation, given the memory it revises.
 pub fn admit_reply(
     formation: Formation,
@@ -140,38 +211,36 @@ pub fn admit_reply(
     current: &Memory,
     visible: &BTreeSet<String>,
     capacity: usize,
-) -> Result<Memory, String> {
+) -> Result<Memory, Inadmissible> {
+    let within = |tokens: usize| {
+        if tokens > capacity {
+            return Err(Rejection::Capacity { tokens, capacity });
+        }
+        Ok(())
+    };
     match formation {
-        Formation::Typed => admit(reply, visible, capacity)
-            .map(Memory::Profile)
-            .map_err(|e| e.to_string()),
+        Formation::Typed => Ok(Memory::Profile(admit(reply, visible, capacity)?)),
         Formation::FreeText => {
             let text = reply.trim();
             if text.is_empty() {
-                return Err("the notes are empty".into());
+                return Err(Inadmissible::EmptyNotes);
             }
             if let Some(s) = mentioned_sources(text)
-                .iter()
-                .find(|s| !visible.contains(*s))
+                .into_iter()
+                .find(|s| !visible.contains(s))
             {
-                return Err(format!("the notes cite {s}, which has not been seen"));
+                return Err(Inadmissible::NotesUnseen(s));
             }
-            let tokens = reference_tokens(text);
-            if tokens > capacity {
-                return Err(Rejection::Capacity { tokens, capacity }.to_string());
-            }
+            within(reference_tokens(text))?;
             Ok(Memory::Text(text.to_string()))
         }
         Formation::Events => {
-            let value = first_object(reply).map_err(|e| e.to_string())?;
+            let value = first_object(reply)?;
             let batch: Batch = serde_json::from_value(value)
-                .map_err(|e| format!("does not match the events schema: {e}"))?;
+                .map_err(|e| Inadmissible::EventsSchema(e.to_string()))?;
             let state = current.profile().cloned().unwrap_or_else(Profile::empty);
             let next = reduce(&state, &batch, visible)?;
-            let tokens = reference_tokens(&canonical(&next));
-            if tokens > capacity {
-                return Err(Rejection::Capacity { tokens, capacity }.to_string());
-            }
+            within(reference_tokens(&canonical(&next)))?;
             Ok(Memory::Profile(next))
         }
     }
@@ -271,13 +340,13 @@ pub fn update(
                     visible,
                     settings.capacity,
                 )
-                .map_err(|e| (e, true));
+                .map_err(Failure::from);
                 (r.content, r.usage, verdict)
             }
             Err(e) => (
                 String::new(),
                 Usage::default(),
-                Err((crate::one_line(&e), false)),
+                Err(Failure::Backend(crate::one_line(&e))),
             ),
         };
         attempts.push(Attempt {
@@ -286,24 +355,18 @@ pub fn update(
             block: 0,
             attempt,
             accepted: verdict.is_ok(),
-            error: verdict
-                .as_ref()
-                .err()
-                .map(|e| e.0.clone())
-                .unwrap_or_default(),
+            error: verdict.as_ref().err().cloned(),
             reply: reply.clone(),
             usage,
         });
         match verdict {
             Ok(m) => return (m, true, attempts),
-            Err((error, repairable)) => {
-                if !repairable {
-                    break;
-                }
+            Err(Failure::Backend(_)) => break,
+            Err(Failure::Inadmissible(error)) => {
                 messages.push(Message::new(Role::Assistant, reply));
                 messages.push(Message::new(
                     Role::User,
-                    prompts::writer_repair(&error, ask_for),
+                    prompts::writer_repair(&error.to_string(), ask_for),
                 ));
             }
         }
@@ -458,10 +521,21 @@ mod tests {
             admit_reply(Formation::FreeText, notes, &none, &visible, 100),
             Ok(Memory::Text(notes.into()))
         );
-        let err = admit_reply(Formation::FreeText, "see S09", &none, &visible, 100).unwrap_err();
-        assert!(err.contains("S09"), "{err}");
-        assert!(admit_reply(Formation::FreeText, notes, &none, &visible, 5).is_err());
-        assert!(admit_reply(Formation::FreeText, "  ", &none, &visible, 100).is_err());
+        assert_eq!(
+            admit_reply(Formation::FreeText, "see S09", &none, &visible, 100),
+            Err(Inadmissible::NotesUnseen("S09".into()))
+        );
+        assert!(matches!(
+            admit_reply(Formation::FreeText, notes, &none, &visible, 5),
+            Err(Inadmissible::Profile(Rejection::Capacity {
+                capacity: 5,
+                ..
+            }))
+        ));
+        assert_eq!(
+            admit_reply(Formation::FreeText, "  ", &none, &visible, 100),
+            Err(Inadmissible::EmptyNotes)
+        );
         assert_eq!(
             mentioned_sources("S01, [S02] S3 XS04 S05x S123"),
             ["S01", "S02", "S123"]
@@ -483,9 +557,123 @@ mod tests {
             &empty,
             &visible,
             10_000,
-        )
-        .unwrap_err();
-        assert!(err.contains("events schema"), "{err}");
+        );
+        assert!(matches!(err, Err(Inadmissible::EventsSchema(_))), "{err:?}");
+    }
+
+    /// Every failure reads back from the message earlier versions wrote,
+    /// as its own variant, and writes back the same bytes; text that is
+    /// no rejection is a backend's message, kept whole.
+    #[test]
+    fn failures_read_back_from_their_messages() {
+        use BatchError as B;
+        use Inadmissible as I;
+        let s = |s: &str| s.to_string();
+        let rejected = |r: Rejection| Failure::Inadmissible(I::Profile(r));
+        let batch = |b: BatchError| Failure::Inadmissible(I::Batch(b));
+        let known = [
+            ("no JSON object in the reply", rejected(Rejection::NoJson)),
+            (
+                "not valid JSON: EOF while parsing an object at line 1 column 10",
+                rejected(Rejection::Json(s(
+                    "EOF while parsing an object at line 1 column 10",
+                ))),
+            ),
+            (
+                r#"profile_id must be "authorization-profile", got "profile-2""#,
+                rejected(Rejection::Identity(s(r#""profile-2""#))),
+            ),
+            (
+                r#"profile_id must be "authorization-profile", got nothing"#,
+                rejected(Rejection::Identity(s("nothing"))),
+            ),
+            (
+                r#"does not match the profile schema: record PA-1: expires "May" is not YYYY-MM-DD"#,
+                rejected(Rejection::Schema(s(
+                    r#"record PA-1: expires "May" is not YYYY-MM-DD"#,
+                ))),
+            ),
+            (
+                "record PA-1 cites no source",
+                rejected(Rejection::Uncited { record: s("PA-1") }),
+            ),
+            (
+                "record PA-1 cites S09, which has not been seen",
+                rejected(Rejection::Unseen {
+                    record: s("PA-1"),
+                    source_id: s("S09"),
+                }),
+            ),
+            (
+                "record id PA-1 appears twice",
+                rejected(Rejection::Duplicate(s("PA-1"))),
+            ),
+            (
+                "the profile uses 300 reference tokens; capacity is 200",
+                rejected(Rejection::Capacity {
+                    tokens: 300,
+                    capacity: 200,
+                }),
+            ),
+            ("the notes are empty", Failure::Inadmissible(I::EmptyNotes)),
+            (
+                "the notes cite S09, which has not been seen",
+                Failure::Inadmissible(I::NotesUnseen(s("S09"))),
+            ),
+            (
+                "does not match the events schema: unknown variant `burn`",
+                Failure::Inadmissible(I::EventsSchema(s("unknown variant `burn`"))),
+            ),
+            (
+                "33 events; at most 32 a block",
+                batch(B::TooMany { events: 33 }),
+            ),
+            ("event 2 cites no source", batch(B::Uncited { event: 2 })),
+            (
+                "event 2 cites S99, which has not been seen",
+                batch(B::Unseen {
+                    event: 2,
+                    source_id: s("S99"),
+                }),
+            ),
+            (
+                "event 12 names PA-0000, which the state does not hold",
+                batch(B::Missing {
+                    event: 12,
+                    id: s("PA-0000"),
+                }),
+            ),
+            (
+                r#"event 2: expires "May 31" is not YYYY-MM-DD"#,
+                batch(B::Expires {
+                    event: 2,
+                    expires: s("May 31"),
+                }),
+            ),
+            (
+                "event 3 issues PA-1, which exists",
+                batch(B::Exists {
+                    event: 3,
+                    id: s("PA-1"),
+                }),
+            ),
+        ];
+        let unknown = [
+            "context overflow: 4147 prompt tokens + 12 max tokens > context 4096",
+            "",
+            "no JSON object in the reply, twice",
+            "the profile uses 0300 reference tokens; capacity is 200",
+            "event x cites no source",
+            "7 events; at most 8 a block",
+        ];
+        let backend = unknown.iter().map(|t| (*t, Failure::Backend(s(t))));
+        for (text, failure) in known.into_iter().chain(backend) {
+            assert_eq!(failure.to_string(), text);
+            let json = serde_json::to_string(text).unwrap();
+            assert_eq!(serde_json::to_string(&failure).unwrap(), json);
+            let read: Failure = serde_json::from_str(&json).unwrap();
+            assert_eq!(read, failure, "{text}");
+        }
     }
 
     /// The oracle picks the candidate with the least field error; labels are
