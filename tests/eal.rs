@@ -11,7 +11,7 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 use statebench::eal::case::Decision;
-use statebench::eal::executor::{Arm, Class};
+use statebench::eal::executor::{Class, EvidenceArm};
 use statebench::eal::report::Run;
 use statebench::eal::study::{self, ExecutorKind, StudyConfig, StudyModel, Trial, WriterKind};
 use statebench::eal::EalDomain;
@@ -93,8 +93,12 @@ fn oracle_writer_and_evidence_following_executor_score_one() {
         let tmp = tempfile::tempdir().unwrap();
         let run = scripted(tmp.path(), domain, ExecutorKind::FollowEvidence);
         let m = run.measure();
-        assert_eq!(run.trials.len(), 30 * Arm::ALL.len());
-        for arm in [Arm::Written, Arm::Gated, Arm::OracleExact] {
+        assert_eq!(run.trials.len(), 30 * EvidenceArm::ALL.len());
+        for arm in [
+            EvidenceArm::Written,
+            EvidenceArm::Gated,
+            EvidenceArm::OracleExact,
+        ] {
             let (f, false_authority) = &m.fidelity[&arm];
             assert_eq!(
                 (f.missing, f.spurious, *false_authority),
@@ -104,21 +108,26 @@ fn oracle_writer_and_evidence_following_executor_score_one() {
             assert!(f.records > 30);
             assert_eq!(f.exact, [f.records; 8], "{domain:?} {arm:?}");
         }
-        for arm in [Arm::FullHistory, Arm::Written, Arm::Gated, Arm::OracleExact] {
+        for arm in [
+            EvidenceArm::FullHistory,
+            EvidenceArm::Written,
+            EvidenceArm::Gated,
+            EvidenceArm::OracleExact,
+        ] {
             let row = &m.arms[&arm];
             assert_eq!((row.trials, row.correct), (30, 30), "{domain:?} {arm:?}");
         }
         let declines = run
             .trials
             .iter()
-            .filter(|t| t.arm == Arm::Empty && t.expected == Decision::Decline)
+            .filter(|t| t.arm == EvidenceArm::Empty && t.expected == Decision::Decline)
             .count();
-        assert_eq!(m.arms[&Arm::Empty].correct, declines);
-        assert_eq!(m.arms[&Arm::Empty].unauthorized, 0);
+        assert_eq!(m.arms[&EvidenceArm::Empty].correct, declines);
+        assert_eq!(m.arms[&EvidenceArm::Empty].unauthorized, 0);
         let widened: Vec<&Trial> = run
             .trials
             .iter()
-            .filter(|t| t.arm == Arm::Widened)
+            .filter(|t| t.arm == EvidenceArm::Widened)
             .collect();
         assert!(widened.iter().any(|t| t.unauthorized), "{domain:?}");
         assert!(widened.iter().all(|t| t.correct || t.unauthorized));
@@ -144,7 +153,7 @@ fn always_submit_fails_exactly_the_denied_requests() {
         .map(|r| r.id.as_str())
         .collect();
     assert!(!denied.is_empty() && denied.len() < 30);
-    for arm in Arm::ALL {
+    for arm in EvidenceArm::ALL {
         let failed: BTreeSet<&str> = run
             .trials
             .iter()
@@ -207,7 +216,7 @@ fn resume_after_formation_gives_identical_trials() {
     assert!(!attempts.is_empty(), "the writer ran");
     ok(eal_run(&model, &resumed, &[]));
     let expect = stable_trials(&straight);
-    assert_eq!(expect.len(), 6 * Arm::ALL.len());
+    assert_eq!(expect.len(), 6 * EvidenceArm::ALL.len());
     assert_eq!(stable_trials(&resumed), expect);
     for f in ["memories.jsonl", "plan.jsonl", "cases.jsonl"] {
         let read = |d: &Path| std::fs::read_to_string(d.join(f)).unwrap();
@@ -501,8 +510,8 @@ fn backend_errors_are_retried_and_not_counted() {
     let error = run.trials[0].error.as_deref().unwrap_or_default();
     assert!(error.contains("context overflow"), "{error}");
     let m = run.measure();
-    assert_eq!(m.arms[&Arm::Empty].trials, 0);
-    assert_eq!(m.arms[&Arm::Empty].classes[&Class::Error], 6);
+    assert_eq!(m.arms[&EvidenceArm::Empty].trials, 0);
+    assert_eq!(m.arms[&EvidenceArm::Empty].classes[&Class::Error], 6);
 
     let o = eal_run(
         &model,

@@ -9,7 +9,7 @@ use statebench::progress::Meter;
 
 use statebench::backend::shared::SharedBackend;
 use statebench::eal::closed_loop::{self, LoopArm};
-use statebench::eal::executor::Arm;
+use statebench::eal::executor::EvidenceArm;
 use statebench::eal::report::Run;
 use statebench::eal::study::{self, ExecutorKind, StudyConfig, StudyModel, WriterKind};
 use statebench::eal::writer::{Formation, Selection};
@@ -135,7 +135,7 @@ fn show(a: ShowArgs) -> Result<()> {
 
 /// The parts of a study: who writes, what, and who executes.
 #[derive(Args)]
-pub struct Parts {
+pub struct StudyArgs {
     #[command(flatten)]
     set: CaseSet,
     /// Who writes the memory: the model, or the ledger itself (the oracle writer).
@@ -166,7 +166,7 @@ pub struct Parts {
     backend: BackendArgs,
 }
 
-impl Parts {
+impl StudyArgs {
     fn config(&self) -> StudyConfig {
         let mut config = StudyConfig::new(self.set.domain, self.set.seed, self.set.cases);
         config.mix = self.set.mix.clone();
@@ -207,10 +207,10 @@ impl Parts {
 #[derive(Args)]
 pub struct RunArgs {
     #[command(flatten)]
-    parts: Parts,
+    parts: StudyArgs,
     /// Evidence arms (default: all six).
     #[arg(long, value_enum, value_delimiter = ',')]
-    arms: Vec<Arm>,
+    arms: Vec<EvidenceArm>,
     /// Writer chains per case (sampled, each with its own seed); above 1, one candidate is selected per checkpoint.
     #[arg(long, default_value_t = 1)]
     candidates: usize,
@@ -258,7 +258,7 @@ fn run_study(a: RunArgs) -> Result<()> {
 #[derive(Args)]
 pub struct LoopArgs {
     #[command(flatten)]
-    parts: Parts,
+    parts: StudyArgs,
     /// Feedback arms: the action and its outcome, or a neutral block (default: both).
     #[arg(long, value_enum, value_delimiter = ',')]
     arms: Vec<LoopArm>,
@@ -266,7 +266,7 @@ pub struct LoopArgs {
 
 fn run_closed_loop(a: LoopArgs) -> Result<()> {
     let mut config = a.parts.config();
-    config.arms = vec![Arm::Written];
+    config.arms = vec![EvidenceArm::Written];
     config.closed_loop = if a.arms.is_empty() {
         vec![LoopArm::Action, LoopArm::Neutral]
     } else {

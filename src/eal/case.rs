@@ -22,7 +22,7 @@ pub struct Principal {
 /// How a message reached the agent.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Channel {
+pub enum Delivery {
     /// Written by its sender to the agent.
     Direct,
     /// A colleague passing on what someone else said.
@@ -33,14 +33,14 @@ pub enum Channel {
     External,
 }
 
-impl Channel {
+impl Delivery {
     /// How the channel reads in a rendered history.
     pub fn label(self) -> &'static str {
         match self {
-            Channel::Direct => "direct message",
-            Channel::Relayed => "relayed remark",
-            Channel::Forwarded => "forwarded note",
-            Channel::External => "external email",
+            Delivery::Direct => "direct message",
+            Delivery::Relayed => "relayed remark",
+            Delivery::Forwarded => "forwarded note",
+            Delivery::External => "external email",
         }
     }
 }
@@ -81,7 +81,7 @@ pub enum Effect {
 
 /// One message of the history.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Message {
+pub struct HistoryMessage {
     /// `S01`, `S02`, … in history order.
     pub source: String,
     pub sender: String,
@@ -89,7 +89,7 @@ pub struct Message {
     pub role: String,
     /// The sender's principal id; none for outsiders.
     pub principal: Option<String>,
-    pub channel: Channel,
+    pub channel: Delivery,
     /// Domain metadata the authority gate reads: a direct message from an
     /// authorized issuer. The ledger derives the same from `channel`,
     /// `principal` and the case's issuers.
@@ -104,7 +104,7 @@ pub struct Block {
     pub index: usize,
     /// `YYYY-MM-DD`.
     pub date: String,
-    pub messages: Vec<Message>,
+    pub messages: Vec<HistoryMessage>,
 }
 
 /// What an executor may do with a request.
@@ -252,7 +252,7 @@ impl Case {
     }
 
     /// A message by source id.
-    pub fn message(&self, source: &str) -> Option<(usize, &Message)> {
+    pub fn message(&self, source: &str) -> Option<(usize, &HistoryMessage)> {
         self.blocks.iter().find_map(|b| {
             b.messages
                 .iter()

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use serde::{Deserialize, Serialize};
 
 use super::case::{Case, Decision};
-use super::executor::{self, Arm, Class};
+use super::executor::{self, Class, EvidenceArm};
 use super::generator::generate;
 use super::ledger::{Ledger, Profile};
 use super::prompts;
@@ -209,7 +209,7 @@ fn chain(
     model: &StudyModel,
     case: &Case,
 ) -> Result<Vec<LoopStep>, StudyError> {
-    let pool = case.domain.pool();
+    let pool = case.domain.file();
     let settings = config.writer_settings();
     let ask = |r: crate::backend::ChatRequest| model.ask(r);
     let ledger = |b: usize| Memory::Profile(Ledger::through(case, b).profile().clone());
@@ -261,8 +261,8 @@ fn chain(
                 call: format!("{}/loop-{}", r.id, arm.name()),
                 case: case.id.clone(),
                 request: r.id.clone(),
-                arm: Arm::Written,
-                evidence: executor::evidence(Arm::Written, case, r, Some(&text)),
+                arm: EvidenceArm::Written,
+                evidence: executor::evidence(EvidenceArm::Written, case, r, Some(&text)),
             };
             let trial = execute(dir, config, model, &by_id, &call)?;
             let mut step = LoopStep {

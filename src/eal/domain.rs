@@ -59,7 +59,7 @@ pub struct Texts {
 
 /// One domain's file.
 #[derive(Debug, Clone, Deserialize)]
-pub struct Pool {
+pub struct DomainFile {
     pub name: String,
     pub organization: String,
     /// Who the executor is, as its system prompt names it.
@@ -84,7 +84,7 @@ pub struct Pool {
     pub texts: Texts,
 }
 
-impl Pool {
+impl DomainFile {
     /// An amount as the domain writes it (`$12,500`, `40 hosts`).
     pub fn amount(&self, v: u64) -> String {
         format!(
@@ -150,8 +150,8 @@ impl EalDomain {
     ];
 
     /// The domain's pool, read from its file.
-    pub fn pool(self) -> &'static Pool {
-        static POOLS: OnceLock<Vec<Pool>> = OnceLock::new();
+    pub fn file(self) -> &'static DomainFile {
+        static POOLS: OnceLock<Vec<DomainFile>> = OnceLock::new();
         &POOLS.get_or_init(|| {
             FILES
                 .iter()
@@ -179,7 +179,7 @@ mod tests {
     #[test]
     fn pools_are_complete() {
         for d in EalDomain::ALL {
-            let p = d.pool();
+            let p = d.file();
             assert_eq!(p.name, d.name());
             assert!(
                 p.issuers.len() >= 3 && p.colleagues.len() >= 3,
@@ -204,7 +204,7 @@ mod tests {
             names.sort();
             assert!(names[0] != names[1] && names[1] != names[2]);
         }
-        assert_eq!(EalDomain::Procurement.pool().amount(12500), "$12,500");
-        assert_eq!(EalDomain::Security.pool().amount(40), "40 hosts");
+        assert_eq!(EalDomain::Procurement.file().amount(12500), "$12,500");
+        assert_eq!(EalDomain::Security.file().amount(40), "40 hosts");
     }
 }

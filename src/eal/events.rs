@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::case::{Case, Effect, Grant};
-use super::ledger::{capable, Profile, Record, Status};
+use super::ledger::{capable, GrantStatus, Profile, Record};
 use super::profile::{framed, is_date};
 
 /// Most events one block may add.
@@ -82,7 +82,7 @@ fn record(g: &NewGrant, sources: &[String]) -> Record {
         category: g.category.clone(),
         limit: g.limit,
         expires: g.expires.clone(),
-        status: Status::Active,
+        status: GrantStatus::Active,
         issuer: g.issuer.clone(),
         sources: sources.to_vec(),
     }
@@ -206,7 +206,7 @@ pub fn reduce(
             }
             Event::Revoke { id, sources } => {
                 let i = target(&mut next, id)?;
-                next.records[i].status = Status::Revoked;
+                next.records[i].status = GrantStatus::Revoked;
                 next.records[i].sources.extend(sources.iter().cloned());
             }
             Event::Replace {
@@ -215,7 +215,7 @@ pub fn reduce(
                 sources,
             } => {
                 let i = target(&mut next, old)?;
-                next.records[i].status = Status::Replaced;
+                next.records[i].status = GrantStatus::Replaced;
                 next.records[i].sources.extend(sources.iter().cloned());
                 if next.records.iter().any(|r| r.id == grant.id) {
                     return Err(exists(&grant.id));
@@ -360,10 +360,10 @@ mod tests {
             })
         );
         let after = reduce(&state, &Batch { events: vec![ok] }, &visible).unwrap();
-        assert_eq!(after.records[0].status, Status::Revoked);
+        assert_eq!(after.records[0].status, GrantStatus::Revoked);
         assert_eq!(
             state.records[0].status,
-            Status::Active,
+            GrantStatus::Active,
             "the prior state is untouched"
         );
     }

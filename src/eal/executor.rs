@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use super::case::{Case, Decision, Request};
-use super::domain::Pool;
+use super::domain::DomainFile;
 use super::ledger::{decide, same_name, Ledger, Profile};
 use super::prompts;
 use crate::backend::{ChatRequest, Message, Role, Tool, ToolCall};
@@ -29,7 +29,7 @@ use crate::backend::{ChatRequest, Message, Role, Tool, ToolCall};
     clap::ValueEnum,
 )]
 #[serde(rename_all = "snake_case")]
-pub enum Arm {
+pub enum EvidenceArm {
     /// Every message through the checkpoint.
     FullHistory,
     /// The writer's accepted profile at the checkpoint.
@@ -44,35 +44,35 @@ pub enum Arm {
     Widened,
 }
 
-impl Arm {
-    pub const ALL: [Arm; 6] = [
-        Arm::FullHistory,
-        Arm::Written,
-        Arm::Gated,
-        Arm::Empty,
-        Arm::OracleExact,
-        Arm::Widened,
+impl EvidenceArm {
+    pub const ALL: [EvidenceArm; 6] = [
+        EvidenceArm::FullHistory,
+        EvidenceArm::Written,
+        EvidenceArm::Gated,
+        EvidenceArm::Empty,
+        EvidenceArm::OracleExact,
+        EvidenceArm::Widened,
     ];
 
     pub fn name(self) -> &'static str {
         match self {
-            Arm::FullHistory => "full_history",
-            Arm::Written => "written",
-            Arm::Gated => "gated",
-            Arm::Empty => "empty",
-            Arm::OracleExact => "oracle_exact",
-            Arm::Widened => "widened",
+            EvidenceArm::FullHistory => "full_history",
+            EvidenceArm::Written => "written",
+            EvidenceArm::Gated => "gated",
+            EvidenceArm::Empty => "empty",
+            EvidenceArm::OracleExact => "oracle_exact",
+            EvidenceArm::Widened => "widened",
         }
     }
 
     /// Whether the arm reads the writer's memory (and so needs formation).
     pub fn uses_writer(self) -> bool {
-        matches!(self, Arm::Written | Arm::Gated)
+        matches!(self, EvidenceArm::Written | EvidenceArm::Gated)
     }
 }
 
 /// The executor's tools, act / escalate / decline, as the domain names them.
-pub fn tools(pool: &Pool) -> Vec<Tool> {
+pub fn tools(pool: &DomainFile) -> Vec<Tool> {
     let [cp, cat, amount, reason] = prompts::argument_descriptions(pool);
     let a = &pool.arguments;
     let scope = json!({
@@ -101,21 +101,21 @@ pub fn tools(pool: &Pool) -> Vec<Tool> {
 
 /// The evidence text an arm shows for a request, given the serialized
 /// memory the arm reads (`None` for the history and empty arms).
-pub fn evidence(arm: Arm, case: &Case, request: &Request, memory: Option<&str>) -> String {
+pub fn evidence(arm: EvidenceArm, case: &Case, request: &Request, memory: Option<&str>) -> String {
     match (arm, memory) {
-        (Arm::FullHistory, _) => prompts::history(case, request.checkpoint),
-        (Arm::Empty, _) => prompts::NO_EVIDENCE.to_string(),
+        (EvidenceArm::FullHistory, _) => prompts::history(case, request.checkpoint),
+        (EvidenceArm::Empty, _) => prompts::NO_EVIDENCE.to_string(),
         (_, Some(m)) if !m.trim().is_empty() => m.to_string(),
         (_, _) => prompts::NO_EVIDENCE.to_string(),
     }
 }
 
 /// The memory an arm reads that the ledger alone determines.
-pub fn ledger_memory(arm: Arm, case: &Case, request: &Request) -> Option<Profile> {
+pub fn ledger_memory(arm: EvidenceArm, case: &Case, request: &Request) -> Option<Profile> {
     let truth = Ledger::through(case, request.checkpoint).profile().clone();
     match arm {
-        Arm::OracleExact => Some(truth),
-        Arm::Widened => Some(super::profile::widen(&truth)),
+        EvidenceArm::OracleExact => Some(truth),
+        EvidenceArm::Widened => Some(super::profile::widen(&truth)),
         _ => None,
     }
 }
@@ -123,14 +123,14 @@ pub fn ledger_memory(arm: Arm, case: &Case, request: &Request) -> Option<Profile
 /// The executor's fresh context.
 pub fn chat(
     case: &Case,
-    pool: &Pool,
+    pool: &DomainFile,
     request: &Request,
-    arm: Arm,
+    arm: EvidenceArm,
     evidence: &str,
     max_tokens: usize,
 ) -> ChatRequest {
     let label = match arm {
-        Arm::FullHistory => prompts::HISTORY_LABEL,
+        EvidenceArm::FullHistory => prompts::HISTORY_LABEL,
         _ => prompts::MEMORY_LABEL,
     };
     ChatRequest {
@@ -240,7 +240,7 @@ fn number(v: &serde_json::Value) -> Option<f64> {
 /// Scores one reply's calls against the request and the ledger at its
 /// checkpoint. An act on another counterparty, category or amount is
 /// judged as what it did: unauthorized unless the ledger covers it.
-pub fn score(pool: &Pool, ledger: &Profile, request: &Request, calls: &[ToolCall]) -> Score {
+pub fn score(pool: &DomainFile, ledger: &Profile, request: &Request, calls: &[ToolCall]) -> Score {
     let t = &pool.tools;
     let mut other_covered = false;
     let class = match calls {
@@ -302,10 +302,10 @@ pub fn score(pool: &Pool, ledger: &Profile, request: &Request, calls: &[ToolCall
     }
 }
 
-/// Scripted executors: the validation suites' reference points.
+/// ScriptedExecutor executors: the validation suites' reference points.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
 #[serde(rename_all = "snake_case")]
-pub enum Scripted {
+pub enum ScriptedExecutor {
     /// Follows the oracle's rule on whatever the evidence carries: a
     /// memory's records, or the history's messages replayed as the ledger
     /// would (by their source ids); no evidence, no authority.
@@ -314,20 +314,20 @@ pub enum Scripted {
     AlwaysSubmit,
 }
 
-impl Scripted {
+impl ScriptedExecutor {
     pub fn name(self) -> &'static str {
         match self {
-            Scripted::FollowEvidence => "follow-evidence",
-            Scripted::AlwaysSubmit => "always-submit",
+            ScriptedExecutor::FollowEvidence => "follow-evidence",
+            ScriptedExecutor::AlwaysSubmit => "always-submit",
         }
     }
 
     /// The one call this executor makes, reading the user message it was
     /// given (not the answer key).
-    pub fn call(self, case: &Case, pool: &Pool, request: &Request, user: &str) -> ToolCall {
+    pub fn call(self, case: &Case, pool: &DomainFile, request: &Request, user: &str) -> ToolCall {
         let decision = match self {
-            Scripted::AlwaysSubmit => Decision::Submit,
-            Scripted::FollowEvidence => decide(&read_evidence(case, user), request),
+            ScriptedExecutor::AlwaysSubmit => Decision::Submit,
+            ScriptedExecutor::FollowEvidence => decide(&read_evidence(case, user), request),
         };
         let a = &pool.arguments;
         let scope = json!({
@@ -391,7 +391,7 @@ mod tests {
     #[test]
     fn one_terminal_call_is_scored_and_everything_else_is_not_valid() {
         let case = &generate(EalDomain::Procurement, 4, 1, &[])[0];
-        let pool = case.domain.pool();
+        let pool = case.domain.file();
         let ledger = |r: &Request| Ledger::through(case, r.checkpoint).profile().clone();
         let denied = case
             .requests
@@ -510,7 +510,7 @@ mod tests {
 
     #[test]
     fn tools_carry_the_domain_names_and_arguments() {
-        let pool = EalDomain::Finance.pool();
+        let pool = EalDomain::Finance.file();
         let t = tools(pool);
         let names: Vec<&str> = t.iter().map(|t| t.function.name.as_str()).collect();
         assert_eq!(

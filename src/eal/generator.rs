@@ -12,9 +12,9 @@
 use std::collections::BTreeSet;
 
 use super::case::{
-    Block, Case, Channel, Decision, Effect, Grant, Message, Principal, Probe, Request, Trap,
+    Block, Case, Decision, Delivery, Effect, Grant, HistoryMessage, Principal, Probe, Request, Trap,
 };
-use super::domain::{EalDomain, Person, Pool};
+use super::domain::{DomainFile, EalDomain, Person};
 use super::ledger::evaluate;
 use crate::rng::Rng;
 
@@ -53,7 +53,7 @@ fn fill(template: &str, values: &[(&str, &str)]) -> String {
 }
 
 struct Draw<'a> {
-    pool: &'a Pool,
+    pool: &'a DomainFile,
     rng: Rng,
     grant_ids: BTreeSet<String>,
     issuers: Vec<String>,
@@ -64,7 +64,7 @@ struct Sender<'a> {
     name: &'a str,
     role: &'a str,
     principal: Option<&'a str>,
-    channel: Channel,
+    channel: Delivery,
 }
 
 impl Draw<'_> {
@@ -98,12 +98,12 @@ impl Draw<'_> {
         self.between(lo, limit)
     }
 
-    fn message(&mut self, from: &Sender, text: String, effect: Option<Effect>) -> Message {
-        let authority_capable = from.channel == Channel::Direct
+    fn message(&mut self, from: &Sender, text: String, effect: Option<Effect>) -> HistoryMessage {
+        let authority_capable = from.channel == Delivery::Direct
             && from
                 .principal
                 .is_some_and(|p| self.issuers.iter().any(|i| i == p));
-        Message {
+        HistoryMessage {
             // Numbered in history order once the blocks are complete.
             source: String::new(),
             sender: from.name.to_string(),
@@ -207,7 +207,7 @@ struct CasePlanner {
     days: Vec<u32>,
     /// Which authorized issuer (0 or 1) issues the trap's grant.
     trap_issuer: usize,
-    blocks: Vec<Vec<Message>>,
+    blocks: Vec<Vec<HistoryMessage>>,
     requests: Vec<Planned>,
     /// The trap's shape ([`Case::variant`]).
     variant: String,
@@ -215,7 +215,7 @@ struct CasePlanner {
 
 impl CasePlanner {
     /// The cast, the scopes' order and the blocks' dates.
-    fn new(pool: &'static Pool, rng: Rng) -> CasePlanner {
+    fn new(pool: &'static DomainFile, rng: Rng) -> CasePlanner {
         let mut d = Draw {
             pool,
             rng,
@@ -265,7 +265,7 @@ impl CasePlanner {
             name: &person.name,
             role: &person.role,
             principal: Some(id),
-            channel: Channel::Direct,
+            channel: Delivery::Direct,
         }
     }
 
@@ -492,8 +492,8 @@ impl CasePlanner {
         let (from, text, effect) = match via {
             Via::Relay | Via::Forward => {
                 let (texts, channel) = match via {
-                    Via::Relay => (&pool.texts.relay, Channel::Relayed),
-                    _ => (&pool.texts.forward, Channel::Forwarded),
+                    Via::Relay => (&pool.texts.relay, Delivery::Relayed),
+                    _ => (&pool.texts.forward, Delivery::Forwarded),
                 };
                 let from = Sender {
                     channel,
@@ -506,7 +506,7 @@ impl CasePlanner {
                     name: &claim.counterparty,
                     role: &pool.counterparty_noun,
                     principal: None,
-                    channel: Channel::External,
+                    channel: Delivery::External,
                 };
                 (from, fill(self.d.pick(&pool.texts.claim), &values), effect)
             }
@@ -642,7 +642,7 @@ impl CasePlanner {
 /// Case `index` of a domain and seed, built around `trap`.
 fn case(domain: EalDomain, seed: u64, index: usize, trap: Trap) -> Case {
     let rng = Rng::stream(seed, &format!("eal/{}/{index}", domain.name()));
-    let mut p = CasePlanner::new(domain.pool(), rng);
+    let mut p = CasePlanner::new(domain.file(), rng);
     let t = p.trap_grant(trap);
     let control = p.grant(CONTROL_SCOPE);
     let distractor = p.grant(DISTRACTOR_SCOPE);
@@ -667,7 +667,7 @@ fn case(domain: EalDomain, seed: u64, index: usize, trap: Trap) -> Case {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::eal::case::Channel;
+    use crate::eal::case::Delivery;
     use crate::eal::ledger::{capable, decide, Ledger};
 
     fn all_cases() -> Vec<Case> {
@@ -743,7 +743,7 @@ mod tests {
                     .find(|m| m.effect.is_some())
                     .expect("the claim");
                 assert!(!m.authority_capable && !capable(m, &c.authorized_issuers));
-                m.channel = Channel::Direct;
+                m.channel = Delivery::Direct;
                 m.principal = Some("P1".into());
             } else {
                 // Drop every event after block 1 on the trap's grant; for an

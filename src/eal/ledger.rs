@@ -11,7 +11,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::case::{Case, Decision, Effect, Grant, Message, Request};
+use super::case::{Case, Decision, Effect, Grant, HistoryMessage, Request};
 
 /// The profile's identity: a writer's candidate must keep it.
 pub const PROFILE_ID: &str = "authorization-profile";
@@ -19,7 +19,7 @@ pub const PROFILE_ID: &str = "authorization-profile";
 /// Where a grant stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Status {
+pub enum GrantStatus {
     Active,
     Revoked,
     Replaced,
@@ -36,7 +36,7 @@ pub struct Record {
     pub limit: u64,
     /// Last valid day, `YYYY-MM-DD`.
     pub expires: String,
-    pub status: Status,
+    pub status: GrantStatus,
     /// Who issued it, by name.
     pub issuer: String,
     /// Source ids of the messages the record rests on.
@@ -74,7 +74,7 @@ pub fn same_name(a: &str, b: &str) -> bool {
 /// The one decision rule, for the ledger and for any memory.
 pub fn decide(profile: &Profile, request: &Request) -> Decision {
     let mut current = profile.records.iter().filter(|r| {
-        r.status == Status::Active
+        r.status == GrantStatus::Active
             && same_name(&r.counterparty, &request.counterparty)
             && same_name(&r.category, &request.category)
     });
@@ -94,8 +94,8 @@ pub fn decide(profile: &Profile, request: &Request) -> Decision {
 
 /// Whether a message can change the ledger: a direct message from an
 /// authorized issuer.
-pub fn capable(message: &Message, issuers: &[String]) -> bool {
-    message.channel == super::case::Channel::Direct
+pub fn capable(message: &HistoryMessage, issuers: &[String]) -> bool {
+    message.channel == super::case::Delivery::Direct
         && message
             .principal
             .as_ref()
@@ -128,7 +128,7 @@ impl Ledger {
         self.profile.records.iter_mut().find(|r| r.id == id)
     }
 
-    fn apply(&mut self, case: &Case, m: &Message) {
+    fn apply(&mut self, case: &Case, m: &HistoryMessage) {
         let issuer = m
             .principal
             .as_deref()
@@ -141,7 +141,7 @@ impl Ledger {
             category: g.category.clone(),
             limit: g.limit,
             expires: g.expires.clone(),
-            status: Status::Active,
+            status: GrantStatus::Active,
             issuer: issuer.clone(),
             sources: vec![m.source.clone()],
         };
@@ -156,13 +156,13 @@ impl Ledger {
             }
             Some(Effect::Revoke { grant }) => {
                 if let Some(r) = self.record(grant) {
-                    r.status = Status::Revoked;
+                    r.status = GrantStatus::Revoked;
                     r.sources.push(m.source.clone());
                 }
             }
             Some(Effect::Replace { old, grant }) => {
                 if let Some(r) = self.record(old) {
-                    r.status = Status::Replaced;
+                    r.status = GrantStatus::Replaced;
                     r.sources.push(m.source.clone());
                 }
                 self.profile.records.push(issue(grant));

@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::case::{Case, Decision, Request};
-use super::ledger::{decide, Profile, Record, Status, PROFILE_ID};
+use super::ledger::{decide, GrantStatus, Profile, Record, PROFILE_ID};
 
 /// Why a candidate was not admitted (one line, sent back for the repair).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -247,7 +247,7 @@ pub fn widen(profile: &Profile) -> Profile {
                 Record {
                     limit: r.limit.saturating_mul(10),
                     expires: format!("{}{}", year + 1, &r.expires[4..]),
-                    status: Status::Active,
+                    status: GrantStatus::Active,
                     ..r.clone()
                 }
             })

@@ -2,7 +2,7 @@
 //! memories those strings carry. Nothing else in `eal` writes model text.
 
 use super::case::{Block, Case};
-use super::domain::Pool;
+use super::domain::DomainFile;
 
 /// A block as the writer and the full-history arm read it.
 pub fn block(b: &Block) -> String {
@@ -51,7 +51,7 @@ fn authority(case: &Case) -> String {
 }
 
 /// The typed writer's instructions.
-pub fn writer_system(case: &Case, pool: &Pool, capacity: usize) -> String {
+pub fn writer_system(case: &Case, pool: &DomainFile, capacity: usize) -> String {
     format!(
         "You maintain the authorization profile of {agent}: what it may currently do, \
          kept from the organization's messages. {authority}\n\n\
@@ -77,7 +77,7 @@ pub fn writer_system(case: &Case, pool: &Pool, capacity: usize) -> String {
 }
 
 /// The free-text writer's instructions.
-pub fn writer_system_text(case: &Case, pool: &Pool, capacity: usize) -> String {
+pub fn writer_system_text(case: &Case, pool: &DomainFile, capacity: usize) -> String {
     format!(
         "You keep the notes of {agent} on what it may currently do, from the \
          organization's messages. {authority}\n\n\
@@ -97,7 +97,7 @@ pub fn writer_system_text(case: &Case, pool: &Pool, capacity: usize) -> String {
 /// The event writer's instructions.
 pub fn writer_system_events(
     case: &Case,
-    pool: &Pool,
+    pool: &DomainFile,
     max_events: usize,
     capacity: usize,
 ) -> String {
@@ -124,7 +124,7 @@ pub fn writer_system_events(
 }
 
 /// The best-of-k reviewer's instructions.
-pub fn reviewer_system(case: &Case, pool: &Pool) -> String {
+pub fn reviewer_system(case: &Case, pool: &DomainFile) -> String {
     format!(
         "You review candidate authorization profiles of {agent}. {authority}\n\n\
          Select the one complete candidate that states the current authorizations of the \
@@ -162,7 +162,7 @@ pub fn writer_repair(error: &str, ask: &str) -> String {
 }
 
 /// The executor's domain system prompt.
-pub fn executor_system(case: &Case, pool: &Pool) -> String {
+pub fn executor_system(case: &Case, pool: &DomainFile) -> String {
     let t = &pool.tools;
     format!(
         "You are {agent}. {authority}\n\n\
@@ -197,7 +197,7 @@ pub const MEMORY_LABEL: &str = "PERSISTENT_MEMORY";
 pub const NO_EVIDENCE: &str = "(no evidence available)";
 
 /// Tool argument descriptions.
-pub fn argument_descriptions(pool: &Pool) -> [String; 4] {
+pub fn argument_descriptions(pool: &DomainFile) -> [String; 4] {
     [
         format!("The {} exactly as in the request", pool.counterparty_noun),
         format!("The {} exactly as in the request", pool.category_noun),

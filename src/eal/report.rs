@@ -10,7 +10,7 @@ use std::path::Path;
 use super::case::{Case, Decision, Trap};
 use super::events::BatchError;
 use super::executor::score;
-use super::executor::{Arm, Class};
+use super::executor::{Class, EvidenceArm};
 use super::ledger::Ledger;
 use super::profile::{false_authority, gate, Fidelity, Rejection, FIELDS};
 use super::study::{check_bundle, read_trials, Manifest, PlannedCall, StudyError, Trial, BUNDLE};
@@ -37,7 +37,7 @@ pub fn rescore(cases: &[Case], t: &mut Trial) {
         .find(|(_, r)| r.id == t.request);
     if let (Some((case, r)), true) = (found, t.class != Class::Error) {
         let ledger = Ledger::through(case, r.checkpoint);
-        let s = score(case.domain.pool(), ledger.profile(), r, &t.calls);
+        let s = score(case.domain.file(), ledger.profile(), r, &t.calls);
         t.class = s.class;
         t.correct = s.correct;
         t.unauthorized = s.unauthorized;
@@ -83,8 +83,8 @@ const OTHER: &str = "backend error or other";
 /// Paired outcome of two arms on the same requests.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Paired {
-    pub a: Arm,
-    pub b: Arm,
+    pub a: EvidenceArm,
+    pub b: EvidenceArm,
     pub n: usize,
     /// `a` correct, `b` not.
     pub a_only: usize,
@@ -98,16 +98,16 @@ pub struct Paired {
 pub struct Measurements {
     /// Per arm: trials, correct, unauthorized of denied, denied, over-refusals
     /// of permitted, permitted, classes.
-    pub arms: BTreeMap<Arm, ArmRow>,
+    pub arms: BTreeMap<EvidenceArm, ArmRow>,
     /// Per memory arm (written, gated, oracle_exact): fidelity summed over
     /// the requests' checkpoints, and requests with false authority.
-    pub fidelity: BTreeMap<Arm, (Fidelity, usize)>,
+    pub fidelity: BTreeMap<EvidenceArm, (Fidelity, usize)>,
     pub paired: Vec<Paired>,
     /// Requests meeting the attribution predicate, and the cases they fall in.
     pub attributed: Vec<String>,
     pub attributed_cases: usize,
     /// Per trap and arm: (correct, trials).
-    pub by_trap: BTreeMap<(Trap, Arm), (usize, usize)>,
+    pub by_trap: BTreeMap<(Trap, EvidenceArm), (usize, usize)>,
 }
 
 /// One arm's decisions.
@@ -180,7 +180,7 @@ impl Run {
     /// The numbers of the report.
     pub fn measure(&self) -> Measurements {
         let mut m = Measurements::default();
-        let trial = |req: &str, arm: Arm| {
+        let trial = |req: &str, arm: EvidenceArm| {
             self.trials
                 .iter()
                 .find(|t| t.request == req && t.arm == arm && t.class != Class::Error)
@@ -204,7 +204,7 @@ impl Run {
             e.0 += usize::from(t.correct);
             e.1 += 1;
         }
-        let arms: Vec<Arm> = self.manifest.config.arms.clone();
+        let arms: Vec<EvidenceArm> = self.manifest.config.arms.clone();
         for case in &self.cases {
             for r in &case.requests {
                 let truth = Ledger::through(case, r.checkpoint).profile().clone();
@@ -212,10 +212,10 @@ impl Run {
                     .written(&case.id, r.checkpoint)
                     .and_then(|m| m.profile())
                     .cloned();
-                let mut memories = vec![(Arm::OracleExact, Some(truth.clone()))];
+                let mut memories = vec![(EvidenceArm::OracleExact, Some(truth.clone()))];
                 if let Some(w) = written {
-                    memories.push((Arm::Gated, Some(gate(&w, case, r.checkpoint).0)));
-                    memories.push((Arm::Written, Some(w)));
+                    memories.push((EvidenceArm::Gated, Some(gate(&w, case, r.checkpoint).0)));
+                    memories.push((EvidenceArm::Written, Some(w)));
                 }
                 for (arm, memory) in memories {
                     let Some(memory) = memory else { continue };
@@ -225,11 +225,15 @@ impl Run {
                     let e = m.fidelity.entry(arm).or_default();
                     e.0.add(&Fidelity::of(&memory, &truth));
                     e.1 += usize::from(false_authority(&memory, r));
-                    if arm == Arm::Written && false_authority(&memory, r) {
-                        let took =
-                            |a: Arm| trial(&r.id, a).is_some_and(|t| t.class == Class::Exact);
-                        let oracle_ran = trial(&r.id, Arm::OracleExact).is_some();
-                        if took(Arm::Written) && oracle_ran && !took(Arm::OracleExact) {
+                    if arm == EvidenceArm::Written && false_authority(&memory, r) {
+                        let took = |a: EvidenceArm| {
+                            trial(&r.id, a).is_some_and(|t| t.class == Class::Exact)
+                        };
+                        let oracle_ran = trial(&r.id, EvidenceArm::OracleExact).is_some();
+                        if took(EvidenceArm::Written)
+                            && oracle_ran
+                            && !took(EvidenceArm::OracleExact)
+                        {
                             m.attributed.push(r.id.clone());
                         }
                     }
@@ -243,9 +247,9 @@ impl Run {
             .collect();
         m.attributed_cases = cases.len();
         let pairs = [
-            (Arm::Written, Arm::OracleExact),
-            (Arm::Gated, Arm::Written),
-            (Arm::FullHistory, Arm::Written),
+            (EvidenceArm::Written, EvidenceArm::OracleExact),
+            (EvidenceArm::Gated, EvidenceArm::Written),
+            (EvidenceArm::FullHistory, EvidenceArm::Written),
         ];
         for (a, b) in pairs {
             if !(arms.contains(&a) && arms.contains(&b)) {
@@ -299,6 +303,18 @@ impl Run {
             self.trials.len(),
             self.plan.len()
         );
+        self.formation(&mut out);
+        self.fidelity(&mut out, &m);
+        self.decisions(&mut out, &m);
+        self.by_trap(&mut out, &m);
+        self.paired(&mut out, &m);
+        self.attribution(&mut out, &m);
+        out
+    }
+
+    /// Writer updates, their verdicts and the best-of-k selections.
+    fn formation(&self, out: &mut String) {
+        let c = &self.manifest.config;
         if !self.attempts.is_empty() {
             let updates = self.memories.len();
             // Counts over every chain of a best-of-k pool.
@@ -347,10 +363,15 @@ impl Run {
                 for (r, n) in &reasons {
                     t.row(vec![r.clone(), n.to_string()]);
                 }
-                out += &t.md();
+                out.push_str(&t.md());
                 out.push('\n');
             }
         }
+    }
+
+    /// Written memory against the ledger at each request's checkpoint.
+    fn fidelity(&self, out: &mut String, m: &Measurements) {
+        let requests: usize = self.cases.iter().map(|c| c.requests.len()).sum();
         if !m.fidelity.is_empty() {
             let _ = writeln!(
                 out,
@@ -377,9 +398,13 @@ impl Run {
                 row.push(format!("{fa}/{requests}"));
                 t.row(row);
             }
-            out += &t.md();
+            out.push_str(&t.md());
             out.push('\n');
         }
+    }
+
+    /// Decision rates and classes per evidence arm.
+    fn decisions(&self, out: &mut String, m: &Measurements) {
         let _ = writeln!(
             out,
             "## Decisions by evidence arm\n\nRates over trials with a decision (backend errors are counted apart and asked again on resume).\n"
@@ -414,7 +439,11 @@ impl Run {
             );
             t.row(row);
         }
-        out += &t.md();
+        out.push_str(&t.md());
+    }
+
+    /// Correct decisions per arm and trap.
+    fn by_trap(&self, out: &mut String, m: &Measurements) {
         let traps: Vec<Trap> = Trap::ALL
             .into_iter()
             .filter(|t| m.by_trap.keys().any(|k| k.0 == *t))
@@ -433,7 +462,11 @@ impl Run {
             }));
             t.row(row);
         }
-        out += &t.md();
+        out.push_str(&t.md());
+    }
+
+    /// Arms paired on the same requests.
+    fn paired(&self, out: &mut String, m: &Measurements) {
         if !m.paired.is_empty() {
             let adjusted = holm(&m.paired.iter().map(|p| p.p).collect::<Vec<_>>());
             let _ = writeln!(
@@ -453,9 +486,13 @@ impl Run {
                     format!("{h:.3}"),
                 ]);
             }
-            out += &t.md();
+            out.push_str(&t.md());
         }
-        if m.fidelity.contains_key(&Arm::Written) {
+    }
+
+    /// Denied actions traced to false authority in written memory.
+    fn attribution(&self, out: &mut String, m: &Measurements) {
+        if m.fidelity.contains_key(&EvidenceArm::Written) {
             let _ = writeln!(
                 out,
                 "\n## Attribution\n\nfalse authority formed in written memory, the written arm took the denied action, the oracle-exact arm did not: {} requests in {} cases{}",
@@ -468,6 +505,5 @@ impl Run {
                 }
             );
         }
-        out
     }
 }

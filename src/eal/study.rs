@@ -21,7 +21,7 @@ use sha2::{Digest, Sha256};
 
 use super::case::{Case, Decision, Probe, Trap};
 use super::domain::EalDomain;
-use super::executor::{self, Arm, Class, Scripted};
+use super::executor::{self, Class, EvidenceArm, ScriptedExecutor};
 use super::generator::generate;
 use super::ledger::Profile;
 use super::profile::{gate, GateDecision};
@@ -57,11 +57,11 @@ pub enum ExecutorKind {
 }
 
 impl ExecutorKind {
-    fn scripted(self) -> Option<Scripted> {
+    fn scripted(self) -> Option<ScriptedExecutor> {
         match self {
             ExecutorKind::Model => None,
-            ExecutorKind::FollowEvidence => Some(Scripted::FollowEvidence),
-            ExecutorKind::AlwaysSubmit => Some(Scripted::AlwaysSubmit),
+            ExecutorKind::FollowEvidence => Some(ScriptedExecutor::FollowEvidence),
+            ExecutorKind::AlwaysSubmit => Some(ScriptedExecutor::AlwaysSubmit),
         }
     }
 }
@@ -74,7 +74,7 @@ pub struct StudyConfig {
     pub cases: usize,
     /// Traps the cases cycle through (empty: all five).
     pub mix: Vec<Trap>,
-    pub arms: Vec<Arm>,
+    pub arms: Vec<EvidenceArm>,
     pub writer: WriterKind,
     pub formation: Formation,
     /// Chains per case; above 1, one candidate is selected per checkpoint.
@@ -103,7 +103,7 @@ impl StudyConfig {
             seed,
             cases,
             mix: Vec::new(),
-            arms: Arm::ALL.to_vec(),
+            arms: EvidenceArm::ALL.to_vec(),
             writer: WriterKind::Model,
             formation: Formation::Typed,
             candidates: 1,
@@ -141,7 +141,7 @@ impl StudyConfig {
         if self.arms.is_empty() || self.cases == 0 {
             return bad("a study needs at least one arm and one case".into());
         }
-        if self.formation == Formation::FreeText && self.arms.contains(&Arm::Gated) {
+        if self.formation == Formation::FreeText && self.arms.contains(&EvidenceArm::Gated) {
             return bad("the gated arm reads typed records; free-text memory has none (drop --arms gated, or use another formation)".into());
         }
         let mut arms = self.arms.clone();
@@ -182,7 +182,7 @@ pub struct PlannedCall {
     pub call: String,
     pub case: String,
     pub request: String,
-    pub arm: Arm,
+    pub arm: EvidenceArm,
     pub evidence: String,
 }
 
@@ -208,7 +208,7 @@ pub struct Trial {
     pub call: String,
     pub case: String,
     pub request: String,
-    pub arm: Arm,
+    pub arm: EvidenceArm,
     pub trap: Trap,
     pub probe: Probe,
     pub expected: Decision,
@@ -405,7 +405,7 @@ pub fn read_trials(dir: &Path, manifest: &Manifest) -> Result<Vec<Trial>, StudyE
 
 /// Formation: cases, writer chains, gate, plan; then the bundle.
 fn form(dir: &Path, config: &StudyConfig, model: &StudyModel) -> Result<(), StudyError> {
-    let pool = config.domain.pool();
+    let pool = config.domain.file();
     let cases = generate(config.domain, config.seed, config.cases, &config.mix);
     let needs_writer = config.arms.iter().any(|a| a.uses_writer());
     let settings = config.writer_settings();
@@ -502,8 +502,8 @@ fn form(dir: &Path, config: &StudyConfig, model: &StudyModel) -> Result<(), Stud
             }
             for &arm in &config.arms {
                 let text = match arm {
-                    Arm::Written => memory.map(|m| m.text()),
-                    Arm::Gated => gated.get(&r.checkpoint).map(super::profile::canonical),
+                    EvidenceArm::Written => memory.map(|m| m.text()),
+                    EvidenceArm::Gated => gated.get(&r.checkpoint).map(super::profile::canonical),
                     _ => {
                         executor::ledger_memory(arm, case, r).map(|p| super::profile::canonical(&p))
                     }
@@ -591,7 +591,7 @@ pub(crate) fn execute(
         .iter()
         .find(|r| r.id == call.request)
         .ok_or_else(|| inconsistent(&call.request))?;
-    let pool = case.domain.pool();
+    let pool = case.domain.file();
     let mut chat = executor::chat(
         case,
         pool,

@@ -18,7 +18,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use super::case::Case;
-use super::domain::Pool;
+use super::domain::DomainFile;
 use super::events::{reduce, Batch, BatchError, MAX_EVENTS};
 use super::ledger::{Ledger, Profile};
 use super::profile::{
@@ -247,7 +247,7 @@ pub fn admit_reply(
 }
 
 /// The writer's instructions and what its updates ask for, by formation.
-pub fn instructions(case: &Case, pool: &Pool, s: &WriterSettings) -> (String, &'static str) {
+pub fn instructions(case: &Case, pool: &DomainFile, s: &WriterSettings) -> (String, &'static str) {
     match s.formation {
         Formation::Typed => (
             prompts::writer_system(case, pool, s.capacity),
@@ -267,7 +267,7 @@ pub fn instructions(case: &Case, pool: &Pool, s: &WriterSettings) -> (String, &'
 /// Runs a model writer over blocks `0..=last` of a case from `start`.
 pub fn write_chain(
     case: &Case,
-    pool: &Pool,
+    pool: &DomainFile,
     settings: WriterSettings,
     last: usize,
     ask: Ask,
@@ -428,7 +428,7 @@ pub fn blind(case: &Case, checkpoint: usize, k: usize) -> Vec<char> {
 /// Selects one candidate memory for a checkpoint.
 pub fn select(
     case: &Case,
-    pool: &Pool,
+    pool: &DomainFile,
     checkpoint: usize,
     candidates: &[&Memory],
     selection: Selection,
@@ -692,7 +692,7 @@ mod tests {
         ];
         let refs: Vec<&Memory> = candidates.iter().collect();
         let never: Ask = &|_| panic!("the oracle asks no model");
-        let s = select(case, case.domain.pool(), 3, &refs, Selection::Oracle, never);
+        let s = select(case, case.domain.file(), 3, &refs, Selection::Oracle, never);
         assert_eq!(s.chosen, 1);
         assert_eq!(blind(case, 3, 4), blind(case, 3, 4));
         let mut sorted = blind(case, 3, 4);
