@@ -405,83 +405,131 @@ pub fn read_trials(dir: &Path, manifest: &Manifest) -> Result<Vec<Trial>, StudyE
 
 /// Formation: cases, writer chains, gate, plan; then the bundle.
 fn form(dir: &Path, config: &StudyConfig, model: &StudyModel) -> Result<(), StudyError> {
-    let pool = config.domain.file();
     let cases = generate(config.domain, config.seed, config.cases, &config.mix);
-    let needs_writer = config.arms.iter().any(|a| a.uses_writer());
+    let chains = write_chains(config, model, &cases);
+    let selections = select_candidates(config, model, &cases, &chains);
+    // One memory per (case, checkpoint): the chain's, or the selected candidate's.
+    let chosen = |c: usize, checkpoint: usize| -> Option<&Memory> {
+        let i = selections
+            .iter()
+            .find(|s| s.case == cases[c].id && s.checkpoint == checkpoint)
+            .map_or(0, |s| s.chosen);
+        chains.memory_at(c, i, checkpoint)
+    };
+    let (gates, plan) = plan_calls(config, &cases, &chosen);
+    let attempts: Vec<&Attempt> = chains.written.iter().flat_map(|c| &c.1).collect();
+    let memories: Vec<&Formed> = chains.written.iter().flat_map(|c| &c.0).collect();
+    let files = [
+        (FROZEN[0], super::cases_jsonl(&cases)),
+        (FROZEN[1], jsonl(&attempts)),
+        (FROZEN[2], jsonl(&memories)),
+        (FROZEN[3], jsonl(&selections)),
+        (FROZEN[4], jsonl(&gates)),
+        (FROZEN[5], jsonl(&plan)),
+    ];
+    freeze(dir, &files, plan.len())
+}
+
+/// The writer chains of a formation: (case, candidate) in order, and what
+/// each wrote (its memory after every block, its attempts).
+struct Chains {
+    keys: Vec<(usize, usize)>,
+    written: Vec<(Vec<Formed>, Vec<Attempt>)>,
+}
+
+impl Chains {
+    /// The memory candidate `i` of case `c` held after `block`.
+    fn memory_at(&self, c: usize, i: usize, block: usize) -> Option<&Memory> {
+        self.keys
+            .iter()
+            .position(|&x| x == (c, i))
+            .and_then(|j| self.written[j].0.iter().find(|f| f.block == block))
+            .map(|f| &f.memory)
+    }
+}
+
+/// Runs every case's writer chains (k candidates each under best-of-k),
+/// when an arm reads written memory.
+fn write_chains(config: &StudyConfig, model: &StudyModel, cases: &[Case]) -> Chains {
+    let file = config.domain.file();
     let settings = config.writer_settings();
     let k = config.candidates;
-    let chains: Vec<(usize, usize)> = if needs_writer {
+    let keys: Vec<(usize, usize)> = if config.arms.iter().any(|a| a.uses_writer()) {
         (0..cases.len())
             .flat_map(|c| (0..k).map(move |i| (c, i)))
             .collect()
     } else {
         Vec::new()
     };
-    let written: Vec<(Vec<Formed>, Vec<Attempt>)> =
-        parallel(&chains, model.concurrency, |&(c, i)| {
-            let case = &cases[c];
-            let last = case
-                .requests
-                .iter()
-                .map(|r| r.checkpoint)
-                .max()
-                .unwrap_or(0);
-            let mut s = settings;
-            if k > 1 {
-                // Each candidate chain samples with its own seed.
-                let seed =
-                    crate::rng::Rng::stream(case.seed, &format!("eal/candidate/{}/{i}", case.id))
-                        .next_u64();
-                s.sampling = Some((config.candidate_temperature, seed));
-            }
-            let (mut formed, mut attempts) = match config.writer {
-                WriterKind::Ledger => (ledger_chain(case, last), Vec::new()),
-                WriterKind::Model => write_chain(case, pool, s, last, &|r| model.ask(r)),
-            };
-            formed.iter_mut().for_each(|f| f.candidate = i);
-            attempts.iter_mut().for_each(|a| a.candidate = i);
-            (formed, attempts)
-        });
-    // One memory per (case, checkpoint): the chain's, or the selected candidate's.
+    let written = parallel(&keys, model.concurrency, |&(c, i)| {
+        let case = &cases[c];
+        let last = case
+            .requests
+            .iter()
+            .map(|r| r.checkpoint)
+            .max()
+            .unwrap_or(0);
+        let mut s = settings;
+        if k > 1 {
+            // Each candidate chain samples with its own seed.
+            let seed =
+                crate::rng::Rng::stream(case.seed, &format!("eal/candidate/{}/{i}", case.id))
+                    .next_u64();
+            s.sampling = Some((config.candidate_temperature, seed));
+        }
+        let (mut formed, mut attempts) = match config.writer {
+            WriterKind::Ledger => (ledger_chain(case, last), Vec::new()),
+            WriterKind::Model => write_chain(case, file, s, last, &|r| model.ask(r)),
+        };
+        formed.iter_mut().for_each(|f| f.candidate = i);
+        attempts.iter_mut().for_each(|a| a.candidate = i);
+        (formed, attempts)
+    });
+    Chains { keys, written }
+}
+
+/// Under best-of-k, the candidate each (case, checkpoint) keeps.
+fn select_candidates(
+    config: &StudyConfig,
+    model: &StudyModel,
+    cases: &[Case],
+    chains: &Chains,
+) -> Vec<Selected> {
+    let k = config.candidates;
+    if k <= 1 || chains.keys.is_empty() {
+        return Vec::new();
+    }
     let mut points: Vec<(usize, usize)> = Vec::new();
     for (c, case) in cases.iter().enumerate() {
         let mut seen = BTreeSet::new();
         for r in &case.requests {
-            if needs_writer && seen.insert(r.checkpoint) {
+            if seen.insert(r.checkpoint) {
                 points.push((c, r.checkpoint));
             }
         }
     }
-    let memory_at = |c: usize, i: usize, block: usize| -> Option<&Memory> {
-        chains
-            .iter()
-            .position(|&x| x == (c, i))
-            .and_then(|j| written[j].0.iter().find(|f| f.block == block))
-            .map(|f| &f.memory)
-    };
-    let selections: Vec<Selected> = if k > 1 {
-        parallel(&points, model.concurrency, |&(c, checkpoint)| {
-            let pool_of: Vec<&Memory> =
-                (0..k).filter_map(|i| memory_at(c, i, checkpoint)).collect();
-            select(
-                &cases[c],
-                pool,
-                checkpoint,
-                &pool_of,
-                config.selection,
-                &|r| model.ask(r),
-            )
-        })
-    } else {
-        Vec::new()
-    };
-    let chosen = |c: usize, checkpoint: usize| -> Option<&Memory> {
-        let i = selections
-            .iter()
-            .find(|s| s.case == cases[c].id && s.checkpoint == checkpoint)
-            .map_or(0, |s| s.chosen);
-        memory_at(c, i, checkpoint)
-    };
+    parallel(&points, model.concurrency, |&(c, checkpoint)| {
+        let pool_of: Vec<&Memory> = (0..k)
+            .filter_map(|i| chains.memory_at(c, i, checkpoint))
+            .collect();
+        select(
+            &cases[c],
+            config.domain.file(),
+            checkpoint,
+            &pool_of,
+            config.selection,
+            &|r| model.ask(r),
+        )
+    })
+}
+
+/// The gate's verdicts on each written profile, and every executor call
+/// with its evidence frozen.
+fn plan_calls<'a>(
+    config: &StudyConfig,
+    cases: &[Case],
+    chosen: &impl Fn(usize, usize) -> Option<&'a Memory>,
+) -> (Vec<GateLine>, Vec<PlannedCall>) {
     let mut gates = Vec::new();
     let mut plan = Vec::new();
     for (c, case) in cases.iter().enumerate() {
@@ -518,18 +566,14 @@ fn form(dir: &Path, config: &StudyConfig, model: &StudyModel) -> Result<(), Stud
             }
         }
     }
-    let attempts: Vec<&Attempt> = written.iter().flat_map(|c| &c.1).collect();
-    let memories: Vec<&Formed> = written.iter().flat_map(|c| &c.0).collect();
-    let files = [
-        (FROZEN[0], super::cases_jsonl(&cases)),
-        (FROZEN[1], jsonl(&attempts)),
-        (FROZEN[2], jsonl(&memories)),
-        (FROZEN[3], jsonl(&selections)),
-        (FROZEN[4], jsonl(&gates)),
-        (FROZEN[5], jsonl(&plan)),
-    ];
+    (gates, plan)
+}
+
+/// Writes the frozen files and, last, the bundle of their hashes: a
+/// directory with a bundle has every file it names.
+fn freeze(dir: &Path, files: &[(&str, String)], calls: usize) -> Result<(), StudyError> {
     let mut hashes = BTreeMap::new();
-    for (name, text) in &files {
+    for (name, text) in files {
         let path = dir.join(name);
         fs::write(&path, text).map_err(io(&path))?;
         hashes.insert(name.to_string(), sha256(text.as_bytes()));
@@ -541,7 +585,7 @@ fn form(dir: &Path, config: &StudyConfig, model: &StudyModel) -> Result<(), Stud
     }
     let bundle = Bundle {
         files: hashes,
-        calls: plan.len(),
+        calls,
     };
     let text = serde_json::to_string_pretty(&bundle).expect("bundles serialize") + "\n";
     Ok(rundir::manifest::write_atomic(
