@@ -49,7 +49,7 @@ fn matmul(c: &mut Criterion) {
 fn tiles(c: &mut Criterion) {
     #[cfg(target_arch = "x86_64")]
     {
-        if !statebench_kernels::amx::available() {
+        if !statebench_kernels::amx_tiles() {
             eprintln!("no AMX tiles on this CPU; skipping the tile benchmarks");
             return;
         }
@@ -74,9 +74,9 @@ fn tiles(c: &mut Criterion) {
                     for (kernels, on) in [("amx", true), ("vector", false)] {
                         let id = format!("{name} {rows}x{cols} batch {n} {layout} {kernels}");
                         c.bench_function(&id, |b| {
-                            statebench_kernels::amx::set_enabled(on);
+                            statebench_kernels::cpu::set_amx_tiles(on);
                             b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)));
-                            statebench_kernels::amx::set_enabled(true);
+                            statebench_kernels::cpu::set_amx_tiles(true);
                         });
                     }
                 }

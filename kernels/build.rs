@@ -14,10 +14,14 @@ fn main() {
     }
     println!("cargo:rerun-if-env-changed=CXX");
     match build(src) {
-        Ok(dir) => println!(
-            "cargo:rustc-env=STATEBENCH_CUDA_EMULATOR_DIR={}",
-            dir.display()
-        ),
+        Ok(dir) => {
+            println!(
+                "cargo:rustc-env=STATEBENCH_CUDA_EMULATOR_DIR={}",
+                dir.display()
+            );
+            // For statebench's build script: its emulator tests run.
+            println!("cargo:dir={}", dir.display());
+        }
         Err(why) => {
             println!("cargo:warning=CUDA emulator not built: {why}");
             println!("cargo:rustc-env=STATEBENCH_CUDA_EMULATOR_ABSENT={why}");

@@ -55,10 +55,12 @@ fn lcg(seed: &mut u64) -> f32 {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
 fn ldmatrix_registers_follow_the_ptx_layouts() {
-    if !engine_common::emulator_built() {
-        return;
-    }
+    engine_common::require_emulator();
     let (stream, f) = kernel("ptx_check", PTX_CHECK, "ldmatrix_probe");
     // Element (row r, column c) of the 32 x 8 matrix is r * 8 + c: every
     // register then says which elements it holds.
@@ -91,10 +93,12 @@ fn ldmatrix_registers_follow_the_ptx_layouts() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
 fn mma_through_cp_async_and_ldmatrix_equals_a_plain_matrix_product() {
-    if !engine_common::emulator_built() {
-        return;
-    }
+    engine_common::require_emulator();
     let (stream, f) = kernel("ptx_check", PTX_CHECK, "mma_gemm");
     let (m, n, k) = (32usize, 24usize, 64usize);
     let mut seed = 11u64;
@@ -160,10 +164,12 @@ extern "C" __global__ void votes_and_static_shared(unsigned int* out) {
 "#;
 
 #[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
 fn votes_keep_their_results_and_static_shared_is_per_block() {
-    if !engine_common::emulator_built() {
-        return;
-    }
+    engine_common::require_emulator();
     let (stream, f) = kernel("votes", VOTES, "votes_and_static_shared");
     for _ in 0..2 {
         let mut out = stream.alloc_zeros::<u32>(64).expect("alloc");
@@ -192,11 +198,13 @@ extern "C" __global__ void add_one(unsigned int* x) {
 /// refused while it captures, and work on the capturing stream invalidates
 /// the capture; another thread's launches on its own stream go on.
 #[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
 fn graphs_replay_what_a_capture_recorded_and_other_threads_go_on() {
     use cudarc::driver::sys::{CUgraphInstantiate_flags, CUstreamCaptureMode};
-    if !engine_common::emulator_built() {
-        return;
-    }
+    engine_common::require_emulator();
     let (legacy, f) = kernel("graph", ADD_ONE, "add_one");
     let ctx = legacy.context().clone();
     let (a, b) = (
@@ -327,10 +335,12 @@ fn in_child(case: &str) -> (bool, String) {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
 fn a_barrier_some_lanes_never_reach_is_a_reported_deadlock() {
-    if !engine_common::emulator_built() {
-        return;
-    }
+    engine_common::require_emulator();
     let (_, text) = in_child("divergent_warp");
     assert!(
         text.contains("kernel divergent_warp") && text.contains("deadlock"),
@@ -345,10 +355,12 @@ fn a_barrier_some_lanes_never_reach_is_a_reported_deadlock() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
 fn a_cp_async_never_waited_for_is_reported() {
-    if !engine_common::emulator_built() {
-        return;
-    }
+    engine_common::require_emulator();
     let (_, text) = in_child("copy_never_waited");
     assert!(
         text.contains("kernel copy_never_waited")
@@ -369,15 +381,21 @@ fn asan_stops(kernel: &str) {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
 fn a_read_past_a_device_buffer_stops_the_kernel_by_name() {
-    if engine_common::emulator_built() {
-        asan_stops("read_past_the_buffer");
-    }
+    engine_common::require_emulator();
+    asan_stops("read_past_the_buffer");
 }
 
 #[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
 fn a_read_past_a_shared_tile_stops_the_kernel_by_name() {
-    if engine_common::emulator_built() {
-        asan_stops("read_past_the_tile");
-    }
+    engine_common::require_emulator();
+    asan_stops("read_past_the_tile");
 }

@@ -75,12 +75,6 @@ mod cuda {
         std::env::var("STATEBENCH_TEST_GPU").as_deref() == Ok("real")
     }
 
-    /// Whether the device under test is there (the emulator is built
-    /// wherever cargo found a C++ compiler on Linux).
-    fn device_present() -> bool {
-        real_gpu() || emulator_built()
-    }
-
     fn engine_on_gpu(dir: &Path) -> Engine<Cuda> {
         let opts = EngineOptions {
             kv_budget_bytes: 64 << 20,
@@ -145,18 +139,20 @@ mod cuda {
     }
 
     #[test]
+    #[cfg_attr(
+        not(has_cuda_emulator),
+        ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+    )]
     fn tiny_qwen2_on_cuda_agrees_with_its_reference() {
-        if !device_present() {
-            return;
-        }
         agrees_with_its_reference("tiny-qwen2");
     }
 
     #[test]
+    #[cfg_attr(
+        not(has_cuda_emulator),
+        ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+    )]
     fn tiny_qwen3_on_cuda_agrees_with_its_reference() {
-        if !device_present() {
-            return;
-        }
         agrees_with_its_reference("tiny-qwen3");
     }
 
@@ -165,10 +161,11 @@ mod cuda {
     /// anywhere, across KV blocks), and a request's tokens are the same
     /// alone and in batches of 2, 4 and 16.
     #[test]
+    #[cfg_attr(
+        not(has_cuda_emulator),
+        ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+    )]
     fn cuda_invariance_a_b_c() {
-        if !device_present() {
-            return;
-        }
         for name in ["tiny-qwen2", "tiny-qwen3"] {
             let mut gpu = engine_on_gpu(&root().join("tests/fixtures/engine").join(name));
             let prompt: Vec<u32> = (0..40).map(|i| 5 + i * 7 % 90).collect();
@@ -203,10 +200,11 @@ mod cuda {
     /// requests of other lengths (greedy and sampled), prefilled in chunks
     /// of 7 tokens, and its second turn cached against cold: all equal.
     #[test]
+    #[cfg_attr(
+        not(has_cuda_emulator),
+        ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+    )]
     fn cuda_invariance_in_large_batches_and_chunked_prefill() {
-        if !device_present() {
-            return;
-        }
         let dir = root().join("tests/fixtures/engine/tiny-qwen2");
         let opts = EngineOptions {
             kv_budget_bytes: 64 << 20,
@@ -250,10 +248,11 @@ mod cuda {
     /// replayed while the caches grow past KV blocks; every request's
     /// tokens equal those of the same batch launched kernel by kernel.
     #[test]
+    #[cfg_attr(
+        not(has_cuda_emulator),
+        ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+    )]
     fn cuda_graphs_change_no_token() {
-        if !device_present() {
-            return;
-        }
         use statebench::backend::Backend;
         let dir = root().join("tests/fixtures/engine/tiny-qwen2");
         let mut gpu = engine_on_gpu(&dir);
@@ -308,10 +307,11 @@ mod cuda {
     /// `statebench check invariance` on the device in two processes: the
     /// same hashes, and every hash of a process equal.
     #[test]
+    #[cfg_attr(
+        not(has_cuda_emulator),
+        ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+    )]
     fn cuda_invariance_holds_across_processes() {
-        if !device_present() {
-            return;
-        }
         let dir = root().join("tests/fixtures/engine/tiny-qwen2");
         // The binary beside a carried test binary (`scripts/gpu-check.sh`), or this build's.
         let bin = std::env::var_os("STATEBENCH_BIN")
@@ -347,10 +347,11 @@ mod cuda {
     }
 
     #[test]
+    #[cfg_attr(
+        not(has_cuda_emulator),
+        ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+    )]
     fn cuda_operations_agree_with_the_cpu() {
-        if !device_present() {
-            return;
-        }
         assert_bf16_close(&compare(&Cpu, &gpu(), 7).expect("both devices run"));
     }
 
@@ -369,10 +370,11 @@ mod cuda {
     /// (split along k), 1 to 128 rows, contexts that cross KV blocks (64
     /// positions) and attention chunks (256), prefilled and decoded.
     #[test]
+    #[cfg_attr(
+        not(has_cuda_emulator),
+        ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+    )]
     fn cuda_operations_agree_with_the_cpu_at_model_shapes() {
-        if !device_present() {
-            return;
-        }
         for (rows, dim, steps) in [
             (1, 128, vec![vec![300], vec![1]]),
             (3, 128, vec![vec![520, 70, 1], vec![1, 1, 1]]),
@@ -417,10 +419,11 @@ mod cuda {
     /// or decoded alone with its cache: 700 positions (three chunks, eleven
     /// KV blocks), 8 query heads over 2 KV heads, head dimension 64.
     #[test]
+    #[cfg_attr(
+        not(has_cuda_emulator),
+        ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+    )]
     fn cuda_attention_bits_depend_on_neither_splits_nor_tiles() {
-        if !device_present() {
-            return;
-        }
         use statebench::engine::device::{BatchRows, Device};
         let dev = gpu();
         let heads = Heads {
@@ -483,8 +486,12 @@ mod cuda {
     /// that ends mid-slice, split along k and not, 1 to 130 rows; attention
     /// over three chunks, prefilled and decoded.
     #[test]
+    #[cfg_attr(
+        not(has_cuda_emulator),
+        ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+    )]
     fn cuda_pipeline_depths_change_no_bit() {
-        if !device_present() || real_gpu() {
+        if real_gpu() {
             return;
         }
         use statebench::engine::device::cuda::Pipelines;
@@ -561,10 +568,11 @@ mod cuda {
     /// launches nothing after it (no attention over a short block table),
     /// and leaves the device usable for the next step.
     #[test]
+    #[cfg_attr(
+        not(has_cuda_emulator),
+        ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+    )]
     fn cuda_kv_exhaustion_fails_the_step_and_the_next_one_runs() {
-        if !device_present() {
-            return;
-        }
         use statebench::engine::device::{BatchRows, Device};
         use statebench::engine::kv_cache::KvStore;
         let dev = gpu();

@@ -74,8 +74,12 @@ fn tiny_qwen3_embeddings_are_batch_invariant() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn default_model_embeddings_are_batch_invariant_and_served_alike() {
-    let Some(model) = default_model() else { return };
+    let model = default_model();
     check_invariance(&model);
     let t = texts();
     let direct = engine(&model, 512).embed(&t).unwrap();

@@ -29,8 +29,12 @@ fn load_err(path: &Path) -> BackendError {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn truncated_gguf_is_reported_with_its_path() {
-    let Some(model) = default_model() else { return };
+    let model = default_model();
     let tmp = tempfile::tempdir().expect("tempdir");
     // Cut inside the metadata, and cut inside the tensor data.
     for n in [100usize, 3_000_000, 200_000_000] {
@@ -48,8 +52,12 @@ fn truncated_gguf_is_reported_with_its_path() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn corrupt_magic_is_reported() {
-    let Some(model) = default_model() else { return };
+    let model = default_model();
     let tmp = tempfile::tempdir().expect("tempdir");
     let p = tmp.path().join("bad-magic.gguf");
     prefix_copy(&model, &p, 1 << 20);

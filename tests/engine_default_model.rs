@@ -40,8 +40,12 @@ fn others(n: usize) -> Vec<ChatRequest> {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn france_answers_paris_at_temperature_zero() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let mut engine = load(&path);
     let reply = run_alone(
         &mut engine,
@@ -60,8 +64,12 @@ fn france_answers_paris_at_temperature_zero() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn tokenizer_matches_reference_ids() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let engine = load(&path);
     let cases = fixture("tokenizer_cases.json");
     let cases = cases["cases"].as_array().expect("cases");
@@ -74,25 +82,16 @@ fn tokenizer_matches_reference_ids() {
     }
 }
 
-#[test]
-fn chat_templates_render_byte_identical() {
+/// Renders the fixture's cases of `template` with `tmpl`, each equal to
+/// the recorded text, and encodes those with recorded ids with `engine`;
+/// returns how many cases were checked.
+fn check_template_cases(template: &str, tmpl: &ChatTemplate, engine: Option<&Engine>) -> usize {
     let cases = fixture("chat_template_cases.json");
-    let qwen3_src =
-        std::fs::read_to_string(root().join("tests/fixtures/engine/qwen3_chat_template.jinja"))
-            .expect("qwen3 template");
-    let qwen3 = ChatTemplate::new(&qwen3_src).expect("qwen3 compiles");
-    // Qwen2.5 cases render with the template read from the GGUF itself.
-    let engine = default_model().map(|p| load(&p));
     let mut checked = 0;
     for c in cases["cases"].as_array().expect("cases") {
-        let tmpl = match c["template"].as_str() {
-            Some("qwen3") => &qwen3,
-            Some("qwen2.5") => match &engine {
-                Some(e) => e.template(),
-                None => continue,
-            },
-            other => panic!("unknown template {other:?}"),
-        };
+        if c["template"].as_str() != Some(template) {
+            continue;
+        }
         let got = tmpl
             .render_json(
                 &c["messages"],
@@ -101,8 +100,9 @@ fn chat_templates_render_byte_identical() {
             )
             .expect("renders");
         let want = c["rendered"].as_str().expect("rendered");
-        assert_eq!(got, want, "case {} ({})", c["name"], c["template"]);
-        if let (Some(e), Some(ids)) = (&engine, c.get("ids")) {
+        assert_eq!(got, want, "case {} ({template})", c["name"]);
+        if let Some(ids) = c.get("ids") {
+            let e = engine.expect("a case with ids has an engine to encode it");
             let want_ids: Vec<u32> = serde_json::from_value(ids.clone()).expect("ids");
             assert_eq!(
                 e.encode(&got).expect("encode"),
@@ -113,12 +113,45 @@ fn chat_templates_render_byte_identical() {
         }
         checked += 1;
     }
-    assert!(checked >= 30, "only {checked} cases checked");
+    checked
 }
 
 #[test]
+fn chat_templates_render_byte_identical() {
+    let qwen3_src =
+        std::fs::read_to_string(root().join("tests/fixtures/engine/qwen3_chat_template.jinja"))
+            .expect("qwen3 template");
+    let qwen3 = ChatTemplate::new(&qwen3_src).expect("qwen3 compiles");
+    for c in fixture("chat_template_cases.json")["cases"]
+        .as_array()
+        .expect("cases")
+    {
+        let known = matches!(c["template"].as_str(), Some("qwen3" | "qwen2.5"));
+        assert!(known, "unknown template {}", c["template"]);
+    }
+    let checked = check_template_cases("qwen3", &qwen3, None);
+    assert!(checked >= 30, "only {checked} cases checked");
+}
+
+/// Qwen2.5 cases render with the template read from the GGUF itself.
+#[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
+fn default_model_template_renders_byte_identical() {
+    let engine = load(&default_model());
+    let checked = check_template_cases("qwen2.5", engine.template(), Some(&engine));
+    assert!(checked >= 10, "only {checked} cases checked");
+}
+
+#[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn default_system_prompt_comes_from_the_template() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let engine = load(&path);
     let text = engine
         .render(&[Message::new(Role::User, "hi")], false)
@@ -131,8 +164,12 @@ fn default_system_prompt_comes_from_the_template() {
 
 /// Invariance (a): tolerance 0 — the logits are compared bit for bit.
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn invariance_a_incremental_decode_equals_full_recompute() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let engine = load(&path);
     let text = engine
         .render(
@@ -145,8 +182,12 @@ fn invariance_a_incremental_decode_equals_full_recompute() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn invariance_b_tokens_identical_alone_and_in_batches_of_2_4_16() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let mut engine = load(&path);
     let mut target = ask("Name three rivers in Europe.", 20);
     check_batch_invariance(&mut engine, target.clone(), &others(15));
@@ -157,8 +198,12 @@ fn invariance_b_tokens_identical_alone_and_in_batches_of_2_4_16() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn invariance_c_cached_prefix_equals_cold_prefill() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let mut engine = load(&path);
     let text = engine
         .render(
@@ -198,8 +243,12 @@ fn invariance_c_cached_prefix_equals_cold_prefill() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn invariance_d_identical_across_processes_thread_counts_and_weight_layouts() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let run = |threads: &str, weights: &str| {
         let out = std::process::Command::new(env!("CARGO_BIN_EXE_statebench"))
             .args(["generate", "--device", "cpu", "--model"])
@@ -242,8 +291,12 @@ fn invariance_d_identical_across_processes_thread_counts_and_weight_layouts() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn invariance_e_weights_at_file_bits_equal_widened_weights() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let mut widened = load(&path);
     let opts = EngineOptions {
         weights: WeightLayout::Native,
@@ -280,8 +333,12 @@ fn invariance_e_weights_at_file_bits_equal_widened_weights() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn context_overflow_is_its_own_error() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let mut engine = load(&path);
     let s = engine.open_session();
     let err = engine
@@ -292,8 +349,12 @@ fn context_overflow_is_its_own_error() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn kv_budget_queues_or_refuses() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let per_token = 24 * 2 * 2 * 64 * 4;
     let opts = EngineOptions {
         kv_budget_bytes: 100 * per_token,
@@ -318,8 +379,12 @@ fn kv_budget_queues_or_refuses() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn idle_session_caches_count_in_the_kv_budget_and_are_evicted_lru() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let per_token = 24 * 2 * 2 * 64 * 4;
     let budget = 100 * per_token;
     let opts = EngineOptions {
@@ -378,8 +443,12 @@ fn idle_session_caches_count_in_the_kv_budget_and_are_evicted_lru() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn stop_strings_and_length_end_replies() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let mut engine = load(&path);
     let mut req = ask("Count from 1 to 10, separated by commas, digits only.", 40);
     let full = run_alone(&mut engine, req.clone());

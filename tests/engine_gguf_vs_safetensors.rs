@@ -92,8 +92,12 @@ fn common_prefix(a: &[u32], b: &[u32]) -> usize {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn dequantized_safetensors_path_agrees_with_gguf_and_transformers() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let gguf = load(&path);
     let tmp = tempfile::tempdir().expect("tempdir");
     write_dequantized(&gguf, tmp.path());

@@ -24,8 +24,12 @@ fn neighbours() -> Vec<ChatRequest> {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn log_probabilities_are_the_models_and_batch_invariant() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let mut engine = load(&path);
     let plain = ask("Name three colours.", 12);
     let scored = ChatRequest {
@@ -82,8 +86,12 @@ fn same(a: &statebench::backend::ChatReply, b: &statebench::backend::ChatReply) 
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn constrained_replies_follow_their_schema_and_are_batch_invariant() {
-    let Some(path) = default_model() else { return };
+    let path = default_model();
     let mut engine = load(&path);
     let schema = serde_json::json!({
         "type": "object",

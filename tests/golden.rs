@@ -289,10 +289,12 @@ fn scripted_cells_reports_and_scores_are_unchanged() {
 /// and compiler) on the CPU, under the kernels' arithmetic
 /// `statebench-kernels/3`.
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn default_model_cell_is_unchanged() {
-    let Some(gguf) = engine_common::default_model() else {
-        return;
-    };
+    let gguf = engine_common::default_model();
     let tmp = tempfile::tempdir().expect("tempdir");
     let out = tmp.path().join("cell");
     statebench(&[

@@ -368,8 +368,12 @@ fn malformed_gguf_files_are_refused_in_one_line() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn a_truncated_default_model_copy_is_refused_before_mapping() {
-    let Some(model) = default_model() else { return };
+    let model = default_model();
     let tmp = tempfile::tempdir().unwrap();
     // Another name: the shipped model's own name is checked by its sha256.
     let copy: PathBuf = tmp.path().join("renamed.gguf");
@@ -379,8 +383,12 @@ fn a_truncated_default_model_copy_is_refused_before_mapping() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn a_huge_context_length_in_a_real_gguf_is_refused_not_allocated() {
-    let Some(model) = default_model() else { return };
+    let model = default_model();
     let tmp = tempfile::tempdir().unwrap();
     let copy = tmp.path().join("renamed.gguf");
     std::fs::copy(&model, &copy).unwrap();

@@ -234,10 +234,12 @@ fn native_tool_harness_runs_on_the_model_and_is_batch_invariant() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn live_cell_on_the_default_model() {
-    let Some(gguf) = engine_common::default_model() else {
-        return;
-    };
+    let gguf = engine_common::default_model();
     let tmp = tempfile::tempdir().unwrap();
     let out = tmp.path().join("cell");
     let o = bin()
@@ -325,10 +327,12 @@ fn a_separate_embedding_model_is_loaded_and_recorded() {
 /// and its arithmetic.
 #[cfg(feature = "cuda")]
 #[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
 fn live_cell_on_the_emulated_gpu_is_batch_invariant() {
-    if !engine_common::emulator_built() {
-        return;
-    }
+    engine_common::require_emulator();
     let tmp = tempfile::tempdir().unwrap();
     let model = engine_common::tiny_copy(tmp.path(), "tiny-qwen2", 2048);
     let model = model.to_str().unwrap();

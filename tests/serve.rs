@@ -239,10 +239,12 @@ fn cell_through_serve_matches_in_process() {
 }
 
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn france_prompt_through_serve_answers_paris() {
-    let Some(gguf) = engine_common::default_model() else {
-        return;
-    };
+    let gguf = engine_common::default_model();
     let server = ServeProc::start(&gguf);
     let mut resp = agent()
         .get(format!("{}/v1/models", server.url))
@@ -392,12 +394,14 @@ fn unreachable_endpoint_is_a_one_line_error() {
 /// the model answers. In-process and through `serve` + the OpenAI client,
 /// every reply, call and id is the same; the wire says `tool_calls`.
 #[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
 fn tool_calls_through_serve_match_in_process() {
     use statebench::backend::{Tool, ToolCall};
     use statebench::engine::{Engine, EngineOptions};
-    let Some(gguf) = engine_common::default_model() else {
-        return;
-    };
+    let gguf = engine_common::default_model();
     let params = json!({
         "type": "object",
         "properties": {"work_order": {"type": "string", "description": "the work order number from the current message, e.g. #W1234"}},
@@ -590,10 +594,12 @@ fn eal_study_through_serve_matches_in_process() {
 /// round trip answers, twice the same.
 #[cfg(all(feature = "cuda", target_os = "linux"))]
 #[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
 fn serve_round_trip_on_the_emulated_cuda_device() {
-    if !engine_common::emulator_built() {
-        return;
-    }
+    engine_common::require_emulator();
     let tmp = tempfile::tempdir().unwrap();
     let model = tiny_model(tmp.path());
     let server = ServeProc::start_with(

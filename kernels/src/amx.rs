@@ -20,81 +20,17 @@
 //!
 //! The tile registers are used inside this module only: [`Tiles`] loads a
 //! configuration for a run of kernel calls and releases it on drop, and each
-//! `asm!` block leaves nothing in the tiles that a later one reads.
+//! `asm!` block leaves nothing in the tiles that a later one reads. They run
+//! where [`crate::cpu::amx_tiles`] holds.
 
 use std::arch::asm;
 use std::arch::x86_64::*;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
 
 use crate::pair::{PairK, PairQ8};
-use crate::q8::TileBlock;
+use crate::q8::Tile;
 
 /// Activation rows of one tile.
 pub const ROWS: usize = 16;
-
-static ENABLED: AtomicBool = AtomicBool::new(true);
-
-/// Turns the AMX kernels off or back on for this process. Results are the
-/// same bits either way; benchmarks and tests use it to run both paths in
-/// one process.
-pub fn set_enabled(on: bool) {
-    ENABLED.store(on, Ordering::Relaxed);
-}
-
-/// Whether the AMX kernels run: the CPU and OS have AMX int8 tiles for this
-/// process (Linux grants the tile state on request), `STATEBENCH_NO_AMX` and
-/// `STATEBENCH_NO_VNNI` are unset, and [`set_enabled`] did not turn them off.
-pub fn available() -> bool {
-    static YES: OnceLock<bool> = OnceLock::new();
-    ENABLED.load(Ordering::Relaxed)
-        && *YES.get_or_init(|| {
-            let off = ["STATEBENCH_NO_AMX", "STATEBENCH_NO_VNNI"]
-                .iter()
-                .any(|v| std::env::var_os(v).is_some());
-            !off && cpu_has_amx_int8() && request_tile_state()
-        })
-}
-
-fn cpu_has_amx_int8() -> bool {
-    if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("xsave")) {
-        return false;
-    }
-    let leaf7 = __cpuid_count(7, 0);
-    let (tile, int8) = (leaf7.edx >> 24 & 1 == 1, leaf7.edx >> 25 & 1 == 1);
-    // XCR0 bits 17 and 18: the OS saves tile configuration and data.
-    // SAFETY: XSAVE was detected, so XGETBV is available.
-    let xcr0 = unsafe { _xgetbv(0) };
-    tile && int8 && xcr0 >> 17 & 3 == 3
-}
-
-/// Asks Linux for permission to use the tile data (`ARCH_REQ_XCOMP_PERM` for
-/// `XFEATURE_XTILEDATA`), which it grants per process.
-fn request_tile_state() -> bool {
-    #[cfg(target_os = "linux")]
-    {
-        const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
-        const XFEATURE_XTILEDATA: libc::c_long = 18;
-        // SAFETY: a plain system call with integer arguments.
-        unsafe {
-            libc::syscall(
-                libc::SYS_arch_prctl,
-                ARCH_REQ_XCOMP_PERM,
-                XFEATURE_XTILEDATA,
-            ) == 0
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    false
-}
-
-/// Sixteen activation rows as the kernels read them: block values row after
-/// row (`stride` bytes apart), and per block the values broadcast per row.
-pub struct Tile<'a> {
-    pub(crate) qs: &'a [[i8; 32]],
-    pub(crate) stride: usize,
-    pub(crate) blocks: &'a [TileBlock],
-}
 
 /// A tile configuration (`ldtilecfg`'s 64-byte form): rows and bytes per row
 /// of each tile register.
@@ -159,7 +95,7 @@ pub struct Tiles(&'static Config);
 
 impl Tiles {
     /// # Safety
-    /// [`available`] returned true.
+    /// [`crate::cpu::amx_tiles`] returned true.
     unsafe fn load(config: &'static Config) -> Self {
         asm!("ldtilecfg [{}]", in(reg) config, options(nostack, readonly));
         Tiles(config)
@@ -181,8 +117,8 @@ pub trait Kernel: Sized {
     /// group `h` with activation row `r`.
     ///
     /// # Safety
-    /// [`available`] returned true and `tiles` holds [`Kernel::TILES`]; `x`
-    /// covers `w`.
+    /// [`crate::cpu::amx_tiles`] returned true and `tiles` holds
+    /// [`Kernel::TILES`]; `x` covers `w`.
     unsafe fn run(tiles: &Tiles, w: &[Self], x: &Tile<'_>, out: &mut [[f32; ROWS]; ROWS]);
 }
 
@@ -200,8 +136,8 @@ macro_rules! kernel {
 kernel!(PairQ8, Q8_TILES, q8_groups);
 kernel!(PairK, K_TILES, k_groups);
 
-/// The products of [`crate::q8::tiles_amx`]: `tile(b)` gives activation rows
-/// `b..b + 16`; returns the end of the whole tiles.
+/// The products of the matrix product's whole tiles: `tile(b)` gives
+/// activation rows `b..b + 16`; returns the end of the whole tiles.
 pub(crate) fn products<'a, P: Kernel>(
     pairs: &[P],
     bpr: usize,
@@ -211,7 +147,7 @@ pub(crate) fn products<'a, P: Kernel>(
     mut out: impl FnMut(usize, usize, &[[f32; ROWS]; ROWS]),
 ) -> usize {
     let end = rows.start + (rows.len() / ROWS) * ROWS;
-    // SAFETY: the caller checked `available`.
+    // SAFETY: the caller checked `crate::cpu::amx_tiles`.
     let tiles = unsafe { Tiles::load(P::TILES) };
     let mut v = [[0f32; ROWS]; ROWS];
     for s0 in (rows.start..end).step_by(slice) {
@@ -322,7 +258,7 @@ macro_rules! pipelined {
                 $scale(i - AHEAD, &$bufs[(i - AHEAD) % (AHEAD + 1)]);
             }
             if i < n {
-                crate::q8::prefetch_ahead($w.as_ptr().wrapping_add(i));
+                crate::cpu::prefetch_ahead($w.as_ptr().wrapping_add(i));
                 let c = &mut $bufs[i % (AHEAD + 1)];
                 if i % 2 == 0 {
                     $even(i, c)
@@ -339,7 +275,8 @@ macro_rules! pipelined {
 /// `out[r][8 h + k]` is weight row `k` of group `h` with activation row `r`.
 ///
 /// # Safety
-/// [`available`] returned true; `x` holds sixteen rows covering `w`.
+/// [`crate::cpu::amx_tiles`] returned true; `x` holds sixteen rows covering
+/// `w`.
 #[target_feature(enable = "avx512f")]
 unsafe fn q8_groups(w: &[PairQ8], x: &Tile<'_>, out: &mut [[f32; 16]; ROWS]) {
     let mut acc = [_mm512_setzero_ps(); ROWS];
@@ -371,7 +308,8 @@ unsafe fn q8_groups(w: &[PairQ8], x: &Tile<'_>, out: &mut [[f32; 16]; ROWS]) {
 /// never meet before that subtraction, so `corr` runs in a loop of its own.
 ///
 /// # Safety
-/// [`available`] returned true; `x` holds sixteen rows covering `w`.
+/// [`crate::cpu::amx_tiles`] returned true; `x` holds sixteen rows covering
+/// `w`.
 #[target_feature(enable = "avx512f")]
 unsafe fn k_groups(w: &[PairK], x: &Tile<'_>, out: &mut [[f32; 16]; ROWS]) {
     let mut acc = [_mm512_setzero_ps(); ROWS];

@@ -43,7 +43,6 @@ pub fn unpack_k_row(w: &[K8], bpr: usize, r: usize, out: &mut [f32]) {
 /// `acc = fma(s0·dx, lo, acc)`, `acc = fma(s1·dx, hi, acc)`,
 /// `corr = fma(m·dx, Σx, corr)`; the result is `acc − corr`, on every path.
 impl Packed for K8 {
-    type Pair = crate::pair::PairK;
     fn scalar(w: &[Self], x: Q8Row<'_>) -> [f32; 8] {
         let mut acc = [0f32; 8];
         let mut corr = [0f32; 8];
@@ -87,7 +86,7 @@ mod simd {
                 let mut acc = [_mm256_setzero_ps(); XR];
                 let mut corr = [_mm256_setzero_ps(); XR];
                 for (i, b) in w.iter().enumerate() {
-                    crate::q8::prefetch_ahead(b);
+                    crate::cpu::prefetch_ahead(b);
                     let s0 = _mm256_loadu_ps(b.s0.as_ptr());
                     let s1 = _mm256_loadu_ps(b.s1.as_ptr());
                     let m = _mm256_loadu_ps(b.m.as_ptr());
@@ -130,49 +129,52 @@ mod simd {
 mod tests {
     use super::*;
     use crate::q8::Activations;
-    use candle_core::quantized::k_quants::GgmlType;
 
-    fn blocks<T: GgmlType>(v: &[f32]) -> Vec<T> {
-        let mut b: Vec<T> = (0..v.len() / T::BLCK_SIZE).map(|_| T::zeros()).collect();
-        T::from_float(v, &mut b);
-        b
+    /// Groups of `rows` rows of `bpr` blocks in the two forms the K-quants
+    /// widen to: Q4_K's (values 0..16, an offset) and, `signed`, Q6_K's
+    /// (values -32..32, no offset).
+    fn groups(rows: usize, bpr: usize, signed: bool) -> Vec<K8> {
+        let hash = |v: usize| v.wrapping_mul(2654435761) >> 7;
+        let mut out = Vec::new();
+        for g in 0..rows.div_ceil(8) {
+            for i in 0..bpr {
+                let at = |k: usize| (8 * g + k) * bpr + i;
+                let scale =
+                    |k: usize, salt: usize| (1 + hash(at(k) * 3 + salt) % 50) as f32 / 300.0;
+                let mut b = K8 {
+                    s0: std::array::from_fn(|k| scale(k, 0)),
+                    s1: std::array::from_fn(|k| scale(k, 1)),
+                    m: std::array::from_fn(|k| if signed { 0.0 } else { scale(k, 2) }),
+                    qs: [0; 256],
+                };
+                for k in 0..8 {
+                    for c in 0..32 {
+                        let h = hash(32 * at(k) + c);
+                        let q = if signed {
+                            (h % 64) as i8 - 32
+                        } else {
+                            (h % 16) as i8
+                        };
+                        b.qs[slot(k, c)] = (q as u8) ^ 0x80;
+                    }
+                }
+                out.push(b);
+            }
+        }
+        out
     }
 
     #[test]
     fn every_path_agrees() {
-        use crate::native::{pack_q4k, pack_q6k, Stored};
-        use candle_core::quantized::k_quants::{BlockQ4K, BlockQ6K};
         let (rows, cols) = (10, 512);
-        let w: Vec<f32> = (0..rows * cols)
-            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 0.9)
-            .collect();
+        let bpr = cols / 32;
         let x: Vec<f32> = (0..8 * cols)
             .map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0)
             .collect();
         let acts = Activations::quantize(&x, 8, cols);
         let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| acts.row(r));
-        let widen = |name: &str| -> (Vec<K8>, Vec<f32>) {
-            let mut stock = vec![0f32; rows * cols];
-            let mut wide = Vec::new();
-            let per_group = cols / 256;
-            if name == "q4k" {
-                let b: Vec<BlockQ4K> = blocks(&w);
-                BlockQ4K::to_float(&b, &mut stock);
-                for g in pack_q4k(&b, rows, per_group).chunks(per_group) {
-                    Stored::with_wide(g, |k| wide.extend_from_slice(k));
-                }
-            } else {
-                let b: Vec<BlockQ6K> = blocks(&w);
-                BlockQ6K::to_float(&b, &mut stock);
-                for g in pack_q6k(&b, rows, per_group).chunks(per_group) {
-                    Stored::with_wide(g, |k| wide.extend_from_slice(k));
-                }
-            }
-            (wide, stock)
-        };
-        let bpr = cols / 32;
-        for name in ["q4k", "q6k"] {
-            let (packed, stock) = widen(name);
+        for (name, signed) in [("q4k", false), ("q6k", true)] {
+            let packed = groups(rows, bpr, signed);
             for g in 0..rows.div_ceil(8) {
                 let wg = &packed[g * bpr..(g + 1) * bpr];
                 let eight = K8::group(wg, &xs);
@@ -181,7 +183,7 @@ mod tests {
                     assert_eq!(one[0], eight[r], "{name}: one row vs eight");
                     assert_eq!(K8::scalar(wg, xs[r]), one[0], "{name}: scalar emulation");
                     #[cfg(target_arch = "x86_64")]
-                    if crate::q8::simd_level() == crate::q8::Simd::Vnni {
+                    if crate::cpu::simd_level() == crate::cpu::Simd::Vnni {
                         // SAFETY: VNNI implies AVX2, FMA and F16C were detected.
                         let avx = unsafe { simd::group_avx2(wg, &[xs[r]]) };
                         assert_eq!(avx[0], one[0], "{name}: AVX2 vs VNNI");
@@ -191,7 +193,9 @@ mod tests {
                         if row >= rows {
                             continue;
                         }
-                        let (exact, scale) = stock[row * cols..(row + 1) * cols]
+                        let mut w = vec![0f32; cols];
+                        unpack_k_row(&packed, bpr, row, &mut w);
+                        let (exact, scale) = w
                             .iter()
                             .zip(&x[r * cols..(r + 1) * cols])
                             .fold((0f32, 0f32), |(e, s), (a, b)| {

@@ -17,6 +17,7 @@ pub const ARITHMETIC: &str = "statebench-kernels/3: exact integer 32-column bloc
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
 pub mod attention;
+pub mod cpu;
 pub mod kq;
 pub mod matmul;
 pub mod native;
@@ -25,9 +26,9 @@ pub mod pair;
 pub mod q8;
 
 pub use attention::attend;
+pub use cpu::amx_tiles;
 pub use matmul::{Matrix, MatrixError, WeightData};
 pub use ops::{dot_f32, rms_norm, rope_neox, silu_mul, RopeTable};
-pub use q8::amx_tiles;
 
 /// The sources of the engine's CUDA kernels (`kernels/cuda/`), compiled at
 /// run time by NVRTC for the device at hand.

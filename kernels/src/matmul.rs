@@ -12,8 +12,18 @@ use rayon::prelude::*;
 use crate::kq::{unpack_k_row, K8};
 use crate::native::{pack_q4_0, pack_q4k, pack_q5_0, pack_q6k, Q4Kx8, Q4x8, Q5x8, Q6Kx8, Stored};
 use crate::ops::{dots, Bf16, Float};
-use crate::pair::{pair_up, pairs_of, Pair, PairK, PairQ8};
+use crate::pair::{pair_up, pairs_of, Pair, PairK, PairQ8, Paired};
 use crate::q8::{pack_q8, unpack_q8_row, Activations, Packed, Q8Blocks, Q8Row, Q8x8};
+
+/// Pair layouts with an AMX kernel ([`crate::amx::Kernel`] on x86-64).
+#[cfg(target_arch = "x86_64")]
+use crate::amx::Kernel as Tiled;
+
+/// Pair layouts with an AMX kernel (none off x86-64).
+#[cfg(not(target_arch = "x86_64"))]
+trait Tiled {}
+#[cfg(not(target_arch = "x86_64"))]
+impl<T> Tiled for T {}
 
 /// Why a weight matrix could not be built.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -622,14 +632,18 @@ fn by_eights<const W: usize>(
 /// (then four, then one at a time for the rest of a slice of the batch); on
 /// AMX, whole tiles of sixteen rows go to the tiles, the groups paired once
 /// per product.
-fn matmul_packed<S: Stored>(w: &[S], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+fn matmul_packed<S: Stored>(w: &[S], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32])
+where
+    S::Wide: Paired,
+    <S::Wide as Paired>::Pair: Tiled,
+{
     let (bpr, wbpr) = (cols / S::COLS, cols / 32);
     let acts = Activations::quantize(x, n, cols);
     let xrows: Vec<Q8Row<'_>> = (0..n).map(|b| acts.row(b)).collect();
     let out = OutPtr(y.as_mut_ptr());
     let groups = rows.div_ceil(8);
     let per_task = ROWS_PER_TASK / 8;
-    let amx = n >= 16 && crate::q8::amx_tiles();
+    let amx = n >= 16 && crate::cpu::amx_tiles();
     (0..groups.div_ceil(per_task))
         .into_par_iter()
         .for_each(|t| {
@@ -642,14 +656,14 @@ fn matmul_packed<S: Stored>(w: &[S], rows: usize, cols: usize, x: &[f32], n: usi
                 let c1 = (c0 + span).min(task_groups.end);
                 S::with_wide(&w[c0 * bpr..c1 * bpr], |wide| {
                     let done = if amx {
-                        <S::Wide as Packed>::Pair::buffer().with_borrow_mut(|p| {
+                        <S::Wide as Paired>::Pair::buffer().with_borrow_mut(|p| {
                             let need = pairs_of(c1 - c0) * wbpr;
                             if p.len() < need {
                                 p.resize(need, Pair::ZERO);
                             }
                             let p = &mut p[..need];
                             pair_up(wide, wbpr, p);
-                            crate::q8::tiles_amx(p, wbpr, &acts, 0..n, X_SLICE, |b, q, v| {
+                            tiles_amx(p, wbpr, &acts, 0..n, X_SLICE, |b, q, v| {
                                 write_tile(out, rows, b, c0 + 2 * q, v)
                             })
                         })
@@ -673,7 +687,14 @@ fn matmul_packed<S: Stored>(w: &[S], rows: usize, cols: usize, x: &[f32], n: usi
 /// Weights held sixteen rows at a time ([`crate::pair`]): on AMX whole tiles
 /// of sixteen activation rows go to the tiles straight from the weights;
 /// the rest, or every row without AMX, to the pair kernels.
-fn matmul_pairs<P: Pair>(w: &[P], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32]) {
+fn matmul_pairs<P: Pair + Tiled>(
+    w: &[P],
+    rows: usize,
+    cols: usize,
+    x: &[f32],
+    n: usize,
+    y: &mut [f32],
+) {
     let bpr = cols / 32;
     let acts = Activations::quantize(x, n, cols);
     let xrows: Vec<Q8Row<'_>> = (0..n).map(|b| acts.row(b)).collect();
@@ -683,7 +704,7 @@ fn matmul_pairs<P: Pair>(w: &[P], rows: usize, cols: usize, x: &[f32], n: usize,
     (0..pairs.div_ceil(per_task)).into_par_iter().for_each(|t| {
         let task = t * per_task..((t + 1) * per_task).min(pairs);
         let wt = &w[task.start * bpr..task.end * bpr];
-        let done = crate::q8::tiles_amx(wt, bpr, &acts, 0..n, X_SLICE, |b, q, v| {
+        let done = tiles_amx(wt, bpr, &acts, 0..n, X_SLICE, |b, q, v| {
             write_tile(out, rows, b, 2 * (task.start + q), v)
         });
         for s0 in (0..n).step_by(X_SLICE) {
@@ -696,6 +717,34 @@ fn matmul_pairs<P: Pair>(w: &[P], rows: usize, cols: usize, x: &[f32], n: usize,
             }
         }
     });
+}
+
+/// On AMX, the whole tiles of sixteen rows of `rows` (which starts at a
+/// multiple of sixteen) against each pair in `pairs` (pairs of `bpr`
+/// blocks), `slice` rows at a time for every pair: `out(b, q, v)` takes rows
+/// `b..b + 16` of pair `q` (`v[r][j]`: its row `j`), the same bits as
+/// [`Pair::group`]. Returns the end of the rows done: `rows.start` where the
+/// CPU has no AMX tiles or the rows fill no tile.
+fn tiles_amx<P: Pair + Tiled>(
+    pairs: &[P],
+    bpr: usize,
+    acts: &Activations,
+    rows: std::ops::Range<usize>,
+    slice: usize,
+    out: impl FnMut(usize, usize, &[[f32; 16]; 16]),
+) -> usize {
+    #[cfg(target_arch = "x86_64")]
+    // Activations quantized while the tiles were off carry no tile data;
+    // the vector kernels then take them (the same bits).
+    if crate::cpu::amx_tiles() && rows.len() >= 16 && !pairs.is_empty() && acts.has_tiles() {
+        assert!(
+            acts.covers(bpr, rows.end) && rows.start.is_multiple_of(16) && slice.is_multiple_of(16),
+            "whole tiles of activation rows covering the weights"
+        );
+        return crate::amx::products(pairs, bpr, |b| acts.tile(b, bpr), rows, slice, out);
+    }
+    let _ = (pairs, bpr, acts, slice, out);
+    rows.start
 }
 
 #[cfg(test)]
@@ -765,6 +814,21 @@ mod tests {
         assert_eq!((q.type_name(), q.to_f32()), ("Q8_0", want.to_f32()));
     }
 
+    /// A product reading a Q8_0 block that holds a NaN is NaN, not the
+    /// value taken as 0.
+    #[test]
+    fn a_non_finite_activation_block_makes_its_products_nan() {
+        let cols = 64;
+        let w: Vec<f32> = (0..8 * cols).map(|i| (i % 7) as f32 - 3.0).collect();
+        let m = Matrix::quantize(GgmlDType::Q8_0, 8, cols, &w).unwrap();
+        let mut x: Vec<f32> = (0..2 * cols).map(|i| (i % 5) as f32).collect();
+        x[cols + 40] = f32::NAN;
+        let mut y = vec![0f32; 16];
+        m.matmul(&x, 2, &mut y);
+        assert!(y[..8].iter().all(|v| v.is_finite()), "{y:?}");
+        assert!(y[8..].iter().all(|v| v.is_nan()), "{y:?}");
+    }
+
     #[test]
     fn quantized_batches_equal_single_rows() {
         // Row and batch counts that reach every path: 2 × 8 and 4 × 4 tiles,
@@ -804,12 +868,12 @@ mod tests {
                 assert_eq!(y, yp, "{dt:?}: file bits vs sixteen rows at a time");
                 #[cfg(target_arch = "x86_64")]
                 {
-                    crate::amx::set_enabled(false);
+                    crate::cpu::set_amx_tiles(false);
                     let mut yv = vec![0f32; n * rows];
                     m.matmul(&x, n, &mut yv);
                     let mut ypv = vec![0f32; n * rows];
                     paired.matmul(&x, n, &mut ypv);
-                    crate::amx::set_enabled(true);
+                    crate::cpu::set_amx_tiles(true);
                     assert_eq!(y, yv, "{dt:?}: AMX tiles vs vector kernels");
                     assert_eq!(y, ypv, "{dt:?}: pairs without AMX tiles");
                 }

@@ -85,7 +85,7 @@ thread_local! {
 /// Widens `w` into `out` (`BLOCKS` wide blocks per element).
 fn widen_all<T: Widen>(w: &[T], out: &mut [T::Wide]) {
     #[cfg(target_arch = "x86_64")]
-    if crate::q8::simd_level() != crate::q8::Simd::None {
+    if crate::cpu::simd_level() != crate::cpu::Simd::None {
         // SAFETY: AVX2 and F16C were detected.
         return unsafe { widen_all_avx2(w, out) };
     }
@@ -101,7 +101,7 @@ unsafe fn widen_all_avx2<T: Widen>(w: &[T], out: &mut [T::Wide]) {
         // At batch 1 these loads are the whole cost of a product: keep more
         // of them in flight than the hardware prefetcher does (the next group
         // follows this one in memory).
-        crate::q8::prefetch_ahead(b);
+        crate::cpu::prefetch_ahead(b);
         b.widen_avx2(o);
     }
 }

@@ -74,7 +74,7 @@ fn pair_dots(qs: &[i8; 512], j: usize, x: &[i8; 32]) -> [i32; 2] {
 }
 
 /// Weights held sixteen rows at a time, with the kernels that read them.
-pub trait Pair: Copy + Send + Sync + 'static + Tiled {
+pub trait Pair: Copy + Send + Sync + 'static {
     /// The layout of one group of eight rows.
     type Group: Wide;
     /// A pair of zeros (buffer fill).
@@ -108,7 +108,7 @@ pub trait Pair: Copy + Send + Sync + 'static + Tiled {
             "activation rows too short"
         );
         #[cfg(target_arch = "x86_64")]
-        if crate::q8::simd_level() == crate::q8::Simd::Vnni {
+        if crate::cpu::simd_level() == crate::cpu::Simd::Vnni {
             // SAFETY: the VNNI level implies AVX-512F, BW and VNNI; lengths
             // were checked.
             return unsafe { Self::vnni(w, xs) };
@@ -117,15 +117,18 @@ pub trait Pair: Copy + Send + Sync + 'static + Tiled {
     }
 }
 
-/// Pairs with an AMX kernel ([`crate::amx::Kernel`] on x86-64).
-#[cfg(target_arch = "x86_64")]
-pub use crate::amx::Kernel as Tiled;
+/// A layout of eight rows and the layout of its pairs.
+pub trait Paired: Wide {
+    type Pair: Pair<Group = Self>;
+}
 
-/// Pairs with an AMX kernel (none off x86-64).
-#[cfg(not(target_arch = "x86_64"))]
-pub trait Tiled {}
-#[cfg(not(target_arch = "x86_64"))]
-impl<T> Tiled for T {}
+impl Paired for Q8x8 {
+    type Pair = PairQ8;
+}
+
+impl Paired for K8 {
+    type Pair = PairK;
+}
 
 /// Pairs of `groups` groups (an odd last group is paired with an empty one).
 pub fn pairs_of(groups: usize) -> usize {
@@ -337,7 +340,7 @@ mod vnni {
     pub(super) unsafe fn q8<const XR: usize>(w: &[PairQ8], x: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR] {
         let mut acc = [_mm512_setzero_ps(); XR];
         for (i, b) in w.iter().enumerate() {
-            crate::q8::prefetch_ahead(b);
+            crate::cpu::prefetch_ahead(b);
             let dw = _mm512_load_ps(b.d.as_ptr());
             let q = load(&b.qs);
             for (a, xr) in acc.iter_mut().zip(x) {
@@ -355,7 +358,7 @@ mod vnni {
         let mut acc = [_mm512_setzero_ps(); XR];
         let mut corr = [_mm512_setzero_ps(); XR];
         for (i, b) in w.iter().enumerate() {
-            crate::q8::prefetch_ahead(b);
+            crate::cpu::prefetch_ahead(b);
             let s0 = _mm512_load_ps(b.s0.as_ptr());
             let s1 = _mm512_load_ps(b.s1.as_ptr());
             let m = _mm512_load_ps(b.m.as_ptr());
@@ -382,7 +385,7 @@ mod tests {
     use super::*;
     use crate::kq::unpack_k_row;
     use crate::native::{pack_q4k, pack_q5_0, Stored};
-    use crate::q8::{unpack_q8_row, Activations, Packed};
+    use crate::q8::{unpack_q8_row, Activations};
     use candle_core::quantized::k_quants::GgmlType;
 
     fn blocks<T: GgmlType>(v: &[f32]) -> Vec<T> {
@@ -394,7 +397,7 @@ mod tests {
     /// Every row of every pair (an odd group paired with an empty one)
     /// dequantizes as its group does, and each kernel gives the groups'
     /// bits for one, four and eight activation rows.
-    fn agrees<G: Wide + Packed>(
+    fn agrees<G: Paired>(
         groups: &[G],
         rows: usize,
         cols: usize,

@@ -16,6 +16,10 @@ use candle_core::quantized::k_quants::BlockQ8_0;
 use half::f16;
 use rayon::prelude::*;
 
+use crate::cpu::amx_tiles;
+#[cfg(target_arch = "x86_64")]
+use crate::cpu::{simd_level, Simd};
+
 /// Byte layout of a Q8_0 block.
 #[repr(C)]
 #[derive(Clone, Copy)]
@@ -146,6 +150,16 @@ pub(crate) struct TileBlock {
     pub(crate) sx: [f32; 16],
 }
 
+/// Sixteen activation rows as the AMX kernels read them: block values row
+/// after row (`stride` bytes apart), and per block the values broadcast per
+/// row.
+#[cfg(target_arch = "x86_64")]
+pub struct Tile<'a> {
+    pub(crate) qs: &'a [[i8; 32]],
+    pub(crate) stride: usize,
+    pub(crate) blocks: &'a [TileBlock],
+}
+
 /// One quantized activation row.
 #[derive(Clone, Copy)]
 pub struct Q8Row<'a> {
@@ -213,10 +227,29 @@ impl Activations {
         }
     }
 
-    /// The [`TileBlock`]s of tile `t` (rows `16 t..16 t + 16`).
+    /// Whether the rows carry tile data: quantized while the AMX tiles ran
+    /// (otherwise the vector kernels take them, the same bits).
     #[cfg(target_arch = "x86_64")]
-    pub(crate) fn tile(&self, t: usize) -> &[TileBlock] {
-        &self.tiles[t * self.bpr..(t + 1) * self.bpr]
+    pub(crate) fn has_tiles(&self) -> bool {
+        !self.tiles.is_empty()
+    }
+
+    /// Whether the rows `..end` are there, each covering `bpr` blocks.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn covers(&self, bpr: usize, end: usize) -> bool {
+        bpr <= self.bpr && end * self.bpr <= self.scales.len()
+    }
+
+    /// Rows `b..b + 16` (`b` a multiple of sixteen) over their first `bpr`
+    /// blocks, as the AMX kernels read them.
+    #[cfg(target_arch = "x86_64")]
+    pub(crate) fn tile(&self, b: usize, bpr: usize) -> Tile<'_> {
+        let t = b / 16;
+        Tile {
+            qs: &self.qs[b * self.bpr..],
+            stride: 32 * self.bpr,
+            blocks: &self.tiles[t * self.bpr..(t + 1) * self.bpr][..bpr],
+        }
     }
 }
 
@@ -294,8 +327,6 @@ unsafe fn quantize_block_avx512(x: &[f32; 32]) -> (f16, [i8; 32]) {
 /// Weights stored eight rows interleaved: the group kernels of each
 /// instruction set, and the dispatch between them.
 pub trait Packed: Sized + Sync {
-    /// The same weights sixteen rows at a time.
-    type Pair: crate::pair::Pair<Group = Self>;
     /// The arithmetic of the SIMD kernels, one element at a time.
     fn scalar(w: &[Self], x: Q8Row<'_>) -> [f32; 8];
     /// AVX-512 VNNI kernel.
@@ -332,7 +363,6 @@ pub trait Packed: Sized + Sync {
 }
 
 impl Packed for Q8x8 {
-    type Pair = crate::pair::PairQ8;
     fn scalar(w: &[Self], x: Q8Row<'_>) -> [f32; 8] {
         let mut acc = [0f32; 8];
         for (i, b) in w.iter().enumerate() {
@@ -364,106 +394,6 @@ pub(crate) fn int_dots(qs: &[u8; 256], k: usize, x: &[i8; 32]) -> [i32; 2] {
     s
 }
 
-#[cfg(target_arch = "x86_64")]
-#[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Simd {
-    None,
-    Avx2,
-    Vnni,
-}
-
-/// The widest kernel family this CPU runs (`STATEBENCH_NO_VNNI` forces AVX2).
-#[cfg(target_arch = "x86_64")]
-pub(crate) fn simd_level() -> Simd {
-    use std::sync::OnceLock;
-    static LEVEL: OnceLock<Simd> = OnceLock::new();
-    *LEVEL.get_or_init(|| {
-        let avx2 = is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c");
-        let vnni = is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl");
-        if std::env::var_os("STATEBENCH_NO_VNNI").is_some() {
-            return if avx2 { Simd::Avx2 } else { Simd::None };
-        }
-        match (avx2, vnni) {
-            (true, true) => Simd::Vnni,
-            (true, false) => Simd::Avx2,
-            _ => Simd::None,
-        }
-    })
-}
-
-/// On AMX, the whole tiles of sixteen rows of `rows` (which starts at a
-/// multiple of sixteen) against each pair in `pairs` (pairs of `bpr`
-/// blocks), `slice` rows at a time for every pair: `out(b, q, v)` takes rows
-/// `b..b + 16` of pair `q` (`v[r][j]`: its row `j`), the same bits as
-/// [`crate::pair::Pair::group`]. Returns the end of the rows done:
-/// `rows.start` where the CPU has no AMX tiles or the rows fill no tile.
-pub fn tiles_amx<P: crate::pair::Pair>(
-    pairs: &[P],
-    bpr: usize,
-    acts: &Activations,
-    rows: std::ops::Range<usize>,
-    slice: usize,
-    out: impl FnMut(usize, usize, &[[f32; 16]; 16]),
-) -> usize {
-    #[cfg(target_arch = "x86_64")]
-    // Activations quantized while the tiles were off carry no tile data;
-    // the vector kernels then take them (the same bits).
-    if crate::amx::available() && rows.len() >= 16 && !pairs.is_empty() && !acts.tiles.is_empty() {
-        assert!(
-            bpr <= acts.bpr
-                && rows.start.is_multiple_of(16)
-                && slice.is_multiple_of(16)
-                && rows.end * acts.bpr <= acts.scales.len(),
-            "whole tiles of activation rows covering the weights"
-        );
-        let tile = |b: usize| crate::amx::Tile {
-            qs: &acts.qs[b * acts.bpr..],
-            stride: 32 * acts.bpr,
-            blocks: &acts.tile(b / 16)[..bpr],
-        };
-        return crate::amx::products(pairs, bpr, tile, rows, slice, out);
-    }
-    let _ = (pairs, bpr, acts, slice, out);
-    rows.start
-}
-
-/// Whether the AMX kernels run here ([`crate::amx::available`]): where they
-/// do, weights held sixteen rows at a time ([`crate::pair`]) need no copy
-/// per product.
-pub fn amx_tiles() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return crate::amx::available();
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// Bytes ahead of use to prefetch: the hardware prefetcher alone keeps too
-/// few weight loads in flight at batch 1.
-#[cfg(target_arch = "x86_64")]
-pub(crate) const PREFETCH: usize = 2048;
-
-/// Asks for the lines of the `T` that lies [`PREFETCH`] bytes past `b` (a
-/// hint: an address past the data is harmless).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub(crate) fn prefetch_ahead<T>(b: *const T) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    static D: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    let dist = *D.get_or_init(|| {
-        std::env::var("PF")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(PREFETCH)
-    });
-    let p = (b as *const i8).wrapping_add(dist);
-    for line in 0..std::mem::size_of::<T>().div_ceil(64) {
-        // SAFETY: a prefetch never faults; SSE is part of x86-64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line)) };
-    }
-}
-
 /// Generates `group` for one instruction set; only the integer block dots
 /// (`$dots`) differ between them, so all give the same bits.
 #[cfg(target_arch = "x86_64")]
@@ -476,7 +406,7 @@ macro_rules! q8_group {
         ) -> [[f32; 8]; XR] {
             let mut acc = [_mm256_setzero_ps(); XR];
             for (i, b) in w.iter().enumerate() {
-                super::prefetch_ahead(b);
+                crate::cpu::prefetch_ahead(b);
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(b.d.as_ptr() as *const __m128i));
                 let $q = super::avx2::load(&b.qs);
                 for (a, xr) in acc.iter_mut().zip(x) {
@@ -605,17 +535,6 @@ mod tests {
                 assert_eq!(q, q2, "{bad} at {at}");
             }
         }
-        // A product reading the block is NaN, not the value taken as 0.
-        let cols = 64;
-        let w: Vec<f32> = (0..8 * cols).map(|i| (i % 7) as f32 - 3.0).collect();
-        let m =
-            crate::Matrix::quantize(candle_core::quantized::GgmlDType::Q8_0, 8, cols, &w).unwrap();
-        let mut x: Vec<f32> = (0..2 * cols).map(|i| (i % 5) as f32).collect();
-        x[cols + 40] = f32::NAN;
-        let mut y = vec![0f32; 16];
-        m.matmul(&x, 2, &mut y);
-        assert!(y[..8].iter().all(|v| v.is_finite()), "{y:?}");
-        assert!(y[8..].iter().all(|v| v.is_nan()), "{y:?}");
     }
 
     #[test]

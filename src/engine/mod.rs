@@ -40,8 +40,9 @@ use scheduler::{Done, Limits, Scheduler};
 use scheduler::{Scored, TokenFilter};
 use template::ChatTemplate;
 
-/// Where the default model lives, relative to the repository root.
-pub const DEFAULT_MODEL: &str = "models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf";
+// Its own file: `build.rs` reads it too, to tell the tests whether the
+// model is there.
+include!("default_model.rs");
 
 /// Engine settings.
 #[derive(Debug, Clone)]

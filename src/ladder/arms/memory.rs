@@ -1,12 +1,15 @@
 //! Retrieval memory as the record (Appendix F): a store of texts with unit
-//! vectors, recalled by cosine similarity to the current request. The store
-//! never embeds or writes on its own: the runner hands it vectors and the
-//! writer's operations.
+//! vectors, recalled by cosine similarity to the current request. The
+//! store calls no model; [`Memory`] embeds and writes it through the
+//! episode-arm's [`MemoryParts`].
 
 use serde::{Deserialize, Serialize};
 
-use crate::ladder::parts::MemoryOp;
+use crate::backend::{Message, Role};
+use crate::ladder::episode::Episode;
+use crate::ladder::parts::{Exchange, MemoryOp, MemoryParts};
 use crate::ladder::prompts as p;
+use crate::ladder::state::TaskState;
 
 /// What the memory holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -168,6 +171,167 @@ impl MemoryStore {
         }
         self.used.items = self.items.len() as u32;
     }
+}
+
+/// A memory arm's writes after one turn.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct MemoryTurn {
+    /// The operations applied (the exchange itself, for the top-k memory).
+    pub ops: Vec<MemoryOp>,
+    /// Why the writer or the embedder failed on this turn, if they did.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub errors: Vec<String>,
+}
+
+/// A memory arm's memory: the store and the parts that embed and write it.
+pub struct Memory<'p> {
+    store: MemoryStore,
+    parts: &'p mut MemoryParts,
+    /// Why the open turn's recall failed, reported with the turn's writes.
+    recall_errors: Vec<String>,
+}
+
+impl<'p> Memory<'p> {
+    pub fn new(kind: MemoryKind, parts: &'p mut MemoryParts) -> Self {
+        Memory {
+            store: MemoryStore::new(kind),
+            parts,
+            recall_errors: Vec::new(),
+        }
+    }
+
+    /// What the episode-arm spent on its memory so far.
+    pub fn used(&self) -> MemoryUse {
+        self.store.used
+    }
+
+    /// The recall block for a request: the memories nearest its embedding
+    /// (none when the embedder fails).
+    pub fn recall_block(&mut self, request: &str) -> String {
+        let recalled = match self.embed(vec![p::recall_query(request)]) {
+            Ok(v) => v.first().map(|q| self.store.recall(q)).unwrap_or_default(),
+            Err(e) => {
+                self.recall_errors.push(e);
+                Vec::new()
+            }
+        };
+        render_recall(&recalled)
+    }
+
+    /// Writes a finished exchange: verbatim (top-k) or as the writer's
+    /// operations (Mem0-style), then embeds what changed. `user` is the
+    /// operator's message as written, `chain` what followed it, `truth` the
+    /// realized state after the turn (the oracle writer reads it).
+    pub fn remember(
+        &mut self,
+        episode: &Episode,
+        user: &str,
+        chain: &[Message],
+        truth: &TaskState,
+    ) -> MemoryTurn {
+        let reply = memory_reply(chain);
+        let mut out = MemoryTurn {
+            ops: Vec::new(),
+            errors: std::mem::take(&mut self.recall_errors),
+        };
+        let ops = match self.store.kind {
+            MemoryKind::Exchanges => vec![MemoryOp::Add {
+                text: p::exchange_memory(user, &reply),
+            }],
+            MemoryKind::Facts => {
+                let facts = self.store.facts();
+                let x = Exchange {
+                    facts: &facts,
+                    user,
+                    reply: &reply,
+                    truth,
+                    episode,
+                };
+                let (ops, cost) = self.parts.writer.write(&x);
+                let used = &mut self.store.used;
+                used.writer_calls += cost.calls;
+                used.writer_prompt_tokens += cost.prompt_tokens;
+                used.writer_completion_tokens += cost.completion_tokens;
+                if let Some(e) = cost.error {
+                    used.writer_failures += 1;
+                    out.errors.push(format!("writer: {e}"));
+                }
+                self.store.admissible(ops)
+            }
+        };
+        let texts = MemoryStore::texts(&ops);
+        let vectors = if texts.is_empty() {
+            Ok(Vec::new())
+        } else {
+            self.embed(texts)
+        };
+        match vectors {
+            Ok(v) => {
+                out.ops = ops.clone();
+                self.store.apply(ops, v);
+            }
+            Err(e) => out.errors.push(e),
+        }
+        out
+    }
+
+    /// Embeds texts, counting the call.
+    fn embed(&mut self, texts: Vec<String>) -> Result<Vec<Vec<f32>>, String> {
+        let r = self.parts.embedder.embed(&texts);
+        let used = &mut self.store.used;
+        used.embed_calls += 1;
+        match r {
+            Ok(e) if e.vectors.len() == texts.len() => {
+                used.embed_tokens += e.prompt_tokens as u64;
+                Ok(e.vectors)
+            }
+            Ok(e) => {
+                used.embed_failures += 1;
+                Err(format!(
+                    "embedder: {} vectors for {} texts",
+                    e.vectors.len(),
+                    texts.len()
+                ))
+            }
+            Err(e) => {
+                used.embed_failures += 1;
+                Err(format!("embedder: {e}"))
+            }
+        }
+    }
+}
+
+/// The agent's side of a turn as a memory stores it: the reply the user
+/// saw; in the native harness, every round's text with its calls and their
+/// results, so the memory holds what was executed.
+fn memory_reply(chain: &[Message]) -> String {
+    if chain.iter().all(|m| m.tool_calls.is_empty()) {
+        return chain
+            .iter()
+            .rfind(|m| m.role == Role::Assistant)
+            .map(|m| m.content.clone())
+            .unwrap_or_default();
+    }
+    let mut lines = Vec::new();
+    for (i, m) in chain.iter().enumerate() {
+        if m.role != Role::Assistant {
+            continue;
+        }
+        if !m.content.trim().is_empty() {
+            lines.push(m.content.clone());
+        }
+        // The results follow their calls (ids repeat across replies).
+        let results = &chain[i + 1..];
+        for c in &m.tool_calls {
+            let result = results
+                .iter()
+                .take_while(|r| r.role == Role::Tool)
+                .find(|r| r.tool_call_id == c.id)
+                .map_or("", |r| r.content.as_str());
+            lines.push(p::memory_call(&c.name, &c.arguments, result));
+        }
+    }
+    lines.join("\n")
 }
 
 fn dot(a: &[f32], b: &[f32]) -> f32 {

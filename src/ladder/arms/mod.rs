@@ -1,9 +1,9 @@
 //! The arms: protocol layers between the scripted user and the agent (paper
 //! §3.3, E.2). An arm is a composition of the paper's independent choices,
 //! written down as an [`ArmSpec`]: what the agent reads, where a directive
-//! goes, which gate applies and when a refusal arrives. It never calls a
-//! model: the runner calls the matcher and the compiler and hands their
-//! results in.
+//! goes, which gate applies and when a refusal arrives. The runner calls
+//! the agent, the matcher and the compiler and hands their results in; a
+//! memory arm's own [`Memory`] embeds and writes through the parts it holds.
 
 pub mod corrupt;
 pub mod decline;
@@ -14,13 +14,13 @@ use serde::{Deserialize, Serialize};
 
 use crate::backend::{Message, Role};
 use crate::ladder::episode::{Episode, StepId, Turn};
-use crate::ladder::parts::Match;
+use crate::ladder::parts::{Match, MemoryParts};
 use crate::ladder::prompts as p;
 use crate::ladder::receipt::{self, RefLine};
 use crate::ladder::state::{Status, TaskState};
 use corrupt::Corruptor;
 use gate::{CompiledGraph, CompiledRevision, Defect, Directive, Module, Policy, Refusal};
-use memory::{render_recall, MemoryKind, MemoryStore, Rendering};
+use memory::{Memory, MemoryKind, MemoryTurn, Rendering};
 
 /// What the agent reads besides the brief and the transcript.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -357,9 +357,17 @@ pub struct Booking {
     pub citation: bool,
 }
 
+/// One scripted turn as the arm reads it.
+#[derive(Debug, Clone, Copy)]
+pub struct TurnContext<'a> {
+    pub episode: &'a Episode,
+    pub turn: &'a Turn,
+    /// The matcher's resolution (matcher arms; None when bypassed).
+    pub matched: Option<&'a Match>,
+}
+
 /// What one arm holds across the turns of an episode.
-#[derive(Debug, Clone)]
-pub struct ArmState {
+pub struct ArmState<'p> {
     pub arm: Arm,
     spec: ArmSpec,
     /// The compiled gate module, for module arms.
@@ -375,7 +383,7 @@ pub struct ArmState {
     /// The corrupted-state ablation, when enabled.
     pub corruptor: Option<Corruptor>,
     /// The retrieval memory, for memory arms.
-    pub memory: Option<MemoryStore>,
+    memory: Option<Memory<'p>>,
 }
 
 /// The prompt of one agent call plus what the arm decided for the turn.
@@ -395,9 +403,15 @@ pub struct TurnPrompt {
     pub gated: bool,
 }
 
-impl ArmState {
-    /// A fresh arm state; module arms take the compiled graph.
-    pub fn new(arm: Arm, graph: Option<CompiledGraph>, corruptor: Option<Corruptor>) -> Self {
+impl<'p> ArmState<'p> {
+    /// A fresh arm state; module arms take the compiled graph, memory arms
+    /// embed and write through `memory`.
+    pub fn new(
+        arm: Arm,
+        graph: Option<CompiledGraph>,
+        corruptor: Option<Corruptor>,
+        memory: &'p mut MemoryParts,
+    ) -> Self {
         let spec = arm.spec();
         ArmState {
             arm,
@@ -408,7 +422,7 @@ impl ArmState {
             ledger: Vec::new(),
             notices: Vec::new(),
             corruptor,
-            memory: spec.memory().map(MemoryStore::new),
+            memory: spec.memory().map(|kind| Memory::new(kind, memory)),
         }
     }
 
@@ -417,6 +431,11 @@ impl ArmState {
         if let Some(m) = &mut self.module {
             m.revise(rev);
         }
+    }
+
+    /// What a memory arm spent on its memory so far.
+    pub fn memory_use(&self) -> Option<memory::MemoryUse> {
+        self.memory.as_ref().map(Memory::used)
     }
 
     /// The validator's current findings (empty for arms without a module).
@@ -438,17 +457,10 @@ impl ArmState {
         lines.join("\n")
     }
 
-    /// Builds the turn's prompt. `truth` is the oracle state (checklist arms),
-    /// `matched` the matcher's resolution (matcher arms, None when bypassed),
-    /// `query` the embedded request (memory arms; None when embedding failed).
-    pub fn open_turn(
-        &mut self,
-        ep: &Episode,
-        turn: &Turn,
-        truth: &TaskState,
-        matched: Option<&Match>,
-        query: Option<&[f32]>,
-    ) -> TurnPrompt {
+    /// Builds the turn's prompt; `truth` is the oracle state (checklist
+    /// arms). A memory arm recalls for the request here.
+    pub fn open_turn(&mut self, cx: &TurnContext, truth: &TaskState) -> TurnPrompt {
+        let (turn, matched) = (cx.turn, cx.matched);
         let (directive, gated) = self.consult_module(turn, matched);
         let base = &turn.message;
         // What the agent reads on top of the request, and what history keeps.
@@ -466,15 +478,14 @@ impl ArmState {
             }
             Reads::Memory { .. } => (base.clone(), base.clone()),
         };
-        let mut system = ep.brief.clone();
+        let mut system = cx.episode.brief.clone();
         if self.spec.ledger() {
             system = format!("{system}\n{}", p::LEDGER_CLAUSE);
         }
         let mut system_extra = None;
         // The recall block follows the brief, as in Appendix F.
-        if let Some(m) = &self.memory {
-            let recalled = query.map(|q| m.recall(q)).unwrap_or_default();
-            let block = render_recall(&recalled);
+        if let Some(m) = &mut self.memory {
+            let block = m.recall_block(base);
             system = format!("{system}\n\n{block}");
             system_extra = Some(block);
         }
@@ -566,19 +577,17 @@ impl ArmState {
     /// and the rejection notices it produced.
     pub fn gate(
         &mut self,
-        ep: &Episode,
-        turn: &Turn,
+        cx: &TurnContext,
         prompt: &TurnPrompt,
-        matched: Option<&Match>,
         reply: &str,
         call: u8,
     ) -> (Vec<Booking>, Vec<String>) {
         let mut out = Vec::new();
         let mut notices = Vec::new();
-        for line in receipt::extract(ep.config.protocol, reply) {
+        for line in receipt::extract(cx.episode.config.protocol, reply) {
             let citation =
-                line.work_order == turn.work_order && decline::is_citation(reply, line.line_no);
-            let (booking, reason) = self.judge(ep, turn, prompt, matched, line, citation, call);
+                line.work_order == cx.turn.work_order && decline::is_citation(reply, line.line_no);
+            let (booking, reason) = self.judge(cx, prompt, line, citation, call);
             if let Some(reason) = reason {
                 notices.push(p::rejection_notice(&booking.line.line, &reason));
             }
@@ -592,23 +601,20 @@ impl ArmState {
     /// Returns the booking and, when refused, the reason to tell the agent.
     /// `executed` says the booking enters the execution channel; the
     /// native tool harness confirms it from the workspace.
-    #[allow(clippy::too_many_arguments)]
     pub fn judge(
         &mut self,
-        ep: &Episode,
-        turn: &Turn,
+        cx: &TurnContext,
         prompt: &TurnPrompt,
-        matched: Option<&Match>,
         line: RefLine,
         citation: bool,
         call: u8,
     ) -> (Booking, Option<String>) {
-        let requested = matched.and_then(|m| m.step);
-        let current = line.work_order == turn.work_order;
+        let requested = cx.matched.and_then(|m| m.step);
+        let current = line.work_order == cx.turn.work_order;
         let step = if line.tool.is_empty() {
-            ep.step_by_code(&line.code)
+            cx.episode.step_by_code(&line.code)
         } else {
-            ep.step_by_tool(&line.tool)
+            cx.episode.step_by_tool(&line.tool)
         };
         let mut refusal = None;
         let mut reason = None;
@@ -659,11 +665,24 @@ impl ArmState {
         m
     }
 
-    /// Closes the turn: records what later turns re-read and queues the
-    /// notices for the next user turn. `chain` is what followed the user
-    /// message, in order: the reply, and a same-turn re-prompt with its
-    /// reply, or the native harness's calls, tool results and last reply.
-    pub fn close_turn(&mut self, prompt: TurnPrompt, chain: Vec<Message>, next_turn: Vec<String>) {
+    /// Closes the turn: a memory arm writes the exchange into its memory
+    /// (returning what it wrote), then the arm records what later turns
+    /// re-read and queues the notices for the next user turn. `chain` is
+    /// what followed the user message, in order: the reply, and a same-turn
+    /// re-prompt with its reply, or the native harness's calls, tool results
+    /// and last reply; `truth` the realized state after the turn.
+    pub fn close_turn(
+        &mut self,
+        cx: &TurnContext,
+        prompt: TurnPrompt,
+        chain: Vec<Message>,
+        next_turn: Vec<String>,
+        truth: &TaskState,
+    ) -> Option<MemoryTurn> {
+        let written = self
+            .memory
+            .as_mut()
+            .map(|m| m.remember(cx.episode, &cx.turn.message, &chain, truth));
         self.exchanges.push(self.history.len());
         self.history
             .push(Message::new(Role::User, prompt.user_for_history));
@@ -684,5 +703,6 @@ impl ArmState {
                 }
             }
         }
+        written
     }
 }

@@ -6,22 +6,20 @@ use std::time::Instant;
 
 use serde::{Deserialize, Serialize};
 
-use crate::backend::{Message, Role, Tool, ToolCall, Usage};
+use crate::backend::{Message, Role, Tool, Usage};
 use crate::ladder::arms::corrupt::{Corruption, Corruptor};
 use crate::ladder::arms::decline;
 use crate::ladder::arms::gate::{
     CompiledGraph, CompiledRevision, Defect, Directive, DirectiveKind,
 };
-use crate::ladder::arms::memory::{MemoryKind, MemoryStore, MemoryUse};
-use crate::ladder::arms::{Arm, ArmState, Booking, TurnPrompt};
+use crate::ladder::arms::memory::{MemoryTurn, MemoryUse};
+use crate::ladder::arms::{Arm, ArmState, Booking, TurnContext, TurnPrompt};
 use crate::ladder::episode::{Episode, Protocol, StepId, Turn, TurnKind};
 use crate::ladder::harness::{self, Workspace};
 use crate::ladder::parts::scripted::OracleCompiler;
-use crate::ladder::parts::{
-    Agent, CallCost, Compiler, Exchange as MemoryExchange, Match, Matcher, MemoryOp, MemoryParts,
-    Oracle,
-};
+use crate::ladder::parts::{Agent, CallCost, Compiler, Match, Matcher, MemoryParts, Oracle};
 use crate::ladder::prompts as p;
+use crate::ladder::receipt::RefLine;
 use crate::ladder::score::compile::{compile_accuracy, CompileAccuracy};
 use crate::ladder::score::{score, ChannelCounts, EpisodeScore, Label, Truth, Violation};
 
@@ -126,16 +124,6 @@ pub struct TurnRecord {
     pub memory: Option<MemoryTurn>,
     /// Wall-clock seconds of the turn.
     pub latency_s: f64,
-}
-
-/// A memory arm's writes after one turn.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-pub struct MemoryTurn {
-    /// The operations applied (the exchange itself, for the top-k memory).
-    pub ops: Vec<MemoryOp>,
-    /// Why the writer or the embedder failed on this turn, if they did.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub errors: Vec<String>,
 }
 
 /// Issued and obeyed counts of one directive kind.
@@ -284,11 +272,14 @@ impl std::ops::AddAssign for Tally {
     }
 }
 
-/// One episode on one arm in progress: the arm's state and the realized truth.
+/// One episode on one arm in progress: the arm's state and the realized
+/// truth, with the agent and the matcher it calls.
 struct Episodic<'e> {
     ep: &'e Episode,
     arm: Arm,
-    state: ArmState,
+    agent: &'e mut dyn Agent,
+    matcher: &'e mut dyn Matcher,
+    state: ArmState<'e>,
     truth: Truth,
     compiled: Option<&'e Compiled>,
     opts: &'e RunOptions,
@@ -315,7 +306,9 @@ pub fn run_episode(
     let mut run = Episodic {
         ep,
         arm,
-        state: ArmState::new(arm, compiled.map(|c| c.graph.clone()), corruptor),
+        agent,
+        matcher,
+        state: ArmState::new(arm, compiled.map(|c| c.graph.clone()), corruptor, memory),
         truth: Truth::new(ep),
         compiled,
         opts,
@@ -330,7 +323,7 @@ pub fn run_episode(
     let mut tally = Tally::default();
     let mut records = Vec::with_capacity(ep.turns.len());
     for turn in &ep.turns {
-        let (record, t) = run.turn(turn, agent, matcher, memory);
+        let (record, t) = run.turn(turn);
         records.push(record);
         tally += t;
     }
@@ -354,19 +347,10 @@ pub fn run_episode(
         compile: compiled
             .filter(|_| arm.uses_module())
             .map(|c| compile_accuracy(ep, &c.graph, &c.revision)),
+        memory: run.state.memory_use(),
         corruptions: run.state.corruptor.map(|c| c.events).unwrap_or_default(),
-        memory: run.state.memory.map(|m| m.used),
     };
     (record, records)
-}
-
-/// What the agent is asked on one turn: the scripted turn, the arm's
-/// prompt, the matcher's resolution and the turn's ground truth.
-struct Asked<'a> {
-    turn: &'a Turn,
-    prompt: &'a TurnPrompt,
-    matched: Option<&'a Match>,
-    label: &'a Label,
 }
 
 /// The agent's side of one turn: its reply and, on the same-turn arm, the
@@ -389,71 +373,39 @@ struct Exchange {
     failed: u32,
 }
 
-impl Episodic<'_> {
-    /// One turn: matcher, prompt, agent, gate, then the realized state
-    /// advances on what was executed.
-    fn turn(
-        &mut self,
-        turn: &Turn,
-        agent: &mut dyn Agent,
-        matcher: &mut dyn Matcher,
-        memory: &mut MemoryParts,
-    ) -> (TurnRecord, Tally) {
-        let (ep, arm) = (self.ep, self.arm);
-        let t0 = Instant::now();
-        let label = self.truth.open(ep, turn);
-        if turn.kind == TurnKind::Revision {
-            if let Some(c) = self.compiled {
-                self.state.revise(&c.revision);
-            }
-        }
-        let bypass = self.opts.bypass_matcher && turn.kind.bypasses_matcher();
-        let matched = (arm.uses_matcher() && !bypass).then(|| matcher.resolve(ep, turn));
-        let mut memory_errors = Vec::new();
-        let query = match self.state.memory {
-            Some(_) => {
-                let q = self.embed(memory, vec![p::recall_query(&turn.message)]);
-                q.map_err(|e| memory_errors.push(e))
-                    .ok()
-                    .and_then(|v| v.into_iter().next())
-            }
-            None => None,
-        };
-        let prompt = self.state.open_turn(
-            ep,
-            turn,
-            &self.truth.state,
-            matched.as_ref(),
-            query.as_deref(),
-        );
-        let asked = Asked {
-            turn,
-            prompt: &prompt,
-            matched: matched.as_ref(),
-            label: &label,
-        };
-        let x = self.exchange(&asked, agent);
-        let visible = x.replies.last().map(String::as_str).unwrap_or("");
-        let refused = x.bookings.iter().filter(|b| b.refusal.is_some()).count() as u32;
+impl Exchange {
+    /// The steps whose bookings executed.
+    fn executed(&self) -> Vec<StepId> {
+        self.bookings
+            .iter()
+            .filter(|b| b.executed)
+            .filter_map(|b| b.step)
+            .collect()
+    }
+
+    /// What the turn adds to its episode's tallies.
+    fn tally(&self, cx: &TurnContext, prompt: &TurnPrompt) -> Tally {
+        let visible = self.replies.last().map(String::as_str).unwrap_or("");
+        let refused = self.bookings.iter().filter(|b| b.refusal.is_some()).count() as u32;
         let mut tally = Tally {
-            usage: x.usage,
-            agent_calls: x.calls,
+            usage: self.usage,
+            agent_calls: self.calls,
             refused,
             silent: if decline::has_refusal_language(visible) {
                 0
             } else {
                 refused
             },
-            malformed: x.malformed.len() as u32,
-            failed_calls: x.failed,
-            matcher: matched
-                .as_ref()
-                .map(|m| MatcherStats::of(m, turn))
+            malformed: self.malformed.len() as u32,
+            failed_calls: self.failed,
+            matcher: cx
+                .matched
+                .map(|m| MatcherStats::of(m, cx.turn))
                 .unwrap_or_default(),
             directives: BTreeMap::new(),
         };
         if let Some(d) = &prompt.directive {
-            let booked = x
+            let booked = self
                 .bookings
                 .iter()
                 .any(|b| b.current && b.step == Some(d.step));
@@ -463,141 +415,92 @@ impl Episodic<'_> {
             };
             tally.directives.insert(d.kind, o);
         }
-        let executed: Vec<StepId> = x
-            .bookings
-            .iter()
-            .filter(|b| b.executed)
-            .filter_map(|b| b.step)
-            .collect();
-        self.truth.close(turn, &executed);
-        let remembered = self.state.memory.is_some().then(|| memory_reply(&x.chain));
-        let mut record = TurnRecord {
-            seed: ep.config.seed,
-            arm,
+        tally
+    }
+}
+
+impl Episodic<'_> {
+    /// One turn: the matcher resolves the request, the arm opens the turn,
+    /// the agent replies and the arm judges its bookings; the realized
+    /// state advances on what was executed, and the arm closes the turn.
+    fn turn(&mut self, turn: &Turn) -> (TurnRecord, Tally) {
+        let t0 = Instant::now();
+        let label = self.truth.open(self.ep, turn);
+        if let (TurnKind::Revision, Some(c)) = (turn.kind, self.compiled) {
+            self.state.revise(&c.revision);
+        }
+        let bypass = self.opts.bypass_matcher && turn.kind.bypasses_matcher();
+        let matched =
+            (self.arm.uses_matcher() && !bypass).then(|| self.matcher.resolve(self.ep, turn));
+        let cx = TurnContext {
+            episode: self.ep,
+            turn,
+            matched: matched.as_ref(),
+        };
+        let prompt = self.state.open_turn(&cx, &self.truth.state);
+        let x = self.exchange(&cx, &prompt, &label);
+        let tally = x.tally(&cx, &prompt);
+        self.truth.close(turn, &x.executed());
+        let mut record = self.record(&cx, &prompt, label, &x);
+        record.memory = self
+            .state
+            .close_turn(&cx, prompt, x.chain, x.notices, &self.truth.state);
+        record.latency_s = t0.elapsed().as_secs_f64();
+        (record, tally)
+    }
+
+    /// The turn's line of `turns.jsonl`, before scoring and the arm's
+    /// memory writes.
+    fn record(
+        &self,
+        cx: &TurnContext,
+        prompt: &TurnPrompt,
+        label: Label,
+        x: &Exchange,
+    ) -> TurnRecord {
+        let turn = cx.turn;
+        TurnRecord {
+            seed: self.ep.config.seed,
+            arm: self.arm,
             turn: turn.index,
             kind: turn.kind,
             step: turn.step,
             work_order: turn.work_order.clone(),
             request: prompt.user.clone(),
             system_extra: prompt.system_extra.clone(),
-            matched,
+            matched: cx.matched.cloned(),
             directive: prompt.directive.clone(),
             gated: prompt.gated,
             replies: x.replies.clone(),
-            errors: x.errors,
-            bookings: x.bookings,
+            errors: x.errors.clone(),
+            bookings: x.bookings.clone(),
             tool_results: x
                 .chain
                 .iter()
                 .filter(|m| m.role == Role::Tool)
                 .map(|m| m.content.clone())
                 .collect(),
-            malformed: x.malformed,
-            stamps: x.stamps,
+            malformed: x.malformed.clone(),
+            stamps: x.stamps.clone(),
             label,
             violations: Vec::new(),
             violations_decline_aware: Vec::new(),
             usage: x.usage,
             memory: None,
-            latency_s: t0.elapsed().as_secs_f64(),
-        };
-        self.state.close_turn(prompt, x.chain, x.notices);
-        if let Some(reply) = remembered {
-            let mut m = self.remember(memory, &turn.message, &reply);
-            memory_errors.append(&mut m.errors);
-            m.errors = memory_errors;
-            record.memory = Some(m);
-            record.latency_s = t0.elapsed().as_secs_f64();
+            latency_s: 0.0,
         }
-        (record, tally)
-    }
-
-    /// Embeds texts for the memory, counting the call.
-    fn embed(
-        &mut self,
-        parts: &mut MemoryParts,
-        texts: Vec<String>,
-    ) -> Result<Vec<Vec<f32>>, String> {
-        let r = parts.embedder.embed(&texts);
-        let used = &mut self.state.memory.as_mut().expect("a memory arm").used;
-        used.embed_calls += 1;
-        match r {
-            Ok(e) if e.vectors.len() == texts.len() => {
-                used.embed_tokens += e.prompt_tokens as u64;
-                Ok(e.vectors)
-            }
-            Ok(e) => {
-                used.embed_failures += 1;
-                Err(format!(
-                    "embedder: {} vectors for {} texts",
-                    e.vectors.len(),
-                    texts.len()
-                ))
-            }
-            Err(e) => {
-                used.embed_failures += 1;
-                Err(format!("embedder: {e}"))
-            }
-        }
-    }
-
-    /// Writes the finished exchange into the memory: verbatim (top-k) or
-    /// as the writer's operations (Mem0-style), then embeds what changed.
-    fn remember(&mut self, parts: &mut MemoryParts, user: &str, reply: &str) -> MemoryTurn {
-        let store = self.state.memory.as_mut().expect("a memory arm");
-        let mut out = MemoryTurn::default();
-        let ops = match store.kind {
-            MemoryKind::Exchanges => vec![MemoryOp::Add {
-                text: p::exchange_memory(user, reply),
-            }],
-            MemoryKind::Facts => {
-                let facts = store.facts();
-                let x = MemoryExchange {
-                    facts: &facts,
-                    user,
-                    reply,
-                    truth: &self.truth.state,
-                    episode: self.ep,
-                };
-                let (ops, cost) = parts.writer.write(&x);
-                let used = &mut store.used;
-                used.writer_calls += cost.calls;
-                used.writer_prompt_tokens += cost.prompt_tokens;
-                used.writer_completion_tokens += cost.completion_tokens;
-                if let Some(e) = cost.error {
-                    used.writer_failures += 1;
-                    out.errors.push(format!("writer: {e}"));
-                }
-                store.admissible(ops)
-            }
-        };
-        let texts = MemoryStore::texts(&ops);
-        let vectors = if texts.is_empty() {
-            Ok(Vec::new())
-        } else {
-            self.embed(parts, texts)
-        };
-        match vectors {
-            Ok(v) => {
-                let store = self.state.memory.as_mut().expect("a memory arm");
-                out.ops = ops.clone();
-                store.apply(ops, v);
-            }
-            Err(e) => out.errors.push(e),
-        }
-        out
     }
 
     /// The agent replies; the gate judges the bookings; on the same-turn
     /// arm a refusal re-prompts the agent at once.
-    fn exchange(&mut self, a: &Asked, agent: &mut dyn Agent) -> Exchange {
+    fn exchange(&mut self, cx: &TurnContext, prompt: &TurnPrompt, label: &Label) -> Exchange {
         if self.ep.config.protocol == Protocol::Native {
-            return self.exchange_native(a, agent);
+            return self.exchange_native(cx, prompt, label);
         }
-        let (ep, turn, prompt, matched) = (self.ep, a.turn, a.prompt, a.matched);
-        let first = agent.reply(&prompt.messages, &[], &self.oracle(a, false));
+        let reads = oracle(self.ep, &self.truth, cx, label, false);
+        let first = self.agent.reply(&prompt.messages, &[], &reads);
         let failed = u32::from(first.failed());
-        let (bookings, notices) = self.state.gate(ep, turn, prompt, matched, &first.text, 0);
+        let (bookings, notices) = self.state.gate(cx, prompt, &first.text, 0);
         let mut x = Exchange {
             chain: vec![Message::new(Role::Assistant, first.text.clone())],
             replies: vec![first.text],
@@ -612,8 +515,9 @@ impl Episodic<'_> {
         if self.arm.same_turn_notice() && !x.notices.is_empty() {
             let notice = x.notices.join("\n");
             let msgs = self.state.reprompt(prompt, &x.replies[0], &notice);
-            let second = agent.reply(&msgs, &[], &self.oracle(a, true));
-            let (b2, n2) = self.state.gate(ep, turn, prompt, matched, &second.text, 1);
+            let reads = oracle(self.ep, &self.truth, cx, label, true);
+            let second = self.agent.reply(&msgs, &[], &reads);
+            let (b2, n2) = self.state.gate(cx, prompt, &second.text, 1);
             x.calls += 1;
             x.usage += second.usage;
             x.failed += u32::from(second.failed());
@@ -628,27 +532,22 @@ impl Episodic<'_> {
         x
     }
 
-    /// What a scripted agent may read on this call of the turn.
-    fn oracle<'a>(&'a self, a: &'a Asked, reprompt: bool) -> Oracle<'a> {
-        Oracle {
-            episode: self.ep,
-            turn: a.turn,
-            truth: &self.truth.state,
-            label: a.label,
-            reprompt,
-        }
-    }
-
     /// The native harness: the agent replies with calls, each is gated at
     /// dispatch and answered by a tool result, and the agent is asked again
     /// until it replies without calls (at most [`harness::MAX_ROUNDS`]
     /// replies). A refusal is the call's result, so nothing waits for the
     /// next turn. What executed is then read from the workspace.
-    fn exchange_native(&mut self, a: &Asked, agent: &mut dyn Agent) -> Exchange {
+    fn exchange_native(
+        &mut self,
+        cx: &TurnContext,
+        prompt: &TurnPrompt,
+        label: &Label,
+    ) -> Exchange {
         let mut x = Exchange::default();
-        let mut messages = a.prompt.messages.clone();
+        let mut messages = prompt.messages.clone();
         for round in 0..harness::MAX_ROUNDS {
-            let r = agent.reply(&messages, &self.tools, &self.oracle(a, round > 0));
+            let reads = oracle(self.ep, &self.truth, cx, label, round > 0);
+            let r = self.agent.reply(&messages, &self.tools, &reads);
             x.calls += 1;
             x.usage += r.usage;
             x.failed += u32::from(r.failed());
@@ -665,7 +564,13 @@ impl Episodic<'_> {
             }
             let mut results = Vec::with_capacity(r.tool_calls.len());
             for (i, call) in r.tool_calls.iter().enumerate() {
-                let result = self.dispatch(a, call, i, round as u8, &mut x);
+                let result = match harness::booking(call, i) {
+                    Ok(line) => self.dispatch(cx, prompt, line, round as u8, &mut x),
+                    Err(why) => {
+                        x.malformed.push(format!("{}: {why}", call.name));
+                        p::tool_malformed(&call.name, &why)
+                    }
+                };
                 results.push(Message::tool_result(&call.id, result));
             }
             let said = Message::calls(r.text, r.tool_calls);
@@ -694,7 +599,7 @@ impl Episodic<'_> {
         x.stamps = new.iter().map(|(t, wo)| format!("{t} {wo}")).collect();
         let mut fresh: Vec<String> = new
             .into_iter()
-            .filter(|(_, wo)| *wo == a.turn.work_order)
+            .filter(|(_, wo)| *wo == cx.turn.work_order)
             .map(|(tool, _)| tool)
             .collect();
         for b in x.bookings.iter_mut().filter(|b| b.executed) {
@@ -708,29 +613,20 @@ impl Episodic<'_> {
         x
     }
 
-    /// One call at dispatch: read it, gate it, run the tool; returns the
-    /// tool result the agent reads.
+    /// One read call at dispatch: gate it, run the tool; returns the tool
+    /// result the agent reads.
     fn dispatch(
         &mut self,
-        a: &Asked,
-        call: &ToolCall,
-        line_no: usize,
+        cx: &TurnContext,
+        prompt: &TurnPrompt,
+        line: RefLine,
         round: u8,
         x: &mut Exchange,
     ) -> String {
-        let line = match harness::booking(call, line_no) {
-            Ok(l) => l,
-            Err(why) => {
-                x.malformed.push(format!("{}: {why}", call.name));
-                return p::tool_malformed(&call.name, &why);
-            }
-        };
-        let (booking, reason) = self
-            .state
-            .judge(self.ep, a.turn, a.prompt, a.matched, line, false, round);
+        let (booking, reason) = self.state.judge(cx, prompt, line, false, round);
         let result = match (&reason, booking.step, &self.workspace) {
             (Some(reason), _, _) => p::call_rejected(&booking.line.line, reason),
-            (None, None, _) => p::tool_unknown(&call.name),
+            (None, None, _) => p::tool_unknown(&booking.line.tool),
             (None, Some(_), Some(Ok(ws))) => {
                 let (tool, wo) = (&booking.line.tool, &booking.line.work_order);
                 match ws.stamp(tool, wo) {
@@ -743,7 +639,7 @@ impl Episodic<'_> {
             }
             (None, Some(_), Some(Err(e))) => {
                 x.errors.push(e.clone());
-                p::tool_unknown(&call.name)
+                p::tool_unknown(&booking.line.tool)
             }
             (None, Some(_), None) => unreachable!("the native harness always has a workspace"),
         };
@@ -762,37 +658,21 @@ impl Episodic<'_> {
     }
 }
 
-/// The agent's side of a turn as a memory stores it: the reply the user
-/// saw; in the native harness, every round's text with its calls and their
-/// results, so the memory holds what was executed.
-fn memory_reply(chain: &[Message]) -> String {
-    if chain.iter().all(|m| m.tool_calls.is_empty()) {
-        return chain
-            .iter()
-            .rfind(|m| m.role == Role::Assistant)
-            .map(|m| m.content.clone())
-            .unwrap_or_default();
+/// What a scripted agent may read on one call of a turn.
+fn oracle<'a>(
+    episode: &'a Episode,
+    truth: &'a Truth,
+    cx: &TurnContext<'a>,
+    label: &'a Label,
+    reprompt: bool,
+) -> Oracle<'a> {
+    Oracle {
+        episode,
+        turn: cx.turn,
+        truth: &truth.state,
+        label,
+        reprompt,
     }
-    let mut lines = Vec::new();
-    for (i, m) in chain.iter().enumerate() {
-        if m.role != Role::Assistant {
-            continue;
-        }
-        if !m.content.trim().is_empty() {
-            lines.push(m.content.clone());
-        }
-        // The results follow their calls (ids repeat across replies).
-        let results = &chain[i + 1..];
-        for c in &m.tool_calls {
-            let result = results
-                .iter()
-                .take_while(|r| r.role == Role::Tool)
-                .find(|r| r.tool_call_id == c.id)
-                .map_or("", |r| r.content.as_str());
-            lines.push(p::memory_call(&c.name, &c.arguments, result));
-        }
-    }
-    lines.join("\n")
 }
 
 /// Scores turn records under both scorings, filling their violation fields.
