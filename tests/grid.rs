@@ -220,6 +220,58 @@ fn grid_cells_on_a_model_equal_the_same_cells_run_alone() {
     }
 }
 
+/// `ladder grid` takes every flag `ladder cell` takes, and a grid cell with
+/// them equals the cell run alone: configuration and episodes.
+#[test]
+fn grid_cells_with_the_cells_flags_equal_the_cells_run_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let grid = tmp.path().join("grid");
+    let flags = [
+        "--agent",
+        "always-book",
+        "--arms",
+        "raw,enforce,topk-replace,mem0-augment",
+        "--episodes",
+        "3",
+        "--embedder",
+        "lexical",
+        "--memory-writer",
+        "oracle",
+        "--corrupt",
+        "0.01",
+        "--no-bypass",
+        "--quiet",
+    ];
+    let mut a = vec!["ladder", "grid", "--steps", "5,6", "--out"];
+    a.push(grid.to_str().unwrap());
+    a.extend(flags);
+    run(&a);
+    let alone = tmp.path().join("alone");
+    let mut a = vec!["ladder", "cell", "--steps", "6", "--out"];
+    a.push(alone.to_str().unwrap());
+    a.extend(flags);
+    run(&a);
+    let config = read_run(&alone).unwrap().manifest.config;
+    assert_eq!(read_run(&grid.join("S6")).unwrap().manifest.config, config);
+    let config = serde_json::to_value(&config).unwrap();
+    assert_eq!(config["embedder"]["kind"], "lexical", "{config}");
+    assert_eq!(config["options"]["bypass_matcher"], false, "{config}");
+    assert_eq!(config["options"]["corrupt"], 0.01, "{config}");
+    assert_eq!(
+        engine_common::stable_records(&grid.join("S6")),
+        engine_common::stable_records(&alone)
+    );
+    // A cell takes one value of each setting.
+    let o = bin()
+        .args(["ladder", "cell", "--steps", "5,6", "--out"])
+        .arg(tmp.path().join("two"))
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("make 2 cells"));
+    assert!(!tmp.path().join("two").exists());
+}
+
 /// Runs a command that must fail with one line naming `needle`, and
 /// checks that `out` was not created.
 fn refused(args: &[&str], needle: &str, out: &Path) {

@@ -8,14 +8,13 @@ use statebench::ladder::arms::Arm;
 use statebench::ladder::episode::domain::Domain;
 use statebench::ladder::episode::{BriefVariant, EpisodeConfig};
 use statebench::ladder::parts::scripted::Scripted;
-use statebench::ladder::parts::Agent;
 use statebench::ladder::report;
-use statebench::ladder::run::cell::{run_cell, CellConfig, CellParts, Source};
+use statebench::ladder::run::cell::{run_cell, AgentSpec, CellConfig, CellParts, Source};
 use statebench::ladder::run::runlog::read_run;
 
 fn cell(dir: &Path, agent: Scripted, f: impl Fn(&mut CellConfig)) {
     let base = EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 100);
-    let mut cfg = CellConfig::paper(&base, 40, agent.name(), Source::Oracle);
+    let mut cfg = CellConfig::paper(&base, 40, AgentSpec::Scripted(agent), Source::Oracle);
     cfg.arms = Arm::LADDER.to_vec();
     f(&mut cfg);
     run_cell(&cfg, &CellParts::scripted(agent), None, dir, 2, false).unwrap();
@@ -27,15 +26,15 @@ fn cells_differing_in_one_setting_are_compared_on_shared_seeds() {
     let d = |n: &str| tmp.path().join(n);
     cell(&d("canonical"), Scripted::AlwaysBook, |_| {});
     cell(&d("ambiguous"), Scripted::AlwaysBook, |c| {
-        c.ambiguous_rate = 0.3
+        c.episode.ambiguous_rate = 0.3
     });
     // Held-out wording and the original brief at once: two settings.
     cell(&d("two"), Scripted::AlwaysBook, |c| {
-        c.paraphrase_tier = 1;
-        c.brief = BriefVariant::Original;
+        c.episode.paraphrase_tier = 1;
+        c.episode.brief = BriefVariant::Original;
     });
     // Another graph size: other episodes, never paired.
-    cell(&d("s15"), Scripted::AlwaysBook, |c| c.steps = 15);
+    cell(&d("s15"), Scripted::AlwaysBook, |c| c.episode.steps = 15);
     let runs: Vec<_> = ["canonical", "ambiguous", "two", "s15"]
         .iter()
         .map(|n| read_run(&d(n)).unwrap())
@@ -43,7 +42,7 @@ fn cells_differing_in_one_setting_are_compared_on_shared_seeds() {
     let r = report::build(&runs);
     assert_eq!(r.comparisons.len(), 1, "{:?}", r.comparisons);
     let c = &r.comparisons[0];
-    assert_eq!(c.setting, "ambiguous rate");
+    assert_eq!(c.setting, "amb");
     assert_eq!(c.values, ["0.0".to_string(), "0.3".to_string()]);
     let enforce = c.arms.iter().find(|a| a.arm == "enforce").unwrap();
     assert_eq!(enforce.shared, 40);

@@ -6,26 +6,30 @@ use std::path::Path;
 
 use statebench::ladder::arms::Arm;
 use statebench::ladder::episode::domain::Domain;
-use statebench::ladder::episode::{BriefVariant, Protocol};
-use statebench::ladder::parts::{scripted::Scripted, Agent};
-use statebench::ladder::run::cell::{run_cell, CellConfig, CellError, CellParts, Source};
+use statebench::ladder::episode::{BriefVariant, EpisodeSettings, Protocol};
+use statebench::ladder::parts::scripted::Scripted;
+use statebench::ladder::run::cell::{
+    run_cell, AgentSpec, CellConfig, CellError, CellParts, Source,
+};
 use statebench::ladder::run::runlog::{read_run, read_turns};
 use statebench::ladder::run::runner::{EpisodeRecord, RunOptions};
 use statebench::rundir::{DirError, Identity};
 
 fn cfg(agent: Scripted) -> CellConfig {
     CellConfig {
-        domain: Domain::Procurement,
-        steps: 8,
-        density: 0.15,
-        brief: BriefVariant::Amended,
-        protocol: Protocol::Text,
-        paraphrase_tier: 0,
-        ambiguous_rate: 0.0,
+        episode: EpisodeSettings {
+            domain: Domain::Procurement,
+            steps: 8,
+            density: 0.15,
+            brief: BriefVariant::Amended,
+            protocol: Protocol::Text,
+            paraphrase_tier: 0,
+            ambiguous_rate: 0.0,
+        },
         seed_start: 100,
         episodes: 12,
         arms: vec![Arm::Raw, Arm::Checklist, Arm::Directive, Arm::Enforce],
-        agent: agent.name(),
+        agent: AgentSpec::Scripted(agent),
         matcher: Source::Oracle,
         compiler: Source::Oracle,
         thinking: false,
@@ -39,7 +43,7 @@ fn run(
     c: &CellConfig,
     dir: &Path,
 ) -> Result<statebench::ladder::run::cell::CellProgress, CellError> {
-    let agent: Scripted = c.agent.trim_start_matches("scripted:").parse().unwrap();
+    let agent = c.agent.scripted().unwrap();
     // Several workers, so completion order differs from seed order.
     run_cell(c, &CellParts::scripted(agent), None, dir, 3, false)
 }
@@ -101,7 +105,7 @@ fn resuming_with_another_configuration_is_refused() {
     let c = cfg(Scripted::Perfect);
     run(&c, tmp.path()).unwrap();
     let mut other = c.clone();
-    other.density = 0.3;
+    other.episode.density = 0.3;
     let err = run(&other, tmp.path()).unwrap_err();
     match &err {
         CellError::Log(DirError::ConfigMismatch { key, .. }) => {
@@ -121,7 +125,7 @@ fn bad_configuration_touches_nothing() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("never");
     let mut c = cfg(Scripted::Perfect);
-    c.steps = 19;
+    c.episode.steps = 19;
     assert!(matches!(run(&c, &dir), Err(CellError::Gen(_))));
     assert!(!dir.exists());
 }

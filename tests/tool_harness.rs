@@ -9,7 +9,7 @@ use statebench::ladder::episode::generator::generate;
 use statebench::ladder::episode::{Episode, EpisodeConfig, Protocol, TurnKind};
 use statebench::ladder::parts::scripted::{OracleMatcher, Scripted};
 use statebench::ladder::parts::{Agent, MemoryParts, Oracle, Reply};
-use statebench::ladder::run::cell::{run_cell, CellConfig, CellParts, Source};
+use statebench::ladder::run::cell::{run_cell, AgentSpec, CellConfig, CellParts, Source};
 use statebench::ladder::run::runlog::read_run;
 use statebench::ladder::run::runner::{run_episode, Compiled, RunOptions, TurnRecord};
 use statebench::ladder::score::channels::Channel;
@@ -43,7 +43,7 @@ fn validation_suites_in_the_native_harness() {
         for agent in [Scripted::Perfect, Scripted::AlwaysBook] {
             let tmp = tempfile::tempdir().unwrap();
             let base = native(s, rho, 100);
-            let mut cfg = CellConfig::paper(&base, 200, agent.name(), Source::Oracle);
+            let mut cfg = CellConfig::paper(&base, 200, AgentSpec::Scripted(agent), Source::Oracle);
             cfg.arms = match agent {
                 Scripted::Perfect => Arm::ALL.to_vec(),
                 Scripted::AlwaysBook => vec![Arm::Raw, Arm::Enforce, Arm::EnforceRequest],

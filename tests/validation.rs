@@ -195,8 +195,7 @@ fn refused_bookings_are_logged_and_silent_ones_counted() {
 /// run logs): 200 of 200 at S = 10 and at S = 15 dense, under both scorings.
 #[test]
 fn perfect_agent_scores_200_of_200_on_the_memory_and_ledger_arms() {
-    use statebench::ladder::parts::Agent;
-    use statebench::ladder::run::cell::{run_cell, CellConfig, CellParts, Source};
+    use statebench::ladder::run::cell::{run_cell, AgentSpec, CellConfig, CellParts, Source};
     use statebench::ladder::run::runlog::read_run;
     let arms = [
         Arm::LedgerReplace,
@@ -208,7 +207,12 @@ fn perfect_agent_scores_200_of_200_on_the_memory_and_ledger_arms() {
     for (s, rho) in [(10, 0.15), (15, 0.3)] {
         let tmp = tempfile::tempdir().unwrap();
         let base = EpisodeConfig::paper(Domain::Procurement, s, rho, 100);
-        let mut cfg = CellConfig::paper(&base, 200, Scripted::Perfect.name(), Source::Oracle);
+        let mut cfg = CellConfig::paper(
+            &base,
+            200,
+            AgentSpec::Scripted(Scripted::Perfect),
+            Source::Oracle,
+        );
         cfg.arms = arms.to_vec();
         cfg.settle_memory(false);
         let parts = CellParts::scripted(Scripted::Perfect);

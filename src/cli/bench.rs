@@ -162,7 +162,7 @@ fn grid(a: BenchArgs) -> Result<()> {
     for steps in [5, 10] {
         for brief in [BriefVariant::Original, BriefVariant::Amended] {
             let mut c = CellConfig::quickstart(&model.name, steps, a.cell_episodes);
-            c.brief = brief;
+            c.episode.brief = brief;
             cells.push(c);
         }
     }
@@ -203,7 +203,7 @@ fn cell(a: BenchArgs) -> Result<()> {
          batched: all {} episode-arms live at once, {:.1} s wall; sequential: one at a time, {:.1} s wall\n\
          transcripts identical between the two: {}\n\n\
          arm        episodes/hour batched  episodes/hour sequential  ratio  prompt tokens from cache\n",
-        c.steps,
+        c.episode.steps,
         c.episodes,
         c.arms.len(),
         b.model,

@@ -1,30 +1,26 @@
 //! `statebench ladder …` and the quick start `statebench run`.
 
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Subcommand};
 use serde::Serialize;
 
 use statebench::backend::shared::SharedBackend;
-use statebench::ladder::arms::memory::MemoryKind;
 use statebench::ladder::arms::Arm;
 use statebench::ladder::episode::domain::Domain;
 use statebench::ladder::episode::generator::{generate, ParaphraseCache};
 use statebench::ladder::episode::paraphrase::{self, RewriteOptions};
-use statebench::ladder::episode::{BriefVariant, EpisodeConfig, Protocol, StepId};
-use statebench::ladder::parts::scripted::Scripted;
-use statebench::ladder::parts::Agent;
+use statebench::ladder::episode::{EpisodeSettings, StepId};
 use statebench::ladder::report::{self, Format};
-use statebench::ladder::run::cell::{
-    progress_bar, run_cell, run_cells, CellConfig, CellJob, CellParts, EmbedderId, Parts, Source,
-};
-use statebench::ladder::run::grid::{read_runs, AgentKind, Axes, Grid, GridManifest, Shard, FLAGS};
+use statebench::ladder::run::cell::{progress_bar, AgentSpec, CellProgress};
+use statebench::ladder::run::grid::{read_runs, Axes, Grid, GridManifest, Shard, FLAGS};
 use statebench::ladder::run::replay::{read_episode, read_replies, score_replies, EpisodeFile};
+use statebench::ladder::run::resolve::{run_targets, Loader, Target};
 use statebench::ladder::run::runlog::{read_run, Locking};
-use statebench::ladder::run::runner::RunOptions;
 use statebench::ladder::score::{perfect_labels, ChannelCounts, Label, Violation};
-use statebench::rundir::{DirLock, Identity};
+use statebench::rundir::DirLock;
 
 use super::{emit, BackendArgs};
 
@@ -33,7 +29,7 @@ pub enum LadderCommand {
     /// Print one episode: the brief, the schedule and the perfect agent's labels.
     Episode(EpisodeArgs),
     /// Run (or resume) a cell of episodes on a list of arms into a run directory.
-    Cell(CellArgs),
+    Cell(Box<CellArgs>),
     /// Run (or resume) a grid of cells in one process, or one shard of it.
     Grid(Box<GridArgs>),
     /// Report one or more run directories.
@@ -47,7 +43,7 @@ pub enum LadderCommand {
 pub fn run(c: LadderCommand) -> Result<()> {
     match c {
         LadderCommand::Episode(a) => episode(a),
-        LadderCommand::Cell(a) => cell(a),
+        LadderCommand::Cell(a) => cell(*a),
         LadderCommand::Grid(a) => grid(*a),
         LadderCommand::Report(a) => report_cmd(a),
         LadderCommand::Score(a) => score(a),
@@ -55,62 +51,13 @@ pub fn run(c: LadderCommand) -> Result<()> {
     }
 }
 
-/// The inputs an episode is a function of.
-#[derive(Args, Clone)]
-pub struct EpisodeSpec {
-    /// Template pool: procurement or release.
-    #[arg(long, default_value = "procurement")]
-    domain: Domain,
-    /// Number of steps S (1..=18).
-    #[arg(long, default_value_t = 10)]
-    steps: usize,
-    /// Extra-edge density ρ in [0, 1].
-    #[arg(long, default_value_t = 0.15)]
-    density: f64,
-    /// Brief variant.
-    #[arg(long, value_enum, default_value = "amended")]
-    brief: BriefVariant,
-    /// Booking protocol: text (ref lines), tool (ACTION lines) or native (tool calls stamping a workspace).
-    #[arg(long, value_enum, default_value = "text")]
-    protocol: Protocol,
-    /// Paraphrase tier: 0 assigned, 1 rotated, 2 held-out rewrites (needs --paraphrase-cache).
-    #[arg(long, default_value_t = 0)]
-    paraphrase_tier: u8,
-    /// Tier-2 rewrite cache (format in the README).
-    #[arg(long)]
-    paraphrase_cache: Option<PathBuf>,
-    /// Rate at which filler turns become ambiguous probes, in [0, 1].
-    #[arg(long, default_value_t = 0.0)]
-    ambiguous_rate: f64,
-}
-
-impl EpisodeSpec {
-    fn config(&self, seed: u64) -> EpisodeConfig {
-        EpisodeConfig {
-            brief: self.brief,
-            protocol: self.protocol,
-            paraphrase_tier: self.paraphrase_tier,
-            ambiguous_rate: self.ambiguous_rate,
-            ..EpisodeConfig::paper(self.domain, self.steps, self.density, seed)
-        }
-    }
-
-    fn cache(&self) -> Result<Option<ParaphraseCache>> {
-        Self::cache_from(&self.paraphrase_cache)
-    }
-
-    fn cache_from(path: &Option<PathBuf>) -> Result<Option<ParaphraseCache>> {
-        Ok(match path {
-            Some(p) => Some(ParaphraseCache::load(p)?),
-            None => None,
-        })
-    }
-}
-
 #[derive(Args)]
 pub struct EpisodeArgs {
     #[command(flatten)]
-    spec: EpisodeSpec,
+    settings: EpisodeSettings,
+    /// Tier-2 rewrite cache (format in the README).
+    #[arg(long)]
+    paraphrase_cache: Option<PathBuf>,
     /// Episode seed.
     #[arg(long, default_value_t = 100)]
     seed: u64,
@@ -119,67 +66,29 @@ pub struct EpisodeArgs {
     json: bool,
 }
 
-/// Which agent runs the episodes.
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum AgentArg {
-    /// The scripted perfect agent (replays ground truth).
-    Perfect,
-    /// The memoryless policy that books every request.
-    AlwaysBook,
-    /// The model given by --model (default: the default GGUF).
-    Model,
+/// What `ladder cell` and `ladder grid` both take: a cell's settings (a
+/// grid's axes: lists), the model, the rewrite cache.
+#[derive(Args)]
+pub struct CellFlags {
+    #[command(flatten)]
+    axes: Axes,
+    #[command(flatten)]
+    backend: BackendArgs,
+    /// Tier-2 rewrite cache (format in the README).
+    #[arg(long)]
+    paraphrase_cache: Option<PathBuf>,
+    /// No progress bar.
+    #[arg(long)]
+    quiet: bool,
 }
 
 #[derive(Args)]
 pub struct CellArgs {
     #[command(flatten)]
-    spec: EpisodeSpec,
-    /// Agent: perfect, always-book or model.
-    #[arg(long, value_enum, default_value = "perfect")]
-    agent: AgentArg,
-    #[command(flatten)]
-    backend: BackendArgs,
-    /// Matcher: oracle (scripted step) or model. Default: model with --agent model, else oracle.
-    #[arg(long, value_enum)]
-    matcher: Option<Source>,
-    /// Compiler: oracle (generator's graph) or model. Default: model with --agent model, else oracle.
-    #[arg(long, value_enum)]
-    compiler: Option<Source>,
-    /// Embedder of the retrieval-memory arms: `agent` (the agent model's
-    /// final hidden state), `lexical` (hashed bag of words), or a Qwen
-    /// checkpoint (e.g. a Qwen3-Embedding-0.6B directory), loaded in-process.
-    /// Default: agent when a model runs, else lexical.
-    #[arg(long)]
-    embedder: Option<String>,
-    /// Writer of the mem0 arms' facts: oracle (the realized state) or model.
-    /// Default: as the matcher.
-    #[arg(long, value_enum)]
-    memory_writer: Option<Source>,
-    /// Comma-separated arms, in ladder order (adjacent arms are contrasted).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "raw,checklist,directive,enforce"
-    )]
-    arms: Vec<Arm>,
-    /// Number of episodes.
-    #[arg(long, default_value_t = 128)]
-    episodes: u64,
-    /// First seed.
-    #[arg(long, default_value_t = 100)]
-    seed_start: u64,
+    flags: CellFlags,
     /// Run directory (resumed if it holds a partial run of the same configuration).
     #[arg(long)]
     out: PathBuf,
-    /// Corrupted-state ablation: flip done bits and drop edges at this rate per step-turn.
-    #[arg(long)]
-    corrupt: Option<f64>,
-    /// Run the matcher on filler and revision turns too.
-    #[arg(long)]
-    no_bypass: bool,
-    /// No progress bar.
-    #[arg(long)]
-    quiet: bool,
 }
 
 /// The quick start: a small live ladder on the default model.
@@ -200,56 +109,11 @@ pub struct RunArgs {
 
 #[derive(Args)]
 pub struct GridArgs {
-    /// Grid file (TOML; keys as the flags below, lists for axes, `[[cross]]`
+    /// Grid file (TOML; keys as the flags, lists for axes, `[[cross]]`
     /// tables for unions of crosses). Flags replace the file's top-level keys.
     file: Option<PathBuf>,
-    /// Template pools.
-    #[arg(long, value_delimiter = ',')]
-    domain: Option<Vec<Domain>>,
-    /// Graph sizes S.
-    #[arg(long, value_delimiter = ',')]
-    steps: Option<Vec<usize>>,
-    /// Extra-edge densities ρ.
-    #[arg(long, value_delimiter = ',')]
-    density: Option<Vec<f64>>,
-    /// Brief variants.
-    #[arg(long, value_enum, value_delimiter = ',')]
-    brief: Option<Vec<BriefVariant>>,
-    /// Booking protocols.
-    #[arg(long, value_enum, value_delimiter = ',')]
-    protocol: Option<Vec<Protocol>>,
-    /// Paraphrase tiers.
-    #[arg(long, value_delimiter = ',')]
-    paraphrase_tier: Option<Vec<u8>>,
-    /// Tier-2 rewrite cache.
-    #[arg(long)]
-    paraphrase_cache: Option<PathBuf>,
-    /// Ambiguous-probe rates.
-    #[arg(long, value_delimiter = ',')]
-    ambiguous_rate: Option<Vec<f64>>,
-    /// Thinking regimes, e.g. false,true (--think alone means true).
-    #[arg(long, value_delimiter = ',')]
-    thinking: Option<Vec<bool>>,
-    /// Arms of every cell, in ladder order.
-    #[arg(long, value_delimiter = ',')]
-    arms: Option<Vec<Arm>>,
-    /// Agent: perfect, always-book or model (default perfect).
-    #[arg(long, value_enum)]
-    agent: Option<AgentKind>,
-    /// Matcher (default: model with --agent model, else oracle).
-    #[arg(long, value_enum)]
-    matcher: Option<Source>,
-    /// Compiler (default: model with --agent model, else oracle).
-    #[arg(long, value_enum)]
-    compiler: Option<Source>,
-    /// Episodes per cell (default 128).
-    #[arg(long)]
-    episodes: Option<u64>,
-    /// First seed of every cell (default 100).
-    #[arg(long)]
-    seed_start: Option<u64>,
     #[command(flatten)]
-    backend: BackendArgs,
+    flags: CellFlags,
     /// Grid directory: grid.json and one run directory per cell.
     #[arg(long, required_unless_present = "dry_run")]
     out: Option<PathBuf>,
@@ -261,36 +125,73 @@ pub struct GridArgs {
     /// List the cells and their episodes, run nothing.
     #[arg(long)]
     dry_run: bool,
-    /// No progress bar.
-    #[arg(long)]
-    quiet: bool,
 }
 
-impl GridArgs {
-    /// The axes the flags set.
-    fn axes(&self) -> Axes {
-        Axes {
-            domain: self.domain.clone(),
-            steps: self.steps.clone(),
-            density: self.density.clone(),
-            brief: self.brief.clone(),
-            protocol: self.protocol.clone(),
-            paraphrase_tier: self.paraphrase_tier.clone(),
-            ambiguous_rate: self.ambiguous_rate.clone(),
-            thinking: self
-                .thinking
-                .clone()
-                .or_else(|| self.backend.think.then(|| vec![true])),
-            model: self.backend.model.model.clone().map(|m| vec![m]),
-            arms: self.arms.clone(),
-            agent: self.agent,
-            matcher: self.matcher,
-            compiler: self.compiler,
-            episodes: self.episodes,
-            seed_start: self.seed_start,
-            cross: Vec::new(),
+/// What messages call the settings of `ladder cell`.
+const CELL_FLAGS: &str = "cell flags";
+
+impl CellFlags {
+    /// The grid of the file's keys (if any) under the flags; `source`
+    /// names the flags in messages where there is no file.
+    fn grid(&self, file: Option<&Path>, source: &str) -> Result<Grid> {
+        let (axes, source) = match file {
+            Some(f) => (Axes::read(f)?, f.display().to_string()),
+            None => (Axes::default(), source.to_string()),
+        };
+        let mut flags = self.axes.clone();
+        flags.model = self.backend.model.model.clone().map(|m| vec![m]);
+        if flags.thinking.is_none() && self.backend.think {
+            flags.thinking = Some(vec![true]);
         }
+        let grid = Grid::new(axes.overlay(flags), &source)?;
+        if self.backend.endpoint.is_some() && grid.cells.iter().any(|c| c.model.is_some()) {
+            bail!("{source}: model = [...] names in-process models; with --endpoint leave it out");
+        }
+        Ok(grid)
     }
+
+    /// Runs cells on the models these flags load, with a progress bar.
+    fn run(
+        &self,
+        targets: &[Target<'_>],
+        locking: Locking<'_>,
+        cache: Option<&ParaphraseCache>,
+    ) -> Result<Vec<CellProgress>> {
+        let bar = progress_bar(!self.quiet);
+        let mut engines = Engines(&self.backend);
+        let concurrency = self.backend.concurrency;
+        let done = run_targets(targets, &mut engines, locking, cache, concurrency, &bar)?;
+        bar.finish();
+        Ok(done)
+    }
+}
+
+/// Loads models as the backend flags say; a grid's model replaces --model.
+struct Engines<'a>(&'a BackendArgs);
+
+impl Loader for Engines<'_> {
+    type Error = anyhow::Error;
+
+    fn model(&mut self, spec: Option<&str>) -> Result<SharedBackend> {
+        let mut backend = self.0.clone();
+        if let Some(m) = spec {
+            backend.model.model = Some(m.to_string());
+        }
+        Ok(backend.spawn()?.0)
+    }
+
+    fn embedder(&mut self, spec: &str) -> Result<SharedBackend> {
+        let mut m = self.0.model.clone();
+        m.model = Some(spec.to_string());
+        Ok(SharedBackend::spawn(m.load()?)?)
+    }
+}
+
+fn load_cache(path: &Option<PathBuf>) -> Result<Option<ParaphraseCache>> {
+    Ok(match path {
+        Some(p) => Some(ParaphraseCache::load(p)?),
+        None => None,
+    })
 }
 
 #[derive(Args)]
@@ -359,8 +260,8 @@ pub struct ParaphraseArgs {
 }
 
 fn episode(a: EpisodeArgs) -> Result<()> {
-    let cache = a.spec.cache()?;
-    let ep = generate(&a.spec.config(a.seed), cache.as_ref())?;
+    let cache = load_cache(&a.paraphrase_cache)?;
+    let ep = generate(&a.settings.at(a.seed), cache.as_ref())?;
     let labels = perfect_labels(&ep);
     if a.json {
         let f = EpisodeFile {
@@ -387,129 +288,56 @@ fn episode(a: EpisodeArgs) -> Result<()> {
     emit(&out)
 }
 
-/// Runs a cell and prints its report.
-fn run_and_report(
-    cfg: &CellConfig,
-    parts: &dyn Parts,
-    cache: Option<&ParaphraseCache>,
-    out: &Path,
-    concurrency: usize,
-    quiet: bool,
-) -> Result<()> {
-    let started = std::time::Instant::now();
-    let p = run_cell(cfg, parts, cache, out, concurrency, !quiet)
-        .with_context(|| format!("cell {}", out.display()))?;
-    eprintln!(
-        "{}: ran {} episode-arms in {:.1} s, {} already finished",
-        out.display(),
-        p.ran,
-        started.elapsed().as_secs_f64(),
-        p.skipped
-    );
-    let run = read_run(out)?;
-    emit(&report::render(&report::build(&[run]), Format::Text))
-}
-
 fn cell(a: CellArgs) -> Result<()> {
-    if let Some(e) = a.corrupt {
-        if !(0.0..=1.0).contains(&e) {
-            bail!("--corrupt must be in [0, 1], got {e}");
-        }
-    }
-    let cache = a.spec.cache()?;
-    let base = a.spec.config(a.seed_start);
-    let scripted = match a.agent {
-        AgentArg::Perfect => Some(Scripted::Perfect),
-        AgentArg::AlwaysBook => Some(Scripted::AlwaysBook),
-        AgentArg::Model => None,
-    };
-    let default = if scripted.is_some() {
-        Source::Oracle
-    } else {
-        Source::Model
-    };
-    let matcher = a.matcher.unwrap_or(default);
-    let compiler = a.compiler.unwrap_or(default);
-    let mut cfg = CellConfig::paper(&base, a.episodes, String::new(), matcher);
-    cfg.compiler = compiler;
-    cfg.arms = a.arms.clone();
-    cfg.thinking = a.backend.think;
-    cfg.options = RunOptions {
-        bypass_matcher: !a.no_bypass,
-        corrupt: a.corrupt,
-    };
-    cfg.memory_writer = a.memory_writer;
-    let embedder_path = match a.embedder.as_deref() {
-        None => None,
-        Some("agent") => {
-            cfg.embedder = Some(EmbedderId::Agent);
-            None
-        }
-        Some("lexical") => {
-            cfg.embedder = Some(EmbedderId::Lexical);
-            None
-        }
-        Some(path) => Some(path.to_string()),
-    };
-    let memory_model = cfg.uses_memory()
-        && (cfg.embedder == Some(EmbedderId::Agent)
-            || (cfg.memory_writer == Some(Source::Model)
-                && cfg
-                    .arms
-                    .iter()
-                    .any(|a| a.spec().memory() == Some(MemoryKind::Facts))));
-    let needs_model =
-        scripted.is_none() || matcher == Source::Model || compiler == Source::Model || memory_model;
-    cfg.settle_memory(needs_model);
-    // Fail on a bad configuration before loading a model.
-    cfg.validate()?;
-    let shared = needs_model.then(|| a.backend.spawn()).transpose()?;
-    let embedder = match embedder_path.filter(|_| cfg.uses_memory()) {
-        Some(path) => {
-            let mut m = a.backend.model.clone();
-            m.model = Some(path);
-            let e = SharedBackend::spawn(m.load()?)?;
-            cfg.embedder = Some(EmbedderId::Model(e.model_id().clone()));
-            Some(e)
-        }
-        None => None,
-    };
-    let model = shared.as_ref().map(|(_, id)| id.clone());
-    cfg.agent = match (scripted, &model) {
-        (Some(s), _) => s.name(),
-        (None, Some(m)) => format!("model:{}", m.name),
-        (None, None) => unreachable!("a model agent loads a model"),
-    };
-    let agent = cfg.agent.clone();
-    let parts = CellParts {
-        scripted,
-        matcher,
-        compiler,
-        client: shared.as_ref().map(|(s, _)| s.client()),
-        embedder: embedder.as_ref().map(|e| e.client()),
-        thinking: a.backend.think,
-        model: match model {
-            Some(m) => Identity::Model(m),
-            None => Identity::Scripted { agent },
-        },
-    };
-    run_and_report(
-        &cfg,
-        &parts,
-        cache.as_ref(),
-        &a.out,
-        a.backend.concurrency,
-        a.quiet,
-    )
+    run_one(&a.flags, &a.out)
 }
 
 /// `statebench run`: the quick start's cell on a model.
 pub fn quickstart(a: RunArgs) -> Result<()> {
-    let (shared, model) = a.backend.spawn()?;
-    let mut cfg = CellConfig::quickstart(&model.name, a.steps, a.episodes);
-    cfg.thinking = a.backend.think;
-    let parts = CellParts::model(shared.client(), model, a.backend.think);
-    run_and_report(&cfg, &parts, None, &a.out, a.backend.concurrency, false)
+    let axes = Axes {
+        steps: Some(vec![a.steps]),
+        episodes: Some(a.episodes),
+        agent: Some(AgentSpec::Model { name: None }),
+        ..Axes::default()
+    };
+    let flags = CellFlags {
+        axes,
+        backend: a.backend,
+        paraphrase_cache: None,
+        quiet: false,
+    };
+    run_one(&flags, &a.out)
+}
+
+/// Runs (or resumes) the one cell the flags make into `out`, and prints
+/// its report.
+fn run_one(flags: &CellFlags, out: &Path) -> Result<()> {
+    let cache = load_cache(&flags.paraphrase_cache)?;
+    let grid = flags.grid(None, CELL_FLAGS)?;
+    let [cell] = grid.cells.as_slice() else {
+        bail!(
+            "{CELL_FLAGS}: the settings make {} cells; a cell takes one value of each (ladder grid runs several)",
+            grid.cells.len()
+        );
+    };
+    let target = Target {
+        cell,
+        out: out.to_path_buf(),
+        seeds: None,
+    };
+    let started = Instant::now();
+    let p = flags
+        .run(&[target], Locking::Own, cache.as_ref())
+        .with_context(|| format!("cell {}", out.display()))?;
+    eprintln!(
+        "{}: ran {} episode-arms in {:.1} s, {} already finished",
+        out.display(),
+        p[0].ran,
+        started.elapsed().as_secs_f64(),
+        p[0].skipped
+    );
+    let run = read_run(out)?;
+    emit(&report::render(&report::build(&[run]), Format::Text))
 }
 
 fn paraphrase_cmd(a: ParaphraseArgs) -> Result<()> {
@@ -564,11 +392,7 @@ fn report_cmd(a: ReportArgs) -> Result<()> {
 }
 
 fn grid(a: GridArgs) -> Result<()> {
-    let (axes, source) = match &a.file {
-        Some(f) => (Axes::read(f)?, f.display().to_string()),
-        None => (Axes::default(), FLAGS.to_string()),
-    };
-    let grid = Grid::new(axes.overlay(a.axes()), &source)?;
+    let grid = a.flags.grid(a.file.as_deref(), FLAGS)?;
     let shard = match &a.shard {
         Some(s) => Some(s.parse::<Shard>()?),
         None => Shard::from_env()?,
@@ -577,128 +401,65 @@ fn grid(a: GridArgs) -> Result<()> {
         Some(s) => s.seeds(&grid).into_iter().map(Some).collect(),
         None => vec![None; grid.cells.len()],
     };
-    let count = |i: usize| match &seeds[i] {
-        Some(s) => s.len() as u64,
-        None => grid.cells[i].config.episodes,
-    };
     if a.dry_run {
-        let mut out = String::new();
-        let mut total = 0;
-        for (i, c) in grid.cells.iter().enumerate() {
-            let n = count(i) * c.config.arms.len() as u64;
-            total += n;
-            out += &format!(
-                "{:<40} {:>5} episodes x {} arms = {:>6} episode-arms\n",
-                c.name,
-                count(i),
-                c.config.arms.len(),
-                n
-            );
-        }
-        out += &format!(
-            "{} cells, {total} episode-arms{}\n",
-            grid.cells.len(),
-            match shard {
-                Some(s) => format!(
-                    " in shard {}/{} (grid {})",
-                    s.index,
-                    s.count,
-                    grid.episode_arms()
-                ),
-                None => String::new(),
-            }
-        );
-        return emit(&out);
+        return emit(&cell_list(&grid, &seeds, shard));
     }
-    let out = a
-        .out
-        .clone()
-        .expect("clap requires --out without --dry-run");
-    if a.backend.endpoint.is_some() && grid.cells.iter().any(|c| c.model.is_some()) {
-        bail!("{source}: model = [...] names in-process models; with --endpoint leave it out");
-    }
-    let cache = EpisodeSpec::cache_from(&a.paraphrase_cache)?;
+    let out = a.out.expect("clap requires --out without --dry-run");
+    let cache = load_cache(&a.flags.paraphrase_cache)?;
     let lock = DirLock::acquire(&out)?;
     GridManifest::new(&grid, shard).create_or_check(&out)?;
-    let started = std::time::Instant::now();
-    let bar = progress_bar(!a.quiet);
-    // One engine per model, one after another; every cell of a model
-    // shares its batch.
-    let mut models: Vec<Option<String>> = Vec::new();
-    for c in &grid.cells {
-        if !models.contains(&c.model) {
-            models.push(c.model.clone());
-        }
-    }
-    let mut ran = 0;
-    for model in models {
-        let members: Vec<usize> = (0..grid.cells.len())
-            .filter(|&i| grid.cells[i].model == model && count(i) > 0)
-            .collect();
-        let needs_model = members.iter().any(|&i| {
-            let g = &grid.cells[i].config;
-            g.agent == "model" || g.matcher == Source::Model || g.compiler == Source::Model
-        });
-        let mut backend = a.backend.clone();
-        if model.is_some() {
-            backend.model.model = model.clone();
-        }
-        let shared = needs_model.then(|| backend.spawn()).transpose()?;
-        let parts: Vec<CellParts> = members
-            .iter()
-            .map(|&i| {
-                let g = &grid.cells[i].config;
-                let scripted = match g.agent.as_str() {
-                    "model" => None,
-                    name => name.strip_prefix("scripted:").and_then(|n| n.parse().ok()),
-                };
-                CellParts {
-                    scripted,
-                    matcher: g.matcher,
-                    compiler: g.compiler,
-                    client: shared.as_ref().map(|(s, _)| s.client()),
-                    embedder: None,
-                    thinking: g.thinking,
-                    model: match (&shared, scripted) {
-                        (Some((_, id)), _) => Identity::Model(id.clone()),
-                        (None, Some(s)) => Identity::Scripted { agent: s.name() },
-                        (None, None) => unreachable!("a model agent loads a model"),
-                    },
-                }
-            })
-            .collect();
-        let jobs: Vec<CellJob> = members
-            .iter()
-            .zip(&parts)
-            .map(|(&i, p)| {
-                let c = &grid.cells[i];
-                let mut cfg = c.config.clone();
-                cfg.settle_memory(p.client.is_some());
-                if let (None, Identity::Model(id)) = (p.scripted, &p.model) {
-                    cfg.agent = format!("model:{}", id.name);
-                }
-                CellJob {
-                    name: c.name.clone(),
-                    cfg,
-                    parts: p,
-                    out: out.join(&c.name),
-                    seeds: seeds[i].clone(),
-                    locking: Locking::Grid(&lock),
-                }
-            })
-            .collect();
-        let done = run_cells(&jobs, cache.as_ref(), a.backend.concurrency, &bar)
-            .with_context(|| format!("grid {}", out.display()))?;
-        ran += done.iter().map(|p| p.ran).sum::<usize>();
-    }
-    bar.finish();
+    let targets: Vec<Target> = grid
+        .cells
+        .iter()
+        .zip(seeds)
+        .map(|(cell, seeds)| Target {
+            cell,
+            out: out.join(&cell.name),
+            seeds,
+        })
+        .collect();
+    let started = Instant::now();
+    let done = a
+        .flags
+        .run(&targets, Locking::Grid(&lock), cache.as_ref())
+        .with_context(|| format!("grid {}", out.display()))?;
     eprintln!(
-        "{}: ran {ran} episode-arms in {:.1} s",
+        "{}: ran {} episode-arms in {:.1} s",
         out.display(),
+        done.iter().map(|p| p.ran).sum::<usize>(),
         started.elapsed().as_secs_f64()
     );
     let runs = read_runs(std::slice::from_ref(&out))?;
     emit(&report::render(&report::build(&runs), Format::Md))
+}
+
+/// `ladder grid --dry-run`: each cell with the episodes it (or the shard)
+/// runs, and the total.
+fn cell_list(grid: &Grid, seeds: &[Option<Vec<u64>>], shard: Option<Shard>) -> String {
+    let mut out = String::new();
+    let mut total = 0;
+    for (c, s) in grid.cells.iter().zip(seeds) {
+        let episodes = s.as_ref().map_or(c.config.episodes, |s| s.len() as u64);
+        let n = episodes * c.config.arms.len() as u64;
+        total += n;
+        out += &format!(
+            "{:<40} {:>5} episodes x {} arms = {:>6} episode-arms\n",
+            c.name,
+            episodes,
+            c.config.arms.len(),
+            n
+        );
+    }
+    let of = match shard {
+        Some(s) => format!(
+            " in shard {}/{} (grid {})",
+            s.index,
+            s.count,
+            grid.episode_arms()
+        ),
+        None => String::new(),
+    };
+    out + &format!("{} cells, {total} episode-arms{of}\n", grid.cells.len())
 }
 
 /// What `ladder score` prints.

@@ -155,8 +155,8 @@ impl ParaphraseCache {
 /// Work orders and codes the protocol strings use as examples; never issued.
 const RESERVED: [u32; 4] = [1234, 2048, 4242, 5678];
 
-/// Checks a configuration without generating.
-pub fn validate(cfg: &EpisodeConfig) -> Result<(), GenError> {
+/// Checks settings without generating.
+pub fn validate(cfg: &EpisodeSettings) -> Result<(), GenError> {
     if !(1..=18).contains(&cfg.steps) {
         return Err(GenError::Steps(cfg.steps));
     }

@@ -82,41 +82,113 @@ pub enum Protocol {
     Native,
 }
 
-/// Everything an episode is a function of.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct EpisodeConfig {
-    /// Template pool.
+/// What an episode is a function of apart from its seed: the settings a
+/// cell fixes and a grid crosses. The flags are `ladder episode`'s; their
+/// defaults are the paper's main grid at procurement, S = 10, ρ = 0.15.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, clap::Args)]
+pub struct EpisodeSettings {
+    /// Template pool: procurement or release.
+    #[arg(long, default_value_t = EpisodeSettings::default().domain)]
     pub domain: Domain,
     /// Number of steps S, 1..=18.
+    #[arg(long, default_value_t = EpisodeSettings::default().steps)]
     pub steps: usize,
     /// Extra-edge density ρ in [0, 1].
+    #[arg(long, default_value_t = EpisodeSettings::default().density)]
     pub density: f64,
-    /// Episode seed.
-    pub seed: u64,
-    /// Original or amended brief.
+    /// Brief variant.
+    #[arg(long, value_enum, default_value_t = EpisodeSettings::default().brief)]
     pub brief: BriefVariant,
-    /// Text or tool protocol.
+    /// Booking protocol: text (ref lines), tool (ACTION lines) or native
+    /// (tool calls stamping a workspace).
+    #[arg(long, value_enum, default_value_t = EpisodeSettings::default().protocol)]
     pub protocol: Protocol,
-    /// Paraphrase tier: 0 assigned, 1 rotated, 2 held-out rewrites from a cache.
+    /// Paraphrase tier: 0 assigned, 1 rotated, 2 held-out rewrites from a
+    /// cache (--paraphrase-cache).
+    #[arg(long, default_value_t = EpisodeSettings::default().paraphrase_tier)]
     pub paraphrase_tier: u8,
     /// Rate at which filler slots become ambiguous probes, in [0, 1].
+    #[arg(long, default_value_t = EpisodeSettings::default().ambiguous_rate)]
     pub ambiguous_rate: f64,
 }
 
-impl EpisodeConfig {
-    /// The paper's main grid at (domain, S, ρ, seed): amended brief, text
+impl EpisodeSettings {
+    /// The paper's main grid at (domain, S, ρ): amended brief, text
     /// protocol, assigned wordings, no ambiguous probes.
-    pub fn paper(domain: Domain, steps: usize, density: f64, seed: u64) -> Self {
-        EpisodeConfig {
+    pub fn paper(domain: Domain, steps: usize, density: f64) -> Self {
+        EpisodeSettings {
             domain,
             steps,
             density,
-            seed,
             brief: BriefVariant::Amended,
             protocol: Protocol::Text,
             paraphrase_tier: 0,
             ambiguous_rate: 0.0,
         }
+    }
+
+    /// The episode of these settings at `seed`.
+    pub fn at(&self, seed: u64) -> EpisodeConfig {
+        EpisodeConfig {
+            settings: self.clone(),
+            seed,
+        }
+    }
+}
+
+impl Default for EpisodeSettings {
+    fn default() -> Self {
+        EpisodeSettings::paper(Domain::Procurement, 10, 0.15)
+    }
+}
+
+/// Everything an episode is a function of: its settings and its seed.
+/// Reads as its settings (`config.steps`).
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+pub struct EpisodeConfig {
+    #[serde(flatten)]
+    pub settings: EpisodeSettings,
+    /// Episode seed.
+    pub seed: u64,
+}
+
+impl EpisodeConfig {
+    /// The paper's main grid at (domain, S, ρ, seed).
+    pub fn paper(domain: Domain, steps: usize, density: f64, seed: u64) -> Self {
+        EpisodeSettings::paper(domain, steps, density).at(seed)
+    }
+}
+
+impl std::ops::Deref for EpisodeConfig {
+    type Target = EpisodeSettings;
+    fn deref(&self) -> &EpisodeSettings {
+        &self.settings
+    }
+}
+
+impl std::ops::DerefMut for EpisodeConfig {
+    fn deref_mut(&mut self) -> &mut EpisodeSettings {
+        &mut self.settings
+    }
+}
+
+/// The settings' keys with the seed after ρ, where episode files (and
+/// their digests) have always had it.
+impl Serialize for EpisodeConfig {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::{Error, SerializeMap};
+        let settings = match serde_json::to_value(&self.settings).map_err(S::Error::custom)? {
+            serde_json::Value::Object(m) => m,
+            _ => return Err(S::Error::custom("episode settings are not an object")),
+        };
+        let mut m = s.serialize_map(Some(settings.len() + 1))?;
+        for (k, v) in &settings {
+            m.serialize_entry(k, v)?;
+            if k == "density" {
+                m.serialize_entry("seed", &self.seed)?;
+            }
+        }
+        m.end()
     }
 }
 
@@ -374,5 +446,22 @@ impl Episode {
     /// Whether the episode has no steps (never true for a generated one).
     pub fn is_empty(&self) -> bool {
         self.steps.is_empty()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn episode_config_keeps_its_key_order_and_reads_back() {
+        let mut c = EpisodeConfig::paper(Domain::Release, 12, 0.3, 4242);
+        c.ambiguous_rate = 0.5;
+        let text = serde_json::to_string(&c).unwrap();
+        assert_eq!(
+            text,
+            r#"{"domain":"release","steps":12,"density":0.3,"seed":4242,"brief":"amended","protocol":"text","paraphrase_tier":0,"ambiguous_rate":0.5}"#
+        );
+        assert_eq!(serde_json::from_str::<EpisodeConfig>(&text).unwrap(), c);
     }
 }

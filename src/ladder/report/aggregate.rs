@@ -14,6 +14,7 @@ use crate::ladder::arms::memory::MemoryUse;
 use crate::ladder::arms::Arm;
 use crate::ladder::episode::Protocol;
 use crate::ladder::run::cell::CellConfig;
+use crate::ladder::run::grid::labels;
 use crate::ladder::run::runlog::RunRead;
 use crate::ladder::run::runner::{EpisodeRecord, MatcherStats, Obedience};
 use crate::ladder::run::trap::{Probes, TrapSplit};
@@ -437,7 +438,7 @@ pub fn build(runs: &[RunRead]) -> Report {
     let mut raw_da = Vec::new();
     for run in runs {
         let order = &run.manifest.config.arms;
-        let native = run.manifest.config.protocol == Protocol::Native;
+        let native = run.manifest.config.episode.protocol == Protocol::Native;
         let by_arm = |arm: Arm| -> Vec<&EpisodeRecord> {
             run.episodes.iter().filter(|e| e.arm == arm).collect()
         };
@@ -496,31 +497,27 @@ pub fn build(runs: &[RunRead]) -> Report {
 }
 
 /// The setting two cells differ in, when they differ in exactly one that
-/// leaves the episodes' graphs alone (the same domain, S, ρ and options).
+/// leaves the episodes' graphs alone (the same domain, S, ρ and options),
+/// labelled as grids and reports label it.
 fn paired_setting(a: &CellConfig, b: &CellConfig) -> Option<(&'static str, [String; 2])> {
-    let same_episodes = a.domain == b.domain
-        && a.steps == b.steps
-        && a.density == b.density
+    let (x, y) = (&a.episode, &b.episode);
+    let same_episodes = x.domain == y.domain
+        && x.steps == y.steps
+        && x.density == y.density
         && a.options == b.options;
     if !same_episodes {
         return None;
     }
-    let settings = [
-        ("brief", [field(&a.brief), field(&b.brief)]),
-        (
-            "paraphrase tier",
-            [field(&a.paraphrase_tier), field(&b.paraphrase_tier)],
-        ),
-        (
-            "ambiguous rate",
-            [field(&a.ambiguous_rate), field(&b.ambiguous_rate)],
-        ),
-        ("protocol", [field(&a.protocol), field(&b.protocol)]),
-        ("agent", [a.agent.clone(), b.agent.clone()]),
-        ("thinking", [field(&a.thinking), field(&b.thinking)]),
+    let mut settings: Vec<(&'static str, [String; 2])> = labels(a)
+        .into_iter()
+        .zip(labels(b))
+        .map(|((axis, u), (_, v))| (axis.label, [u, v]))
+        .collect();
+    settings.extend([
+        ("agent", [a.agent.to_string(), b.agent.to_string()]),
         ("matcher", [field(&a.matcher), field(&b.matcher)]),
         ("compiler", [field(&a.compiler), field(&b.compiler)]),
-    ];
+    ]);
     let mut differ = settings.into_iter().filter(|(_, v)| v[0] != v[1]);
     match (differ.next(), differ.next()) {
         (Some(d), None) => Some(d),

@@ -156,7 +156,7 @@ pub fn success_by_steps(r: &Report) -> Vec<Figure> {
         .map(|(key, cells)| {
             let (w, h) = (640.0, 380.0);
             let (l, rt, t, b) = (56.0, 150.0, 36.0, 48.0);
-            let mut steps: Vec<usize> = cells.iter().map(|c| c.config.steps).collect();
+            let mut steps: Vec<usize> = cells.iter().map(|c| c.config.episode.steps).collect();
             steps.sort_unstable();
             steps.dedup();
             let pw = w - l - rt;
@@ -207,7 +207,7 @@ pub fn success_by_steps(r: &Report) -> Vec<Figure> {
                 for &s in &steps {
                     let Some(a) = cells
                         .iter()
-                        .filter(|c| c.config.steps == s)
+                        .filter(|c| c.config.episode.steps == s)
                         .find_map(|c| c.arms.iter().find(|a| a.arm == *arm))
                     else {
                         continue;

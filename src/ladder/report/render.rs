@@ -7,6 +7,8 @@ use std::fmt::Write as _;
 use super::aggregate::{ArmSummary, CellReport, Comparison, Report};
 use super::field;
 use crate::ladder::arms::gate::DirectiveKind;
+use crate::ladder::run::cell::AgentSpec;
+use crate::ladder::run::grid::labels;
 use crate::ladder::score::Channel;
 use crate::table::Table;
 
@@ -23,24 +25,35 @@ pub enum Format {
     Json,
 }
 
-/// The agent as titles and tables name it: a model by its file or hub
-/// name, a scripted agent by its own.
+/// The model as titles and tables name it (its file or hub name), or the
+/// scripted agent.
+fn model_label(c: &CellReport) -> String {
+    match (&c.model, &c.config.agent) {
+        (Some(file), AgentSpec::Model { name: Some(_) }) => file.clone(),
+        (_, AgentSpec::Model { name: Some(name) }) => name.clone(),
+        (_, agent) => agent.to_string(),
+    }
+}
+
+/// The agent as titles name it: the model by [`model_label`], a scripted
+/// agent by its own name.
 fn agent_label(c: &CellReport) -> String {
-    match (&c.model, c.config.agent.strip_prefix("model:")) {
-        (Some(name), Some(_)) => format!("model:{name}"),
-        _ => c.config.agent.clone(),
+    match &c.config.agent {
+        AgentSpec::Model { name: Some(_) } => format!("model:{}", model_label(c)),
+        agent => agent.to_string(),
     }
 }
 
 fn cell_title(c: &CellReport) -> String {
     let g = &c.config;
+    let e = &g.episode;
     format!(
         "{} S={} rho={} brief={} protocol={} agent={} episodes={} seeds {}..",
-        field(&g.domain),
-        g.steps,
-        field(&g.density),
-        field(&g.brief),
-        field(&g.protocol),
+        field(&e.domain),
+        e.steps,
+        field(&e.density),
+        field(&e.brief),
+        field(&e.protocol),
         field(&agent_label(c)),
         g.episodes,
         g.seed_start,
@@ -405,18 +418,19 @@ fn csv(r: &Report) -> String {
     s += ",prompt_tokens,cached_tokens,completion_tokens,refused,silent_refusals,wall_s,failed_episodes,failed_calls,duplicates\n";
     for c in &r.cells {
         let g = &c.config;
+        let e = &g.episode;
         for a in &c.arms {
             let _ = write!(
                 s,
                 "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{:.4},{:.4},{:.4},{},{:.4},{:.4},{:.4}",
                 c.dir,
-                field(&g.domain),
-                g.steps,
-                field(&g.density),
-                field(&g.brief),
-                field(&g.protocol),
-                g.paraphrase_tier,
-                field(&g.ambiguous_rate),
+                field(&e.domain),
+                e.steps,
+                field(&e.density),
+                field(&e.brief),
+                field(&e.protocol),
+                e.paraphrase_tier,
+                field(&e.ambiguous_rate),
                 g.thinking,
                 g.seed_start,
                 field(&g.agent),
@@ -453,26 +467,13 @@ fn csv(r: &Report) -> String {
     s
 }
 
-/// The configuration fields a grid varies, as (column, value) per cell.
+/// The configuration fields a grid varies, as (column, value) per cell:
+/// the model, the grid's axes as they label cells, the episodes.
 pub(crate) fn cell_fields(c: &CellReport) -> Vec<(&'static str, String)> {
-    let g = &c.config;
-    let label = agent_label(c);
-    let model = label.strip_prefix("model:").unwrap_or(&label).to_string();
-    vec![
-        ("model", model),
-        (
-            "regime",
-            if g.thinking { "think" } else { "no-think" }.into(),
-        ),
-        ("domain", field(&g.domain)),
-        ("S", g.steps.to_string()),
-        ("rho", field(&g.density)),
-        ("brief", field(&g.brief)),
-        ("protocol", field(&g.protocol)),
-        ("tier", g.paraphrase_tier.to_string()),
-        ("ambiguous", field(&g.ambiguous_rate)),
-        ("episodes", g.episodes.to_string()),
-    ]
+    let mut fields = vec![("model", model_label(c))];
+    fields.extend(labels(&c.config).into_iter().map(|(a, v)| (a.label, v)));
+    fields.push(("episodes", c.config.episodes.to_string()));
+    fields
 }
 
 /// The fields that vary across the report's cells, and the fixed ones.

@@ -14,10 +14,11 @@ use super::runlog::{Locking, Manifest, RunDir, RUN_FORMAT};
 use super::runner::{run_episode, Compiled, RunOptions};
 use crate::backend::shared::Client;
 use crate::backend::{BackendError, ModelIdentity};
+use crate::ladder::arms::memory::MemoryKind;
 use crate::ladder::arms::Arm;
 use crate::ladder::episode::domain::Domain;
 use crate::ladder::episode::generator::{generate, GenError, ParaphraseCache};
-use crate::ladder::episode::{BriefVariant, Episode, EpisodeConfig, Protocol};
+use crate::ladder::episode::{Episode, EpisodeConfig, EpisodeSettings};
 use crate::ladder::parts::model::{
     ModelAgent, ModelCompiler, ModelEmbedder, ModelMatcher, ModelMemoryWriter,
 };
@@ -30,21 +31,15 @@ use crate::rundir::{DirError, Identity};
 /// Everything a cell is a function of; stored in the manifest.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CellConfig {
-    pub domain: Domain,
-    /// S.
-    pub steps: usize,
-    /// ρ.
-    pub density: f64,
-    pub brief: BriefVariant,
-    pub protocol: Protocol,
-    pub paraphrase_tier: u8,
-    pub ambiguous_rate: f64,
+    /// First in the JSON, as their keys have always been: a grid's id
+    /// hashes its cells' JSON in field order.
+    #[serde(flatten)]
+    pub episode: EpisodeSettings,
     pub seed_start: u64,
     pub episodes: u64,
     /// Arms, in ladder order (adjacent arms are contrasted).
     pub arms: Vec<Arm>,
-    /// `scripted:<name>` or `model:<name>`.
-    pub agent: String,
+    pub agent: AgentSpec,
     pub matcher: Source,
     pub compiler: Source,
     /// Thinking regime (Qwen3 `enable_thinking`).
@@ -57,6 +52,112 @@ pub struct CellConfig {
     /// What writes the Mem0-style memory's facts (cells with a memory arm).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_writer: Option<Source>,
+}
+
+/// Which agent runs a cell's episodes. Written as `scripted:perfect`,
+/// `scripted:always-book`, `model` (before a model is loaded) or
+/// `model:NAME`; the command line and grid files name the kinds
+/// `perfect`, `always-book` and `model`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", try_from = "String")]
+pub enum AgentSpec {
+    Scripted(Scripted),
+    /// The model, by the name it loaded under (None until it is loaded).
+    Model {
+        name: Option<String>,
+    },
+}
+
+/// An agent name that is none of [`AgentSpec`]'s.
+#[derive(Debug, thiserror::Error)]
+#[error(
+    "unknown agent '{0}' (expected scripted:perfect, scripted:always-book, model or model:NAME)"
+)]
+pub struct UnknownAgent(String);
+
+impl AgentSpec {
+    /// The scripted agent, or None for the model.
+    pub fn scripted(&self) -> Option<Scripted> {
+        match self {
+            AgentSpec::Scripted(s) => Some(*s),
+            AgentSpec::Model { .. } => None,
+        }
+    }
+}
+
+impl std::fmt::Display for AgentSpec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            AgentSpec::Scripted(s) => f.write_str(&s.name()),
+            AgentSpec::Model { name: None } => f.write_str("model"),
+            AgentSpec::Model { name: Some(n) } => write!(f, "model:{n}"),
+        }
+    }
+}
+
+impl std::str::FromStr for AgentSpec {
+    type Err = UnknownAgent;
+    fn from_str(s: &str) -> Result<AgentSpec, UnknownAgent> {
+        if let Some(name) = s.strip_prefix("scripted:") {
+            return name
+                .parse()
+                .map(AgentSpec::Scripted)
+                .map_err(|_| UnknownAgent(s.into()));
+        }
+        match s.strip_prefix("model") {
+            Some("") => Ok(AgentSpec::Model { name: None }),
+            Some(rest) => match rest.strip_prefix(':') {
+                Some(name) => Ok(AgentSpec::Model {
+                    name: Some(name.into()),
+                }),
+                None => Err(UnknownAgent(s.into())),
+            },
+            None => Err(UnknownAgent(s.into())),
+        }
+    }
+}
+
+impl From<AgentSpec> for String {
+    fn from(a: AgentSpec) -> String {
+        a.to_string()
+    }
+}
+
+impl TryFrom<String> for AgentSpec {
+    type Error = UnknownAgent;
+    fn try_from(s: String) -> Result<AgentSpec, UnknownAgent> {
+        s.parse()
+    }
+}
+
+/// The kinds as flags and grid files name them (a model by no name).
+impl clap::ValueEnum for AgentSpec {
+    fn value_variants<'a>() -> &'a [Self] {
+        &[
+            AgentSpec::Scripted(Scripted::Perfect),
+            AgentSpec::Scripted(Scripted::AlwaysBook),
+            AgentSpec::Model { name: None },
+        ]
+    }
+
+    fn to_possible_value(&self) -> Option<clap::builder::PossibleValue> {
+        use clap::builder::PossibleValue;
+        match self {
+            AgentSpec::Scripted(Scripted::Perfect) => Some(
+                PossibleValue::new("perfect")
+                    .help("The scripted perfect agent (replays ground truth)"),
+            ),
+            AgentSpec::Scripted(Scripted::AlwaysBook) => Some(
+                PossibleValue::new("always-book")
+                    .help("The memoryless policy that books every request"),
+            ),
+            AgentSpec::Model { name: None } => Some(
+                PossibleValue::new("model")
+                    .help("The model (--model, a grid's models, or --endpoint)"),
+            ),
+            AgentSpec::Model { name: Some(_) } => None,
+        }
+    }
 }
 
 /// Which embedder a cell's memory arms use, as the manifest names it.
@@ -81,18 +182,50 @@ impl std::fmt::Display for EmbedderId {
     }
 }
 
+/// Which embedder a cell asks for, before any model is loaded: `agent`,
+/// `lexical`, or an embedding model's spec (a checkpoint directory, a
+/// .gguf or a hub id) loaded in-process.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(into = "String", from = "String")]
+pub enum EmbedderSpec {
+    Agent,
+    Lexical,
+    Model(String),
+}
+
+impl From<String> for EmbedderSpec {
+    fn from(s: String) -> EmbedderSpec {
+        match s.as_str() {
+            "agent" => EmbedderSpec::Agent,
+            "lexical" => EmbedderSpec::Lexical,
+            _ => EmbedderSpec::Model(s),
+        }
+    }
+}
+
+impl From<EmbedderSpec> for String {
+    fn from(e: EmbedderSpec) -> String {
+        match e {
+            EmbedderSpec::Agent => "agent".into(),
+            EmbedderSpec::Lexical => "lexical".into(),
+            EmbedderSpec::Model(m) => m,
+        }
+    }
+}
+
+impl std::str::FromStr for EmbedderSpec {
+    type Err = std::convert::Infallible;
+    fn from_str(s: &str) -> Result<EmbedderSpec, Self::Err> {
+        Ok(s.to_string().into())
+    }
+}
+
 impl CellConfig {
-    /// A cell of the paper's main grid (amended brief, text protocol, the
-    /// four rungs) with the given agent and parts.
-    pub fn paper(base: &EpisodeConfig, episodes: u64, agent: String, parts: Source) -> Self {
+    /// A cell of the paper's main grid (the four rungs) with the given
+    /// episodes, agent and parts.
+    pub fn paper(base: &EpisodeConfig, episodes: u64, agent: AgentSpec, parts: Source) -> Self {
         CellConfig {
-            domain: base.domain,
-            steps: base.steps,
-            density: base.density,
-            brief: base.brief,
-            protocol: base.protocol,
-            paraphrase_tier: base.paraphrase_tier,
-            ambiguous_rate: base.ambiguous_rate,
+            episode: base.settings.clone(),
             seed_start: base.seed,
             episodes,
             arms: Arm::LADDER.to_vec(),
@@ -109,6 +242,23 @@ impl CellConfig {
     /// Whether any arm keeps a retrieval memory.
     pub fn uses_memory(&self) -> bool {
         self.arms.iter().any(|a| a.uses_memory())
+    }
+
+    /// Whether a part of the cell runs on the agent model: the agent, a
+    /// model matcher or compiler, or a memory arm's embedder or fact
+    /// writer (a writer only where an arm keeps facts).
+    pub fn needs_model(&self) -> bool {
+        let facts = self
+            .arms
+            .iter()
+            .any(|a| a.spec().memory() == Some(MemoryKind::Facts));
+        let memory = self.uses_memory()
+            && (self.embedder == Some(EmbedderId::Agent)
+                || (facts && self.memory_writer == Some(Source::Model)));
+        self.agent.scripted().is_none()
+            || self.matcher == Source::Model
+            || self.compiler == Source::Model
+            || memory
     }
 
     /// Settles the memory parts of a cell with memory arms, where the user
@@ -134,12 +284,15 @@ impl CellConfig {
     /// 100, the four rungs, a model as agent, matcher and compiler.
     pub fn quickstart(model: &str, steps: usize, episodes: u64) -> Self {
         let base = EpisodeConfig::paper(Domain::Procurement, steps, 0.15, 100);
-        CellConfig::paper(&base, episodes, format!("model:{model}"), Source::Model)
+        let agent = AgentSpec::Model {
+            name: Some(model.to_string()),
+        };
+        CellConfig::paper(&base, episodes, agent, Source::Model)
     }
 
     /// Checks what no episode can show: the seed range, the arms, the size.
     pub fn validate(&self) -> Result<(), CellError> {
-        crate::ladder::episode::generator::validate(&self.episode(self.seed_start))?;
+        crate::ladder::episode::generator::validate(&self.episode)?;
         if self.seed_start.checked_add(self.episodes).is_none() {
             return Err(CellError::SeedRange {
                 start: self.seed_start,
@@ -162,20 +315,6 @@ impl CellConfig {
             });
         }
         Ok(())
-    }
-
-    /// The episode configuration for one seed.
-    pub fn episode(&self, seed: u64) -> EpisodeConfig {
-        EpisodeConfig {
-            domain: self.domain,
-            steps: self.steps,
-            density: self.density,
-            seed,
-            brief: self.brief,
-            protocol: self.protocol,
-            paraphrase_tier: self.paraphrase_tier,
-            ambiguous_rate: self.ambiguous_rate,
-        }
     }
 
     /// The seeds of the cell.
@@ -308,8 +447,11 @@ impl Parts for CellParts {
         Ok(match self.scripted {
             Some(s) => Box::new(s),
             None => {
-                let name = format!("model:{}", self.model.name());
-                Box::new(ModelAgent::new(self.client()?, self.thinking, name)?)
+                let name = AgentSpec::Model {
+                    name: Some(self.model.name().to_string()),
+                };
+                let client = self.client()?;
+                Box::new(ModelAgent::new(client, self.thinking, name.to_string())?)
             }
         })
     }
@@ -460,7 +602,7 @@ pub fn run_cells(
     jobs.sort_by_key(|&(i, s, a)| {
         let c = &cells[i].cfg;
         let arm = c.arms.iter().position(|x| *x == a);
-        (std::cmp::Reverse(c.steps), s, i, arm)
+        (std::cmp::Reverse(c.episode.steps), s, i, arm)
     });
     let total: usize = progress.iter().map(|p| p.skipped).sum::<usize>() + jobs.len();
     bar.set_length(total as u64);
@@ -533,7 +675,7 @@ impl Workers<'_> {
     /// Runs one episode-arm and appends it to its cell's run directory.
     fn run(&self, cell: usize, seed: u64, arm: Arm) -> Result<(), CellError> {
         let job = &self.cells[cell];
-        let ep = generate(&job.cfg.episode(seed), self.cache)?;
+        let ep = generate(&job.cfg.episode.at(seed), self.cache)?;
         let slot = self.slot(cell, &ep);
         let compiled = match arm.uses_module() {
             // The first worker to need the compile runs it; the others wait.

@@ -24,78 +24,207 @@ use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
 
-use super::cell::{CellConfig, Source};
+use super::cell::{AgentSpec, CellConfig, CellError, EmbedderSpec, Source};
 use super::runlog::{read_run, RunRead};
 use super::runner::RunOptions;
 use crate::ladder::arms::Arm;
 use crate::ladder::episode::domain::Domain;
 use crate::ladder::episode::generator::{self, GenError};
-use crate::ladder::episode::{BriefVariant, EpisodeConfig, Protocol};
+use crate::ladder::episode::{BriefVariant, EpisodeSettings, Protocol};
 use crate::ladder::parts::scripted::Scripted;
-use crate::ladder::parts::Agent;
 
 /// The grid manifest's format.
 pub const GRID_FORMAT: &str = "statebench-grid/1";
 
-/// Which agent a grid's cells run.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
-#[serde(rename_all = "kebab-case")]
-pub enum AgentKind {
-    /// The scripted perfect agent.
-    Perfect,
-    /// The memoryless policy that books every request.
-    AlwaysBook,
-    /// The model (in-process or `--endpoint`).
-    Model,
-}
-
 /// The axes of a grid, or one `[[cross]]` of them. Lists are axes; the
-/// scalars are the same for every cell of the cross.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+/// scalars are the same for every cell of the cross. The flags of `ladder
+/// cell` and `ladder grid` are these keys (lists comma-separated); a key
+/// no one sets has the paper's main grid's value. Every key is skipped
+/// when unset, so a key present in the JSON is one that was set.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, clap::Args)]
 #[serde(deny_unknown_fields)]
 pub struct Axes {
+    /// Template pools: procurement, release [default: procurement].
+    #[arg(long, value_delimiter = ',')]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub domain: Option<Vec<Domain>>,
-    /// S.
+    /// Graph sizes S, 1..=18 [default: 10].
+    #[arg(long, value_delimiter = ',')]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub steps: Option<Vec<usize>>,
-    /// ρ.
+    /// Extra-edge densities ρ in [0, 1] [default: 0.15].
+    #[arg(long, value_delimiter = ',')]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub density: Option<Vec<f64>>,
+    /// Brief variants [default: amended].
+    #[arg(long, value_enum, value_delimiter = ',')]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub brief: Option<Vec<BriefVariant>>,
+    /// Booking protocols: text (ref lines), tool (ACTION lines) or native
+    /// (tool calls stamping a workspace) [default: text].
+    #[arg(long, value_enum, value_delimiter = ',')]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub protocol: Option<Vec<Protocol>>,
+    /// Paraphrase tiers: 0 assigned, 1 rotated, 2 held-out rewrites (needs
+    /// --paraphrase-cache) [default: 0].
+    #[arg(long, value_delimiter = ',')]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub paraphrase_tier: Option<Vec<u8>>,
+    /// Rates at which filler turns become ambiguous probes, in [0, 1]
+    /// [default: 0].
+    #[arg(long, value_delimiter = ',')]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ambiguous_rate: Option<Vec<f64>>,
-    /// Thinking regimes (Qwen3 `enable_thinking`).
+    /// Thinking regimes (Qwen3 `enable_thinking`), e.g. false,true (--think
+    /// alone means true) [default: false].
+    #[arg(long, value_delimiter = ',')]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub thinking: Option<Vec<bool>>,
     /// Models for the in-process engine (a .gguf, a checkpoint directory or
-    /// a hub id); run one after another, each through its own engine.
+    /// a hub id); run one after another, each through its own engine. The
+    /// flag is --model, one model.
+    #[arg(skip)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<Vec<String>>,
-    /// Arms of every cell, in ladder order (not an axis: a cell's arms are
-    /// paired on its seeds).
+    /// Arms of every cell, in ladder order: adjacent arms are contrasted
+    /// (not an axis: a cell's arms are paired on its seeds) [default:
+    /// raw,checklist,directive,enforce].
+    #[arg(long, value_delimiter = ',')]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub arms: Option<Vec<Arm>>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub agent: Option<AgentKind>,
+    /// Agent [default: perfect].
+    #[arg(long, value_enum)]
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "agent_kind")]
+    pub agent: Option<AgentSpec>,
+    /// Matcher: oracle (the scripted step) or model [default: model with
+    /// the model agent, else oracle].
+    #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matcher: Option<Source>,
+    /// Compiler: oracle (the generator's graph) or model [default: model
+    /// with the model agent, else oracle].
+    #[arg(long, value_enum)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub compiler: Option<Source>,
-    /// Episodes per cell.
+    /// Episodes per cell [default: 128].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub episodes: Option<u64>,
+    /// First seed of every cell [default: 100].
+    #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub seed_start: Option<u64>,
+    /// Embedder of the retrieval-memory arms: `agent` (the agent model's
+    /// final hidden state), `lexical` (hashed bag of words), or an
+    /// embedding model (e.g. a Qwen3-Embedding-0.6B directory) loaded
+    /// in-process [default: agent when a model runs, else lexical].
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedder: Option<EmbedderSpec>,
+    /// Writer of the mem0 arms' facts: oracle (the realized state) or
+    /// model [default: as the matcher].
+    #[arg(long, value_enum)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_writer: Option<Source>,
+    /// Corrupted-state ablation: flip done bits and drop edges at this rate
+    /// per step-turn, in [0, 1].
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub corrupt: Option<f64>,
+    /// Run the matcher on filler and revision turns too.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub no_bypass: bool,
     /// Crosses (top level only).
+    #[arg(skip)]
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cross: Vec<Axes>,
+}
+
+/// `agent` as grid files and flags name the kinds: `perfect`,
+/// `always-book`, `model`.
+mod agent_kind {
+    use super::AgentSpec;
+    use clap::ValueEnum;
+    use serde::{de::Error, Deserialize, Deserializer, Serialize, Serializer};
+
+    pub fn serialize<S: Serializer>(a: &Option<AgentSpec>, s: S) -> Result<S::Ok, S::Error> {
+        let name = a.as_ref().and_then(|a| a.to_possible_value());
+        name.as_ref().map(|v| v.get_name()).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<AgentSpec>, D::Error> {
+        let name = String::deserialize(d)?;
+        AgentSpec::from_str(&name, false)
+            .map(Some)
+            .map_err(|_| D::Error::unknown_variant(&name, &["perfect", "always-book", "model"]))
+    }
+}
+
+/// One setting a grid crosses. Its key is the grid file's, the flag's and
+/// the cell configuration's (the values are the same type in [`Axes`] and
+/// [`CellConfig`]), so a cell takes an axis's value by key.
+#[derive(Clone, Copy)]
+pub struct Axis {
+    pub key: &'static str,
+    /// The report's column; cell names put it before the value when
+    /// `prefixed` (`S10`), else show the value alone (`release`).
+    pub label: &'static str,
+    pub prefixed: bool,
+    /// A value as cell names and report columns show it.
+    pub show: fn(&Value) -> String,
+}
+
+impl Axis {
+    const fn new(key: &'static str, label: &'static str) -> Axis {
+        Axis {
+            key,
+            label,
+            prefixed: false,
+            show: text,
+        }
+    }
+
+    const fn prefixed(self) -> Axis {
+        Axis {
+            prefixed: true,
+            ..self
+        }
+    }
+}
+
+/// The axes a grid crosses, in crossing order after the model (the last
+/// varies fastest). A new episode setting is a field of
+/// [`EpisodeSettings`], a key of [`Axes`] and an entry here.
+pub const AXES: [Axis; 8] = [
+    Axis {
+        show: regime,
+        ..Axis::new("thinking", "regime")
+    },
+    Axis::new("domain", "domain"),
+    Axis::new("steps", "S").prefixed(),
+    Axis::new("density", "rho").prefixed(),
+    Axis::new("brief", "brief"),
+    Axis::new("protocol", "protocol"),
+    Axis::new("paraphrase_tier", "tier").prefixed(),
+    Axis::new("ambiguous_rate", "amb").prefixed(),
+];
+
+fn regime(thinking: &Value) -> String {
+    match thinking.as_bool() {
+        Some(true) => "think".into(),
+        _ => "nothink".into(),
+    }
+}
+
+/// A configuration value as its JSON spells it, without quotes.
+fn text<T: Serialize>(v: &T) -> String {
+    serde_json::to_string(v)
+        .unwrap_or_default()
+        .trim_matches('"')
+        .to_string()
 }
 
 /// Why a grid cannot be made or run; each names the file and key.
@@ -167,32 +296,49 @@ impl Axes {
         Ok(axes)
     }
 
-    /// These axes with every key `over` sets replaced (flags over a file).
-    pub fn overlay(mut self, over: Axes) -> Axes {
-        macro_rules! take {
-            ($($f:ident),*) => { $( if over.$f.is_some() { self.$f = over.$f; } )* };
+    /// These axes with every key `over` sets replaced (flags over a file,
+    /// a cross over the top level).
+    pub fn overlay(self, over: Axes) -> Axes {
+        let mut keys = self.keys();
+        keys.extend(over.keys());
+        serde_json::from_value(Value::Object(keys)).expect("axes read back their own keys")
+    }
+
+    /// The keys set, as JSON.
+    fn keys(&self) -> Map<String, Value> {
+        match serde_json::to_value(self) {
+            Ok(Value::Object(m)) => m,
+            _ => unreachable!("axes serialize to an object"),
         }
-        take!(
-            domain,
-            steps,
-            density,
-            brief,
-            protocol,
-            paraphrase_tier,
-            ambiguous_rate,
-            thinking,
-            model,
-            arms,
-            agent,
-            matcher,
-            compiler,
-            episodes,
-            seed_start
-        );
-        if !over.cross.is_empty() {
-            self.cross = over.cross;
+    }
+
+    /// The crosses: each `[[cross]]` over the top level, or the top level.
+    fn crosses(&self) -> Vec<Axes> {
+        let top = Axes {
+            cross: Vec::new(),
+            ..self.clone()
+        };
+        if self.cross.is_empty() {
+            return vec![top];
         }
-        self
+        self.cross
+            .iter()
+            .map(|x| top.clone().overlay(x.clone()))
+            .collect()
+    }
+
+    /// How many cells these axes make (duplicates included), or None past
+    /// 2^64: the product of the axes' lengths, an unset axis counting one.
+    fn size(&self) -> Option<u64> {
+        let keys = self.keys();
+        let models = self.model.as_ref().map_or(1, |m| m.len() as u64);
+        AXES.iter()
+            .map(|a| {
+                keys.get(a.key)
+                    .and_then(Value::as_array)
+                    .map_or(1, |v| v.len() as u64)
+            })
+            .try_fold(models, |n, k| n.checked_mul(k))
     }
 }
 
@@ -201,12 +347,15 @@ impl Axes {
 pub struct GridCell {
     /// Directory under the grid directory.
     pub name: String,
-    /// The configuration; `agent` names the agent kind (`perfect`,
-    /// `always-book`, `model`) until a model is loaded.
+    /// The configuration; its agent is `model` until a model is loaded, and
+    /// its memory parts are settled when it runs.
     pub config: CellConfig,
     /// The model spec (in-process), or None (scripted or `--endpoint`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub model: Option<String>,
+    /// The embedder its memory arms were asked for (`--embedder`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub embedder: Option<EmbedderSpec>,
 }
 
 /// A grid: its axes (as given) and the cells they make.
@@ -220,17 +369,12 @@ impl Grid {
     /// Crosses the axes into cells, checking every value; `source` names the
     /// file (or the flags) in messages.
     pub fn new(axes: Axes, source: &str) -> Result<Grid, GridError> {
-        let crosses = if axes.cross.is_empty() {
-            vec![Axes::default()]
-        } else {
-            axes.cross.clone()
-        };
+        let crosses = axes.crosses();
         // Counted before anything is crossed: a grid of 10^7 cells would
         // exhaust memory before it could be refused.
-        let mut total: Option<u64> = Some(0);
-        for cross in &crosses {
-            total = total.and_then(|t| t.checked_add(cross_size(&axes, cross)?));
-        }
+        let total = crosses
+            .iter()
+            .try_fold(0u64, |t, x| t.checked_add(x.size()?));
         if total.is_none_or(|t| t > MAX_CELLS) {
             return Err(GridError::TooManyCells {
                 path: source.into(),
@@ -240,8 +384,8 @@ impl Grid {
         let mut cells: Vec<GridCell> = Vec::new();
         let mut seen = std::collections::HashSet::new();
         for cross in &crosses {
-            for c in expand(&axes, cross, source)? {
-                let key = serde_json::to_string(&(&c.config, &c.model)).expect("cells serialize");
+            for c in expand(cross, source)? {
+                let key = serde_json::to_string(&c).expect("cells serialize");
                 if seen.insert(key) {
                     cells.push(c);
                 }
@@ -267,28 +411,6 @@ impl Grid {
     }
 }
 
-/// The value of an axis in a cross: the cross's, else the top level's,
-/// else the default; an empty list is refused.
-fn axis<T: Clone>(
-    cross: &Option<Vec<T>>,
-    top: &Option<Vec<T>>,
-    default: T,
-    key: &'static str,
-    source: &str,
-) -> Result<Vec<T>, GridError> {
-    let v = cross
-        .clone()
-        .or_else(|| top.clone())
-        .unwrap_or_else(|| vec![default]);
-    if v.is_empty() {
-        return Err(GridError::EmptyAxis {
-            path: source.into(),
-            key,
-        });
-    }
-    Ok(v)
-}
-
 fn bad(source: &str, key: &'static str, value: impl std::fmt::Display, why: String) -> GridError {
     GridError::Value {
         path: source.into(),
@@ -298,152 +420,126 @@ fn bad(source: &str, key: &'static str, value: impl std::fmt::Display, why: Stri
     }
 }
 
-/// How many cells one cross makes (duplicates included), or None past
-/// 2^64: the product of its axes' lengths, an unset axis counting one.
-fn cross_size(top: &Axes, x: &Axes) -> Option<u64> {
-    fn len<T>(cross: &Option<Vec<T>>, top: &Option<Vec<T>>) -> u64 {
-        cross
-            .as_ref()
-            .or(top.as_ref())
-            .map_or(1, |v| v.len() as u64)
-    }
-    [
-        len(&x.model, &top.model),
-        len(&x.thinking, &top.thinking),
-        len(&x.domain, &top.domain),
-        len(&x.steps, &top.steps),
-        len(&x.density, &top.density),
-        len(&x.brief, &top.brief),
-        len(&x.protocol, &top.protocol),
-        len(&x.paraphrase_tier, &top.paraphrase_tier),
-        len(&x.ambiguous_rate, &top.ambiguous_rate),
-    ]
-    .into_iter()
-    .try_fold(1u64, |n, k| n.checked_mul(k))
-}
-
-/// The cells of one cross, in a fixed order (model, thinking, domain, S,
-/// ρ, brief, protocol, tier, ambiguous rate), each value checked.
-fn expand(top: &Axes, x: &Axes, source: &str) -> Result<Vec<GridCell>, GridError> {
-    let one = |c: Option<u64>, t: Option<u64>, d: u64| c.or(t).unwrap_or(d);
-    let episodes = one(x.episodes, top.episodes, 128);
-    let seed_start = one(x.seed_start, top.seed_start, 100);
-    let agent = x.agent.or(top.agent).unwrap_or(AgentKind::Perfect);
-    let parts_default = match agent {
-        AgentKind::Model => Source::Model,
-        _ => Source::Oracle,
-    };
-    let matcher = x.matcher.or(top.matcher).unwrap_or(parts_default);
-    let compiler = x.compiler.or(top.compiler).unwrap_or(parts_default);
-    let arms = x
-        .arms
+/// The cell a cross's scalars make, before its axes are set: the paper's
+/// main grid where a key is unset.
+fn base_cell(x: &Axes, source: &str) -> Result<CellConfig, GridError> {
+    let agent = x
+        .agent
         .clone()
-        .or_else(|| top.arms.clone())
-        .unwrap_or_else(|| Arm::LADDER.to_vec());
-    let models: Vec<Option<String>> = match x.model.clone().or_else(|| top.model.clone()) {
-        Some(m) if m.is_empty() => {
-            return Err(GridError::EmptyAxis {
-                path: source.into(),
-                key: "model",
-            })
-        }
-        Some(m) => m.into_iter().map(Some).collect(),
-        None => vec![None],
+        .unwrap_or(AgentSpec::Scripted(Scripted::Perfect));
+    let parts = match agent {
+        AgentSpec::Scripted(_) => Source::Oracle,
+        AgentSpec::Model { .. } => Source::Model,
     };
-    let thinking = axis(&x.thinking, &top.thinking, false, "thinking", source)?;
-    let domains = axis(
-        &x.domain,
-        &top.domain,
-        Domain::Procurement,
-        "domain",
-        source,
-    )?;
-    let steps = axis(&x.steps, &top.steps, 10, "steps", source)?;
-    let densities = axis(&x.density, &top.density, 0.15, "density", source)?;
-    let briefs = axis(&x.brief, &top.brief, BriefVariant::Amended, "brief", source)?;
-    let protocols = axis(
-        &x.protocol,
-        &top.protocol,
-        Protocol::Text,
-        "protocol",
-        source,
-    )?;
-    let tiers = axis(
-        &x.paraphrase_tier,
-        &top.paraphrase_tier,
-        0,
-        "paraphrase_tier",
-        source,
-    )?;
-    let ambiguous = axis(
-        &x.ambiguous_rate,
-        &top.ambiguous_rate,
-        0.0,
-        "ambiguous_rate",
-        source,
-    )?;
+    let arms = x.arms.clone().unwrap_or_else(|| Arm::LADDER.to_vec());
     if arms.is_empty() {
         return Err(GridError::EmptyAxis {
             path: source.into(),
             key: "arms",
         });
     }
+    if let Some(e) = x.corrupt.filter(|e| !(0.0..=1.0).contains(e)) {
+        return Err(bad(
+            source,
+            "corrupt",
+            e,
+            "the rate must be in [0, 1]".into(),
+        ));
+    }
+    let memory = arms.iter().any(|a| a.uses_memory());
+    Ok(CellConfig {
+        episode: EpisodeSettings::default(),
+        seed_start: x.seed_start.unwrap_or(100),
+        episodes: x.episodes.unwrap_or(128),
+        arms,
+        agent,
+        matcher: x.matcher.unwrap_or(parts),
+        compiler: x.compiler.unwrap_or(parts),
+        thinking: false,
+        options: RunOptions {
+            bypass_matcher: !x.no_bypass,
+            corrupt: x.corrupt,
+        },
+        embedder: None,
+        memory_writer: x.memory_writer.filter(|_| memory),
+    })
+}
+
+/// The cells of one cross, in a fixed order: model, then [`AXES`] in
+/// order (the last fastest), each checked.
+fn expand(x: &Axes, source: &str) -> Result<Vec<GridCell>, GridError> {
+    let base = base_cell(x, source)?;
+    let models: Vec<Option<String>> = match &x.model {
+        Some(m) if m.is_empty() => {
+            return Err(GridError::EmptyAxis {
+                path: source.into(),
+                key: "model",
+            })
+        }
+        Some(m) => m.iter().cloned().map(Some).collect(),
+        None => vec![None],
+    };
+    let embedder = x.embedder.clone().filter(|_| base.uses_memory());
+    let keys = x.keys();
+    let base = match serde_json::to_value(&base) {
+        Ok(Value::Object(m)) => m,
+        _ => unreachable!("a cell serializes to an object"),
+    };
+    let mut lists = Vec::new();
+    for a in &AXES {
+        lists.push(match keys.get(a.key) {
+            Some(Value::Array(v)) if v.is_empty() => {
+                return Err(GridError::EmptyAxis {
+                    path: source.into(),
+                    key: a.key,
+                })
+            }
+            Some(Value::Array(v)) => v.clone(),
+            _ => vec![base[a.key].clone()],
+        });
+    }
     let mut cells = Vec::new();
     for model in &models {
-        for &think in &thinking {
-            for &domain in &domains {
-                for &s in &steps {
-                    for &rho in &densities {
-                        for &brief in &briefs {
-                            for &protocol in &protocols {
-                                for &tier in &tiers {
-                                    for &amb in &ambiguous {
-                                        let base = EpisodeConfig {
-                                            brief,
-                                            protocol,
-                                            paraphrase_tier: tier,
-                                            ambiguous_rate: amb,
-                                            ..EpisodeConfig::paper(domain, s, rho, seed_start)
-                                        };
-                                        check_episode(&base, source)?;
-                                        let mut cfg = CellConfig::paper(
-                                            &base,
-                                            episodes,
-                                            agent_name(agent),
-                                            matcher,
-                                        );
-                                        cfg.compiler = compiler;
-                                        cfg.arms = arms.clone();
-                                        cfg.thinking = think;
-                                        cfg.options = RunOptions::default();
-                                        cfg.validate().map_err(|e| {
-                                            bad(source, "arms", arm_list(&arms), e.to_string())
-                                        })?;
-                                        cells.push(GridCell {
-                                            name: String::new(),
-                                            config: cfg,
-                                            model: model.clone(),
-                                        });
-                                    }
-                                }
-                            }
-                        }
-                    }
-                }
+        // An odometer over the axes' values.
+        let mut at = vec![0; lists.len()];
+        loop {
+            let mut cfg = base.clone();
+            for ((a, list), &i) in AXES.iter().zip(&lists).zip(&at) {
+                cfg.insert(a.key.into(), list[i].clone());
             }
+            let config: CellConfig = serde_json::from_value(Value::Object(cfg))
+                .expect("an axis's values are its cell key's");
+            check(&config, source)?;
+            cells.push(GridCell {
+                name: String::new(),
+                config,
+                model: model.clone(),
+                embedder: embedder.clone(),
+            });
+            let Some(k) = (0..at.len()).rev().find(|&k| at[k] + 1 < lists[k].len()) else {
+                break;
+            };
+            at[k] += 1;
+            at[k + 1..].fill(0);
         }
     }
     Ok(cells)
 }
 
-/// The name an agent kind has in a cell configuration before a model is
-/// loaded (`scripted:perfect`, … as the scripted agents name themselves).
-pub fn agent_name(a: AgentKind) -> String {
-    match a {
-        AgentKind::Perfect => Scripted::Perfect.name(),
-        AgentKind::AlwaysBook => Scripted::AlwaysBook.name(),
-        AgentKind::Model => "model".into(),
-    }
+/// The cell's checks, named by the key that failed.
+fn check(cfg: &CellConfig, source: &str) -> Result<(), GridError> {
+    generator::validate(&cfg.episode).map_err(|e| match e {
+        GenError::Steps(s) => bad(source, "steps", s, e.to_string()),
+        GenError::Density(d) => bad(source, "density", d, e.to_string()),
+        GenError::AmbiguousRate(a) => bad(source, "ambiguous_rate", a, e.to_string()),
+        GenError::Tier(t) => bad(source, "paraphrase_tier", t, e.to_string()),
+        other => bad(source, "grid", "", other.to_string()),
+    })?;
+    cfg.validate().map_err(|e| match e {
+        CellError::SeedRange { start, .. } => bad(source, "seed_start", start, e.to_string()),
+        CellError::TooLarge { episodes, .. } => bad(source, "episodes", episodes, e.to_string()),
+        e => bad(source, "arms", arm_list(&cfg.arms), e.to_string()),
+    })
 }
 
 fn arm_list(arms: &[Arm]) -> String {
@@ -451,22 +547,10 @@ fn arm_list(arms: &[Arm]) -> String {
     format!("[{}]", names.join(", "))
 }
 
-/// The generator's checks, named by the key that failed.
-fn check_episode(cfg: &EpisodeConfig, source: &str) -> Result<(), GridError> {
-    generator::validate(cfg).map_err(|e| match e {
-        GenError::Steps(s) => bad(source, "steps", s, e.to_string()),
-        GenError::Density(d) => bad(source, "density", d, e.to_string()),
-        GenError::AmbiguousRate(a) => bad(source, "ambiguous_rate", a, e.to_string()),
-        GenError::Tier(t) => bad(source, "paraphrase_tier", t, e.to_string()),
-        other => bad(source, "grid", "", other.to_string()),
-    })
-}
-
 /// Names each cell by the values that vary across the grid (the model
 /// by its file stem), so directories read like the table's rows.
 fn name_cells(cells: &mut [GridCell]) {
     let parts = |c: &GridCell| -> Vec<(&'static str, String)> {
-        let g = &c.config;
         let model = c
             .model
             .as_deref()
@@ -478,17 +562,16 @@ fn name_cells(cells: &mut [GridCell]) {
                 stem.replace(|ch: char| !(ch.is_ascii_alphanumeric() || ch == '.'), "-")
             })
             .unwrap_or_default();
-        vec![
-            ("", model),
-            ("", if g.thinking { "think" } else { "nothink" }.into()),
-            ("", text(&g.domain)),
-            ("S", g.steps.to_string()),
-            ("rho", text(&g.density)),
-            ("", text(&g.brief)),
-            ("", text(&g.protocol)),
-            ("tier", g.paraphrase_tier.to_string()),
-            ("amb", text(&g.ambiguous_rate)),
-        ]
+        let mut parts = vec![("", model)];
+        parts.extend(
+            labels(&c.config)
+                .into_iter()
+                .map(|(a, v)| match a.prefixed {
+                    true => (a.label, v),
+                    false => ("", v),
+                }),
+        );
+        parts
     };
     let all: Vec<_> = cells.iter().map(parts).collect();
     let varies: Vec<bool> = (0..all[0].len())
@@ -515,12 +598,10 @@ fn name_cells(cells: &mut [GridCell]) {
     }
 }
 
-/// A configuration value as its JSON spells it, without quotes.
-fn text<T: Serialize>(v: &T) -> String {
-    serde_json::to_string(v)
-        .unwrap_or_default()
-        .trim_matches('"')
-        .to_string()
+/// A cell's value on each axis, as names and reports show it.
+pub fn labels(cfg: &CellConfig) -> Vec<(Axis, String)> {
+    let json = serde_json::to_value(cfg).unwrap_or_default();
+    AXES.iter().map(|a| (*a, (a.show)(&json[a.key]))).collect()
 }
 
 /// One of n disjoint parts of a grid.
@@ -589,9 +670,9 @@ impl Shard {
             let family = format!(
                 "{:?}|{:?}|{}|{}",
                 c.model,
-                g.domain,
-                g.steps,
-                g.density.to_bits()
+                g.episode.domain,
+                g.episode.steps,
+                g.episode.density.to_bits()
             );
             for (k, seed) in g.seeds().enumerate() {
                 let key = (family.clone(), g.seed_start + (k as u64 / block) * block);
@@ -600,7 +681,7 @@ impl Shard {
                     units.len() - 1
                 });
                 units[u].0.push((ci, seed));
-                units[u].1 += g.arms.len() as u64 * g.steps as u64;
+                units[u].1 += g.arms.len() as u64 * g.episode.steps as u64;
             }
         }
         let mut order: Vec<usize> = (0..units.len()).collect();
@@ -801,5 +882,108 @@ fn dir_error(d: &Path, e: crate::rundir::DirError) -> GridError {
     GridError::Dir {
         dir: d.display().to_string(),
         why: e.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn grid(toml: &str) -> Grid {
+        Grid::new(toml::from_str(toml).unwrap(), "test").unwrap()
+    }
+
+    /// Each axis's key is the cell configuration's: two values of it make
+    /// two cells that differ there alone, named and labelled by it.
+    #[test]
+    fn every_axis_sets_its_own_key_of_a_cell() {
+        let values = [
+            ("thinking", "[false, true]"),
+            ("domain", r#"["procurement", "release"]"#),
+            ("steps", "[5, 6]"),
+            ("density", "[0.15, 0.3]"),
+            ("brief", r#"["original", "amended"]"#),
+            ("protocol", r#"["text", "tool"]"#),
+            ("paraphrase_tier", "[0, 1]"),
+            ("ambiguous_rate", "[0.0, 0.3]"),
+        ];
+        assert_eq!(values.map(|v| v.0), AXES.map(|a| a.key));
+        for (a, (key, list)) in AXES.iter().zip(values) {
+            let g = grid(&format!("{key} = {list}"));
+            assert_eq!(g.cells.len(), 2, "{key}");
+            let [x, y] = [0, 1].map(|i| serde_json::to_value(&g.cells[i].config).unwrap());
+            let differ: Vec<&String> = x
+                .as_object()
+                .unwrap()
+                .keys()
+                .filter(|k| x[k.as_str()] != y[k.as_str()])
+                .collect();
+            assert_eq!(differ, [key], "{key}");
+            let shown = (a.show)(&y[key]);
+            let name = if a.prefixed {
+                format!("{}{shown}", a.label)
+            } else {
+                shown
+            };
+            assert_eq!(g.cells[1].name, name, "{key}");
+        }
+    }
+
+    #[test]
+    fn cells_cross_in_axis_order_and_crosses_fall_back_to_the_top() {
+        let g = grid("thinking = [false, true]\nsteps = [5, 6]\n[[cross]]\ndensity = [0.3]\n[[cross]]\nsteps = [7]");
+        let names: Vec<&str> = g.cells.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "nothink_S5_rho0.3",
+                "nothink_S6_rho0.3",
+                "think_S5_rho0.3",
+                "think_S6_rho0.3",
+                "nothink_S7_rho0.15",
+                "think_S7_rho0.15"
+            ]
+        );
+    }
+
+    #[test]
+    fn agents_keep_their_spellings() {
+        for s in [
+            "scripted:perfect",
+            "scripted:always-book",
+            "model",
+            "model:qwen3",
+        ] {
+            let a: AgentSpec = serde_json::from_value(serde_json::json!(s)).unwrap();
+            assert_eq!(serde_json::to_value(&a).unwrap(), s);
+        }
+        assert!(serde_json::from_str::<AgentSpec>(r#""perfect""#).is_err());
+        assert!(serde_json::from_str::<AgentSpec>(r#""modelx""#).is_err());
+        // Grid files and grid.json name the kinds.
+        let axes: Axes = toml::from_str(r#"agent = "always-book""#).unwrap();
+        assert_eq!(axes.agent, Some(AgentSpec::Scripted(Scripted::AlwaysBook)));
+        assert_eq!(
+            serde_json::to_string(&axes).unwrap(),
+            r#"{"agent":"always-book"}"#
+        );
+        let g = Grid::new(axes, "test").unwrap();
+        assert_eq!(g.cells[0].config.agent.to_string(), "scripted:always-book");
+        assert!(toml::from_str::<Axes>(r#"agent = "scripted:perfect""#).is_err());
+    }
+
+    #[test]
+    fn flags_replace_the_keys_they_set() {
+        let file: Axes =
+            toml::from_str("steps = [5, 6]\nepisodes = 3\n[[cross]]\ndensity = [0.3]").unwrap();
+        let flags = Axes {
+            steps: Some(vec![7]),
+            no_bypass: true,
+            ..Axes::default()
+        };
+        let a = file.overlay(flags);
+        assert_eq!(a.steps, Some(vec![7]));
+        assert_eq!(a.episodes, Some(3));
+        assert!(a.no_bypass);
+        assert_eq!(a.cross.len(), 1);
     }
 }
