@@ -16,7 +16,7 @@ use statebench::ladder::score::channels::Channel;
 
 fn native(steps: usize, rho: f64, seed: u64) -> EpisodeConfig {
     let mut c = EpisodeConfig::paper(Domain::Procurement, steps, rho, seed);
-    c.protocol = Protocol::Native;
+    c.settings.protocol = Protocol::Native;
     c
 }
 
@@ -129,7 +129,7 @@ fn a_second_stamp_is_a_re_execution() {
 fn a_refused_call_stamps_nothing() {
     for arm in [Arm::Enforce, Arm::EnforceRequest] {
         let mut c = native(10, 0.15, 101);
-        c.ambiguous_rate = 1.0;
+        c.settings.ambiguous_rate = 1.0;
         let ep = generate(&c, None).unwrap();
         let turns = run(&ep, arm, &mut Scripted::AlwaysBook);
         let mut refused = 0;

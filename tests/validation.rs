@@ -39,8 +39,8 @@ fn perfect_agent_scores_every_episode_on_every_arm() {
             for seed in 100..120 {
                 for protocol in [Protocol::Text, Protocol::Tool, Protocol::Native] {
                     let mut c = EpisodeConfig::paper(domain, s, rho, seed);
-                    c.protocol = protocol;
-                    c.ambiguous_rate = 0.15;
+                    c.settings.protocol = protocol;
+                    c.settings.ambiguous_rate = 0.15;
                     let ep = generate(&c, None).unwrap();
                     for arm in Arm::ALL {
                         let r = run(&ep, arm, Scripted::Perfect, RunOptions::default());
@@ -135,7 +135,7 @@ fn always_book_is_perfect_behind_the_gate_and_fails_raw() {
 #[test]
 fn gate_admits_unrequested_bookings_on_ambiguous_probes_but_request_bound_refuses_them() {
     let mut c = EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 100);
-    c.ambiguous_rate = 1.0;
+    c.settings.ambiguous_rate = 1.0;
     let ep = generate(&c, None).unwrap();
     let state = run(
         &ep,

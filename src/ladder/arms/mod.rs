@@ -584,7 +584,7 @@ impl<'p> ArmState<'p> {
     ) -> (Vec<Booking>, Vec<String>) {
         let mut out = Vec::new();
         let mut notices = Vec::new();
-        for line in receipt::extract(cx.episode.config.protocol, reply) {
+        for line in receipt::extract(cx.episode.config.settings.protocol, reply) {
             let citation =
                 line.work_order == cx.turn.work_order && decline::is_citation(reply, line.line_no);
             let (booking, reason) = self.judge(cx, prompt, line, citation, call);

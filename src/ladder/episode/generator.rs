@@ -174,8 +174,8 @@ pub fn validate(cfg: &EpisodeSettings) -> Result<(), GenError> {
 
 /// Generates the episode for `cfg`.
 pub fn generate(cfg: &EpisodeConfig, cache: Option<&ParaphraseCache>) -> Result<Episode, GenError> {
-    validate(cfg)?;
-    if cfg.paraphrase_tier == 2 && cache.is_none() {
+    validate(&cfg.settings)?;
+    if cfg.settings.paraphrase_tier == 2 && cache.is_none() {
         return Err(GenError::NoCache);
     }
     let templates = select_templates(cfg);
@@ -210,11 +210,11 @@ pub fn generate(cfg: &EpisodeConfig, cache: Option<&ParaphraseCache>) -> Result<
 }
 
 fn select_templates(cfg: &EpisodeConfig) -> Vec<&'static Template> {
-    let pool = cfg.domain.templates();
+    let pool = cfg.settings.domain.templates();
     let mut rng = Rng::stream(cfg.seed, "select");
     let mut idx: Vec<usize> = (0..pool.len()).collect();
     rng.shuffle(&mut idx);
-    idx.truncate(cfg.steps);
+    idx.truncate(cfg.settings.steps);
     // A second shuffle assigns ids, so id order carries no phase information.
     rng.shuffle(&mut idx);
     idx.into_iter().map(|i| &pool[i]).collect()
@@ -239,7 +239,7 @@ fn sample_graph(cfg: &EpisodeConfig, templates: &[&Template]) -> Vec<Vec<StepId>
         }
         for &u in &cands {
             let id = StepId(u as u8);
-            if !requires[v].contains(&id) && rng.chance(cfg.density) {
+            if !requires[v].contains(&id) && rng.chance(cfg.settings.density) {
                 requires[v].push(id);
             }
         }
@@ -269,16 +269,16 @@ fn render_brief(cfg: &EpisodeConfig, steps: &[Step]) -> String {
             line.push_str(&format!(" (requires: {})", r.join(", ")));
         }
         line.push_str(&format!(" [completion code {}]", s.code));
-        if cfg.protocol != Protocol::Text {
+        if cfg.settings.protocol != Protocol::Text {
             line.push_str(&format!(" [tool {}]", s.tool));
         }
         lines.push(line);
     }
     lines.push(p::BRIEF_POLICY.to_string());
-    if cfg.brief == BriefVariant::Amended {
+    if cfg.settings.brief == BriefVariant::Amended {
         lines.push(p::ONE_SHOT.to_string());
     }
-    lines.push(match cfg.protocol {
+    lines.push(match cfg.settings.protocol {
         Protocol::Text => p::EXECUTION_PROTOCOL.to_string(),
         Protocol::Tool => p::TOOL_CLAUSE.to_string(),
         Protocol::Native => p::NATIVE_TOOL_CLAUSE.to_string(),
@@ -571,7 +571,7 @@ impl<'a> TurnPlanner<'a> {
     fn wording(&mut self, v: StepId, family: Family) -> Result<String, GenError> {
         let k = self.para.below(3);
         let t = self.templates[v.index()];
-        match self.cfg.paraphrase_tier {
+        match self.cfg.settings.paraphrase_tier {
             0 => Ok(t.family(family)[k].clone()),
             1 => Ok(t.family(family)[(k + 1) % 3].clone()),
             _ => self.cache.ok_or(GenError::NoCache)?.get(&t.slug, family, k),
@@ -639,9 +639,9 @@ impl<'a> TurnPlanner<'a> {
             .into_iter()
             .filter(|&v| self.truth.status(v) == Status::Todo && !self.held_now(t, v))
             .collect();
-        if self.cfg.ambiguous_rate > 0.0
+        if self.cfg.settings.ambiguous_rate > 0.0
             && eligible.len() >= 2
-            && self.fill.chance(self.cfg.ambiguous_rate)
+            && self.fill.chance(self.cfg.settings.ambiguous_rate)
         {
             let a = self.fill.below(eligible.len());
             let mut b = self.fill.below(eligible.len() - 1);
@@ -663,7 +663,7 @@ impl<'a> TurnPlanner<'a> {
                 work_order: wo,
             };
         }
-        let fillers = self.cfg.domain.fillers();
+        let fillers = self.cfg.settings.domain.fillers();
         let mut i = self.fill.below(fillers.len());
         if i == self.last_filler {
             i = (i + 1) % fillers.len();
@@ -837,13 +837,13 @@ mod tests {
     fn bad_inputs_are_refused() {
         let mut c = EpisodeConfig::paper(Domain::Procurement, 0, 0.15, 1);
         assert!(matches!(generate(&c, None), Err(GenError::Steps(0))));
-        c.steps = 19;
+        c.settings.steps = 19;
         assert!(matches!(generate(&c, None), Err(GenError::Steps(19))));
-        c.steps = 5;
-        c.density = 1.5;
+        c.settings.steps = 5;
+        c.settings.density = 1.5;
         assert!(matches!(generate(&c, None), Err(GenError::Density(_))));
-        c.density = 0.1;
-        c.paraphrase_tier = 2;
+        c.settings.density = 0.1;
+        c.settings.paraphrase_tier = 2;
         assert!(matches!(generate(&c, None), Err(GenError::NoCache)));
     }
 
@@ -851,7 +851,7 @@ mod tests {
     fn tiers_change_wording_not_structure() {
         let mut c = EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 100);
         let a = generate(&c, None).unwrap();
-        c.paraphrase_tier = 1;
+        c.settings.paraphrase_tier = 1;
         let b = generate(&c, None).unwrap();
         assert_eq!(a.steps, b.steps);
         let kinds = |e: &Episode| e.turns.iter().map(|t| (t.kind, t.step)).collect::<Vec<_>>();
@@ -869,7 +869,7 @@ mod tests {
     #[test]
     fn ambiguous_probes_name_two_eligible_steps() {
         let mut c = EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 100);
-        c.ambiguous_rate = 0.5;
+        c.settings.ambiguous_rate = 0.5;
         let ep = generate(&c, None).unwrap();
         let amb: Vec<&Turn> = ep
             .turns

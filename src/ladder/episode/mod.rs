@@ -143,7 +143,6 @@ impl Default for EpisodeSettings {
 }
 
 /// Everything an episode is a function of: its settings and its seed.
-/// Reads as its settings (`config.steps`).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
 pub struct EpisodeConfig {
     #[serde(flatten)]
@@ -156,19 +155,6 @@ impl EpisodeConfig {
     /// The paper's main grid at (domain, S, ρ, seed).
     pub fn paper(domain: Domain, steps: usize, density: f64, seed: u64) -> Self {
         EpisodeSettings::paper(domain, steps, density).at(seed)
-    }
-}
-
-impl std::ops::Deref for EpisodeConfig {
-    type Target = EpisodeSettings;
-    fn deref(&self) -> &EpisodeSettings {
-        &self.settings
-    }
-}
-
-impl std::ops::DerefMut for EpisodeConfig {
-    fn deref_mut(&mut self) -> &mut EpisodeSettings {
-        &mut self.settings
     }
 }
 
@@ -348,10 +334,10 @@ impl Episode {
     /// the generator's invariants, checked, with the first violation named.
     pub fn validate(&self) -> Result<(), String> {
         let n = self.steps.len();
-        if !(1..=18).contains(&n) || self.config.steps != n {
+        if !(1..=18).contains(&n) || self.config.settings.steps != n {
             return Err(format!(
                 "{n} steps (config says {}; 1..=18)",
-                self.config.steps
+                self.config.settings.steps
             ));
         }
         let known = |v: &StepId| v.index() < n;
@@ -456,7 +442,7 @@ mod tests {
     #[test]
     fn episode_config_keeps_its_key_order_and_reads_back() {
         let mut c = EpisodeConfig::paper(Domain::Release, 12, 0.3, 4242);
-        c.ambiguous_rate = 0.5;
+        c.settings.ambiguous_rate = 0.5;
         let text = serde_json::to_string(&c).unwrap();
         assert_eq!(
             text,

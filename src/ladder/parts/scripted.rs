@@ -49,7 +49,7 @@ fn say(text: String) -> Reply {
 /// booking line, or the step tool's call.
 fn book(ep: &Episode, turn: &Turn, step: StepId, text: String) -> Reply {
     let s = ep.step(step);
-    let line = match ep.config.protocol {
+    let line = match ep.config.settings.protocol {
         Protocol::Text => format!("ref {}/{}", s.code, turn.work_order),
         Protocol::Tool => format!(
             "ACTION {{\"tool\": \"{}\", \"work_order\": \"{}\"}}",

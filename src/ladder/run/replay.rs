@@ -176,7 +176,7 @@ pub fn score_replies(
     if arm.same_turn_notice() {
         return Err(ReplayError::Arm(arm));
     }
-    if ep.config.protocol == Protocol::Native {
+    if ep.config.settings.protocol == Protocol::Native {
         return Err(ReplayError::Native);
     }
     let compiled = arm.uses_module().then(|| Compiled::oracle(ep));

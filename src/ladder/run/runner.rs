@@ -316,7 +316,7 @@ pub fn run_episode(
         workspace: None,
         seen: harness::Stamps::new(),
     };
-    if ep.config.protocol == Protocol::Native {
+    if ep.config.settings.protocol == Protocol::Native {
         run.tools = harness::tools(ep);
         run.workspace = Some(Workspace::new().map_err(|e| crate::one_line(&e)));
     }
@@ -494,7 +494,7 @@ impl Episodic<'_> {
     /// The agent replies; the gate judges the bookings; on the same-turn
     /// arm a refusal re-prompts the agent at once.
     fn exchange(&mut self, cx: &TurnContext, prompt: &TurnPrompt, label: &Label) -> Exchange {
-        if self.ep.config.protocol == Protocol::Native {
+        if self.ep.config.settings.protocol == Protocol::Native {
             return self.exchange_native(cx, prompt, label);
         }
         let reads = oracle(self.ep, &self.truth, cx, label, false);
