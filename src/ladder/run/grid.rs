@@ -776,8 +776,12 @@ impl GridManifest {
             source,
         })?;
         let text = serde_json::to_string_pretty(self).expect("grid manifest serializes") + "\n";
-        std::fs::write(dir.join("grid.json"), text)
-            .map_err(|source| GridError::Io { path: d, source })
+        // Whole or absent: a grid directory with a torn grid.json could
+        // not be resumed or reported.
+        Ok(crate::rundir::manifest::write_atomic(
+            &dir.join("grid.json"),
+            text.as_bytes(),
+        )?)
     }
 
     /// The run directories of the cells.
