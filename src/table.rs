@@ -86,3 +86,12 @@ impl Table {
         s
     }
 }
+
+/// A value as its JSON spells it, without quotes (ρ = 1 reads `1.0`): how
+/// a configuration value reads in a table, a cell's name and its pairing.
+pub fn field<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v)
+        .unwrap_or_default()
+        .trim_matches('"')
+        .to_string()
+}

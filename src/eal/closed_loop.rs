@@ -138,8 +138,8 @@ pub fn read_steps(
         .filter_map(|c| {
             let whole = c.requests.len() * arms;
             by_attempt
-                .iter()
-                .find(|((case, _), n)| *case == c.id && **n == whole)
+                .range((c.id.as_str(), 0)..=(c.id.as_str(), u32::MAX))
+                .find(|(_, n)| **n == whole)
                 .map(|((case, attempt), _)| (*case, *attempt))
         })
         .collect();

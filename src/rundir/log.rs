@@ -69,10 +69,6 @@ impl Log {
         })
     }
 
-    pub fn path(&self) -> &Path {
-        &self.path
-    }
-
     /// Appends records as tagged lines in one write; with `sync`, waits
     /// until they are on disk (a line that marks work finished).
     pub fn append<'a, T: Serialize + 'a>(

@@ -46,14 +46,6 @@ impl Identity {
             Identity::ScriptedUnnamed => SCRIPTED,
         }
     }
-
-    /// The model, when one ran.
-    pub fn model(&self) -> Option<&ModelIdentity> {
-        match self {
-            Identity::Model(m) => Some(m),
-            _ => None,
-        }
-    }
 }
 
 /// The three spellings on disk.

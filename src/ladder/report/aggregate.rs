@@ -7,7 +7,6 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::Serialize;
 
-use super::field;
 use crate::backend::Usage;
 use crate::ladder::arms::gate::DirectiveKind;
 use crate::ladder::arms::memory::MemoryUse;
@@ -22,6 +21,7 @@ use crate::ladder::score::compile::CompileTotals;
 use crate::ladder::score::{Channel, ChannelCounts};
 use crate::rundir::manifest::sorted_keys;
 use crate::stats::{holm, mcnemar_exact, wilson};
+use crate::table::field;
 
 /// Decline-aware success of an arm.
 #[derive(Debug, Clone, Serialize)]

@@ -12,12 +12,3 @@ pub mod render;
 
 pub use aggregate::{build, Report};
 pub use render::{render, Format};
-
-/// A configuration value as its JSON spells it, without quotes (ρ = 1
-/// reads `1.0`); shared by the tables and the pairing of cells.
-pub(crate) fn field<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v)
-        .unwrap_or_default()
-        .trim_matches('"')
-        .to_string()
-}

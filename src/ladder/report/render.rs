@@ -5,11 +5,11 @@
 use std::fmt::Write as _;
 
 use super::aggregate::{ArmSummary, CellReport, Comparison, Report};
-use super::field;
 use crate::ladder::arms::gate::DirectiveKind;
 use crate::ladder::run::cell::AgentSpec;
 use crate::ladder::run::grid::labels;
 use crate::ladder::score::Channel;
+use crate::table::field;
 use crate::table::Table;
 
 /// Output format.

@@ -23,6 +23,7 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
+use crate::table::field;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -183,7 +184,7 @@ impl Axis {
             key,
             label,
             prefixed: false,
-            show: text,
+            show: field,
         }
     }
 
@@ -217,14 +218,6 @@ fn regime(thinking: &Value) -> String {
         Some(true) => "think".into(),
         _ => "nothink".into(),
     }
-}
-
-/// A configuration value as its JSON spells it, without quotes.
-fn text<T: Serialize>(v: &T) -> String {
-    serde_json::to_string(v)
-        .unwrap_or_default()
-        .trim_matches('"')
-        .to_string()
 }
 
 /// Why a grid cannot be made or run; each names the file and key.
