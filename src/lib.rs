@@ -22,6 +22,7 @@ pub mod rng;
 pub mod rundir;
 pub mod stats;
 pub mod table;
+pub mod tau2;
 pub mod wire;
 
 /// Bytes as lowercase hex (how digests are written everywhere).

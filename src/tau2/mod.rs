@@ -1,0 +1,11 @@
+//! The τ²-bench airline transfer study (paper §5.4, RQ4): τ²'s airline
+//! domain, its tools, user simulator and evaluator on the statebench
+//! engine, with the ladder's rungs applied at tool dispatch.
+//!
+//! The data (policy, tasks, database, simulator guidelines) is read from a
+//! τ²-bench airline data directory the user names; none of it is part of
+//! statebench.
+
+pub mod record;
+
+pub use record::{Arm, CallRecord, EpisodeRecord, Reward, Termination};
