@@ -8,6 +8,7 @@
 
 pub mod compile;
 pub mod db;
+pub mod evaluate;
 pub mod record;
 pub mod rules;
 pub mod task;
