@@ -437,6 +437,7 @@ const REASON_WORDS: &[(&str, &[&str])] = &[
             "sick",
             "ill",
             "illness",
+            "unwell",
             "medical",
             "hospital",
             "hospitalized",
