@@ -561,3 +561,24 @@ fn agreement_counts_fields_and_names_the_changed_ones() {
     reordered.insurance_reasons.reverse();
     assert!(agreement(&reordered, &reference).differing.is_empty());
 }
+
+#[test]
+fn compile_requests_carry_the_policy_budget_and_seed() {
+    use statebench::backend::Constraint;
+    use statebench::tau2::compile::{compile_request, compile_request_for};
+    let policy = "# Airline Agent Policy\nEach extra baggage is 50 dollars.";
+    let a = compile_request(policy, 3);
+    assert_eq!((a.max_tokens, a.thinking, a.seed), (3000, false, 3));
+    assert!(a.temperature > 0.0, "seeds must be able to differ");
+    assert!(a.messages[0]
+        .content
+        .contains("Each extra baggage is 50 dollars."));
+    assert!(matches!(a.constraint, Some(Constraint::JsonSchema(_))));
+    let b = compile_request_for(policy, 4, true);
+    assert_eq!((b.max_tokens, b.thinking, b.seed), (6000, true, 4));
+    assert!(
+        b.constraint.is_none(),
+        "a constraint would forbid the thinking block"
+    );
+    assert_eq!(a.messages[0].content, b.messages[0].content);
+}
