@@ -6,9 +6,11 @@
 //! τ²-bench airline data directory the user names; none of it is part of
 //! statebench.
 
+pub mod compile;
 pub mod db;
 pub mod evaluate;
 pub mod record;
+pub mod rules;
 pub mod task;
 pub mod tools;
 
