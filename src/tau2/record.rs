@@ -74,8 +74,8 @@ pub struct CallRecord {
 pub enum Termination {
     /// The user simulator said `###STOP###`.
     UserStop,
-    /// The agent transferred to a human (`transfer_to_human_agents`), or the
-    /// user simulator said `###TRANSFER###`.
+    /// The user simulator said `###TRANSFER###` (after the agent's
+    /// `transfer_to_human_agents`, which itself ends nothing, as in τ²).
     Transfer,
     /// The user simulator said `###OUT-OF-SCOPE###`.
     OutOfScope,
@@ -129,11 +129,12 @@ pub struct EpisodeRecord {
 }
 
 impl EpisodeRecord {
-    /// A write the reference rules forbid ran.
+    /// A write the reference rules forbid ran and changed the database (one
+    /// that raised a tool error changed nothing).
     pub fn wrongful_write(&self) -> bool {
         self.calls
             .iter()
-            .any(|c| c.write && c.executed && !c.violates.is_empty())
+            .any(|c| c.write && c.executed && !c.error && !c.violates.is_empty())
     }
 
     pub fn key(&self) -> (String, Arm, u32) {
