@@ -7,6 +7,7 @@
 
 use serde_json::{json, Map, Value};
 
+use super::prompts;
 use super::rules::RuleSet;
 use crate::backend::{ChatRequest, Constraint, Message, Role};
 
@@ -26,66 +27,6 @@ pub enum CompileError {
     Shape(#[source] serde_json::Error),
 }
 
-const PROMPT_HEAD: &str = "\
-You turn an airline's customer-service policy into rule parameters that a \
-program checks before the service agent's tools change any booking.
-
-Read the policy below. Answer with one JSON object that has exactly these \
-fields and nothing else (no comments, no extra fields). Take every value \
-from the policy's text; where the policy says nothing about a field, use \
-the value that means \"not allowed\" (false, 0, or an empty list).
-
-Fields:
-- confirm_before: list of write tools that need the user's explicit yes \
-before they run, from: book_reservation, cancel_reservation, \
-update_reservation_baggages, update_reservation_flights, \
-update_reservation_passengers, send_certificate
-- cancel_window_hours: integer, hours after booking within which any \
-reservation may be cancelled
-- cancel_if_airline_cancelled: boolean, a flight cancelled by the airline \
-makes its reservation cancellable
-- cancel_cabins: list of cabins (basic_economy, economy, business) whose \
-reservations may always be cancelled
-- cancel_memberships: list of memberships (regular, silver, gold) whose \
-reservations may always be cancelled
-- insurance_reasons: list of short lowercase words, the reasons for \
-cancelling that travel insurance covers
-- cancel_after_flown: boolean, a reservation with a segment already flown \
-may be cancelled
-- basic_economy_flight_change: boolean, basic economy reservations may \
-change their flights
-- change_keeps_route: boolean, a flight change must keep origin, \
-destination and trip type
-- cabin_change_after_flown: boolean, the cabin may change after a segment \
-has flown
-- free_bags: object with keys regular, silver, gold; each an object with \
-keys basic_economy, economy, business: free checked bags per passenger
-- bag_price: integer dollars per checked bag beyond the free ones
-- bags_removable: boolean, checked bags may be removed from a reservation
-- max_passengers: integer, most passengers on one reservation
-- passenger_count_changeable: boolean, a reservation's number of \
-passengers may change
-- max_certificates, max_credit_cards, max_gift_cards: integers, most \
-payment methods of each kind on one booking
-- change_payment_kinds: list of payment kinds (credit_card, gift_card, \
-certificate) that may pay for a flight change
-- compensation_memberships: list of memberships that make a user eligible \
-for compensation
-- compensation_if_insured: boolean, travel insurance makes the user \
-eligible for compensation
-- compensation_cabins: list of cabins whose passengers are eligible for \
-compensation
-- certificate_per_passenger_cancelled: integer dollars per passenger of the \
-certificate for a cancelled flight
-- certificate_per_passenger_delayed: integer dollars per passenger of the \
-certificate for a delayed flight
-- delay_certificate_after_change: boolean, the delay certificate is given \
-only after the reservation was changed or cancelled
-
-The policy:
-
-";
-
 /// The compile request on the no-thinking budget, with the rule set's JSON
 /// schema as its constraint.
 pub fn compile_request(policy: &str, seed: u64) -> ChatRequest {
@@ -96,7 +37,7 @@ pub fn compile_request(policy: &str, seed: u64) -> ChatRequest {
 /// a constraint binds from the first token and would forbid the thinking
 /// block.
 pub fn compile_request_for(policy: &str, seed: u64, thinking: bool) -> ChatRequest {
-    let prompt = format!("{PROMPT_HEAD}{}\n", policy.trim());
+    let prompt = format!("{}{}\n", prompts::COMPILE_HEAD, policy.trim());
     let mut req = ChatRequest::greedy(
         vec![Message::new(Role::User, prompt)],
         if thinking {
