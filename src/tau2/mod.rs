@@ -7,5 +7,7 @@
 //! statebench.
 
 pub mod record;
+pub mod report;
+pub mod study;
 
 pub use record::{Arm, CallRecord, EpisodeRecord, Reward, Termination};
