@@ -6,8 +6,11 @@
 //! τ²-bench airline data directory the user names; none of it is part of
 //! statebench.
 
+pub mod db;
 pub mod record;
 pub mod report;
 pub mod study;
+pub mod task;
+pub mod tools;
 
 pub use record::{Arm, CallRecord, EpisodeRecord, Reward, Termination};

@@ -1,0 +1,259 @@
+//! τ²'s airline tasks and the data directory a study reads: policy, tasks,
+//! split, database and the user simulator's guidelines.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use super::db::{DbError, FlightDb};
+use super::tools;
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("cannot read {path}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path} is not a valid τ² airline file")]
+    Parse {
+        path: PathBuf,
+        #[source]
+        source: serde_json::Error,
+    },
+    #[error(transparent)]
+    Db(#[from] DbError),
+}
+
+/// Which task file of the data directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "lowercase")]
+pub enum TaskFile {
+    /// `tasks.json`: the current tasks (gold writes corrected).
+    Current,
+    /// `tasks_release.json`: the tasks of τ²'s first release.
+    Release,
+}
+
+impl TaskFile {
+    pub fn file_name(self) -> &'static str {
+        match self {
+            TaskFile::Current => "tasks.json",
+            TaskFile::Release => "tasks_release.json",
+        }
+    }
+}
+
+/// One airline task. Fields τ² has and statebench does not use are ignored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Task {
+    pub id: String,
+    pub purpose: Option<String>,
+    pub user: UserScenario,
+    pub criteria: Criteria,
+}
+
+/// What the simulated user knows and wants.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct UserScenario {
+    pub persona: Option<String>,
+    pub reason_for_call: String,
+    pub known_info: Option<String>,
+    pub unknown_info: Option<String>,
+    pub task_instructions: String,
+}
+
+/// How an episode is scored.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Criteria {
+    /// The gold tool calls, in order.
+    pub actions: Vec<GoldAction>,
+    /// Strings some agent message must contain.
+    pub communicate_info: Vec<String>,
+    /// Judged in τ² by a model; not part of the airline reward.
+    pub nl_assertions: Vec<String>,
+    /// `DB`, `COMMUNICATE`, …; the first release's tasks have none and
+    /// get the airline's `DB`, `COMMUNICATE`.
+    pub reward_basis: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct GoldAction {
+    pub action_id: String,
+    pub name: String,
+    pub arguments: serde_json::Value,
+}
+
+impl Task {
+    /// One of the gold actions is a write.
+    pub fn has_gold_write(&self) -> bool {
+        self.criteria
+            .actions
+            .iter()
+            .any(|a| tools::is_write(&a.name))
+    }
+}
+
+/// τ²'s reward basis where a task names none (τ²'s default).
+const DEFAULT_BASIS: [&str; 2] = ["DB", "COMMUNICATE"];
+
+// The file's layout, as far as statebench reads it.
+#[derive(Deserialize)]
+struct RawTask {
+    id: String,
+    #[serde(default)]
+    description: Option<RawDescription>,
+    user_scenario: RawScenario,
+    #[serde(default)]
+    evaluation_criteria: Option<RawCriteria>,
+}
+
+#[derive(Deserialize)]
+struct RawDescription {
+    #[serde(default)]
+    purpose: Option<String>,
+}
+
+#[derive(Deserialize)]
+struct RawScenario {
+    #[serde(default)]
+    persona: Option<String>,
+    instructions: RawInstructions,
+}
+
+#[derive(Deserialize)]
+struct RawInstructions {
+    reason_for_call: String,
+    #[serde(default)]
+    known_info: Option<String>,
+    #[serde(default)]
+    unknown_info: Option<String>,
+    task_instructions: String,
+}
+
+#[derive(Deserialize)]
+struct RawCriteria {
+    #[serde(default)]
+    actions: Option<Vec<RawAction>>,
+    #[serde(default)]
+    communicate_info: Option<Vec<String>>,
+    #[serde(default)]
+    nl_assertions: Option<Vec<String>>,
+    #[serde(default)]
+    reward_basis: Option<Vec<String>>,
+}
+
+#[derive(Deserialize)]
+struct RawAction {
+    action_id: String,
+    name: String,
+    #[serde(default)]
+    arguments: serde_json::Value,
+}
+
+impl From<RawTask> for Task {
+    fn from(raw: RawTask) -> Task {
+        let c = raw.evaluation_criteria.unwrap_or(RawCriteria {
+            actions: None,
+            communicate_info: None,
+            nl_assertions: None,
+            reward_basis: None,
+        });
+        let i = raw.user_scenario.instructions;
+        Task {
+            id: raw.id,
+            purpose: raw.description.and_then(|d| d.purpose),
+            user: UserScenario {
+                persona: raw.user_scenario.persona,
+                reason_for_call: i.reason_for_call,
+                known_info: i.known_info,
+                unknown_info: i.unknown_info,
+                task_instructions: i.task_instructions,
+            },
+            criteria: Criteria {
+                actions: c
+                    .actions
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(gold)
+                    .collect(),
+                communicate_info: c.communicate_info.unwrap_or_default(),
+                nl_assertions: c.nl_assertions.unwrap_or_default(),
+                reward_basis: c
+                    .reward_basis
+                    .unwrap_or_else(|| DEFAULT_BASIS.map(String::from).to_vec()),
+            },
+        }
+    }
+}
+
+fn gold(a: RawAction) -> GoldAction {
+    let arguments = match a.arguments {
+        serde_json::Value::Null => serde_json::Value::Object(Default::default()),
+        other => other,
+    };
+    GoldAction {
+        action_id: a.action_id,
+        name: a.name,
+        arguments,
+    }
+}
+
+/// A τ² airline data directory, read whole.
+#[derive(Debug, Clone)]
+pub struct Tau2Data {
+    pub dir: PathBuf,
+    /// `policy.md`: the agent's policy.
+    pub policy: String,
+    /// `db.json`: the initial database of every episode.
+    pub db: FlightDb,
+    pub tasks: Vec<Task>,
+    /// `split_tasks.json`: split name → task ids.
+    pub split: BTreeMap<String, Vec<String>>,
+    /// `simulation_guidelines.md`: the user simulator's guidelines.
+    pub guidelines: String,
+}
+
+impl Tau2Data {
+    /// The directory with its current tasks (`tasks.json`).
+    pub fn open(dir: &Path) -> Result<Tau2Data, DataError> {
+        Tau2Data::open_tasks(dir, TaskFile::Current)
+    }
+
+    pub fn open_tasks(dir: &Path, file: TaskFile) -> Result<Tau2Data, DataError> {
+        Ok(Tau2Data {
+            dir: dir.to_path_buf(),
+            policy: read(&dir.join("policy.md"))?,
+            db: FlightDb::load(&dir.join("db.json"))?,
+            tasks: load_tasks(&dir.join(file.file_name()))?,
+            split: parse(&dir.join("split_tasks.json"))?,
+            guidelines: read(&dir.join("simulation_guidelines.md"))?,
+        })
+    }
+
+    pub fn task(&self, id: &str) -> Option<&Task> {
+        self.tasks.iter().find(|t| t.id == id)
+    }
+}
+
+/// A τ² task file (either layout).
+pub fn load_tasks(path: &Path) -> Result<Vec<Task>, DataError> {
+    let raw: Vec<RawTask> = parse(path)?;
+    Ok(raw.into_iter().map(Task::from).collect())
+}
+
+fn read(path: &Path) -> Result<String, DataError> {
+    std::fs::read_to_string(path).map_err(|source| DataError::Read {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+fn parse<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, DataError> {
+    serde_json::from_str(&read(path)?).map_err(|source| DataError::Parse {
+        path: path.to_path_buf(),
+        source,
+    })
+}
