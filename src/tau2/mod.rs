@@ -7,6 +7,7 @@
 //! statebench.
 
 pub mod db;
+pub mod evaluate;
 pub mod record;
 pub mod report;
 pub mod study;
