@@ -2,7 +2,8 @@
 //! cfgs: `has_default_model` (the default GGUF under `models/`),
 //! `has_nvrtc` and `has_ptxas` (the CUDA kernel tests, with the `cuda`
 //! feature), `has_cuda_emulator` (built by `kernels/build.rs` where a C++
-//! compiler answers). A test needing one that is absent is ignored with the
+//! compiler answers), `has_tau2_data` (the τ²-bench airline data at
+//! `../shared/tau2-airline`). A test needing one that is absent is ignored with the
 //! reason, so the harness counts it as ignored, never as passed. With
 //! `STATEBENCH_REQUIRE` or `CI` set every cfg is set: each such test runs
 //! and fails on what is missing, as CI wants.
@@ -16,11 +17,15 @@ use std::process::Command;
 
 include!("src/engine/default_model.rs");
 
+/// Where the τ²-bench airline tests read their data, from the crate root.
+const TAU2_DATA: &str = "../shared/tau2-airline";
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=src/engine/default_model.rs");
     // The folder, not the file: a missing file would rerun this every build.
     println!("cargo:rerun-if-changed=models");
+    println!("cargo:rerun-if-changed={TAU2_DATA}");
     for var in ["STATEBENCH_REQUIRE", "CI", "STATEBENCH_PTXAS"] {
         println!("cargo:rerun-if-env-changed={var}");
     }
@@ -32,6 +37,10 @@ fn main() {
         ("has_default_model", Path::new(DEFAULT_MODEL).is_file()),
         ("has_nvrtc", cuda && nvrtc()),
         ("has_ptxas", cuda && ptxas()),
+        (
+            "has_tau2_data",
+            Path::new(TAU2_DATA).join("db.json").is_file(),
+        ),
         (
             "has_cuda_emulator",
             std::env::var_os("DEP_STATEBENCH_CUDA_EMULATOR_DIR").is_some(),

@@ -6,10 +6,12 @@
 //! τ²-bench airline data directory the user names; none of it is part of
 //! statebench.
 
+pub mod compile;
 pub mod db;
 pub mod evaluate;
 pub mod record;
 pub mod report;
+pub mod rules;
 pub mod study;
 pub mod task;
 pub mod tools;

@@ -1,0 +1,275 @@
+//! The agent's own model compiles the airline policy into a [`RuleSet`]:
+//! one request asking for a JSON object of exactly the rule set's fields,
+//! its parse, and its agreement with the reference, field by field.
+//!
+//! Compiles are sampled (temperature [`COMPILE_TEMPERATURE`], the request's
+//! seed), so several seeds measure how much the compiled rules vary.
+
+use serde_json::{json, Map, Value};
+
+use super::rules::RuleSet;
+use crate::backend::{ChatRequest, Constraint, Message, Role};
+
+/// Reply budgets, as the ladder's compiler has them.
+pub const BUDGET_NO_THINK: usize = 3000;
+pub const BUDGET_THINK: usize = 6000;
+
+/// Sampling temperature of a compile: above 0 so that seeds differ.
+pub const COMPILE_TEMPERATURE: f32 = 0.7;
+
+/// Why a compile reply could not be used (one line, logged).
+#[derive(Debug, thiserror::Error)]
+pub enum CompileError {
+    #[error("no JSON object in the reply")]
+    NoJson,
+    #[error("the reply's JSON is not a rule set: {0}")]
+    Shape(#[source] serde_json::Error),
+}
+
+const PROMPT_HEAD: &str = "\
+You turn an airline's customer-service policy into rule parameters that a \
+program checks before the service agent's tools change any booking.
+
+Read the policy below. Answer with one JSON object that has exactly these \
+fields and nothing else (no comments, no extra fields). Take every value \
+from the policy's text; where the policy says nothing about a field, use \
+the value that means \"not allowed\" (false, 0, or an empty list).
+
+Fields:
+- confirm_before: list of write tools that need the user's explicit yes \
+before they run, from: book_reservation, cancel_reservation, \
+update_reservation_baggages, update_reservation_flights, \
+update_reservation_passengers, send_certificate
+- cancel_window_hours: integer, hours after booking within which any \
+reservation may be cancelled
+- cancel_if_airline_cancelled: boolean, a flight cancelled by the airline \
+makes its reservation cancellable
+- cancel_cabins: list of cabins (basic_economy, economy, business) whose \
+reservations may always be cancelled
+- cancel_memberships: list of memberships (regular, silver, gold) whose \
+reservations may always be cancelled
+- insurance_reasons: list of short lowercase words, the reasons for \
+cancelling that travel insurance covers
+- cancel_after_flown: boolean, a reservation with a segment already flown \
+may be cancelled
+- basic_economy_flight_change: boolean, basic economy reservations may \
+change their flights
+- change_keeps_route: boolean, a flight change must keep origin, \
+destination and trip type
+- cabin_change_after_flown: boolean, the cabin may change after a segment \
+has flown
+- free_bags: object with keys regular, silver, gold; each an object with \
+keys basic_economy, economy, business: free checked bags per passenger
+- bag_price: integer dollars per checked bag beyond the free ones
+- bags_removable: boolean, checked bags may be removed from a reservation
+- max_passengers: integer, most passengers on one reservation
+- passenger_count_changeable: boolean, a reservation's number of \
+passengers may change
+- max_certificates, max_credit_cards, max_gift_cards: integers, most \
+payment methods of each kind on one booking
+- change_payment_kinds: list of payment kinds (credit_card, gift_card, \
+certificate) that may pay for a flight change
+- compensation_memberships: list of memberships that make a user eligible \
+for compensation
+- compensation_if_insured: boolean, travel insurance makes the user \
+eligible for compensation
+- compensation_cabins: list of cabins whose passengers are eligible for \
+compensation
+- certificate_per_passenger_cancelled: integer dollars per passenger of the \
+certificate for a cancelled flight
+- certificate_per_passenger_delayed: integer dollars per passenger of the \
+certificate for a delayed flight
+- delay_certificate_after_change: boolean, the delay certificate is given \
+only after the reservation was changed or cancelled
+
+The policy:
+
+";
+
+/// The compile request on the no-thinking budget, with the rule set's JSON
+/// schema as its constraint.
+pub fn compile_request(policy: &str, seed: u64) -> ChatRequest {
+    compile_request_for(policy, seed, false)
+}
+
+/// The compile request for a regime. Thinking replies are not constrained:
+/// a constraint binds from the first token and would forbid the thinking
+/// block.
+pub fn compile_request_for(policy: &str, seed: u64, thinking: bool) -> ChatRequest {
+    let prompt = format!("{PROMPT_HEAD}{}\n", policy.trim());
+    let mut req = ChatRequest::greedy(
+        vec![Message::new(Role::User, prompt)],
+        if thinking {
+            BUDGET_THINK
+        } else {
+            BUDGET_NO_THINK
+        },
+    );
+    req.thinking = thinking;
+    req.temperature = COMPILE_TEMPERATURE;
+    req.seed = seed;
+    req.constraint = (!thinking).then(|| Constraint::JsonSchema(schema()));
+    req
+}
+
+/// JSON schema of a [`RuleSet`] (every field required, no others).
+pub fn schema() -> Value {
+    let list = |items: &[&str]| json!({"type": "array", "items": {"enum": items}});
+    let int = json!({"type": "integer", "minimum": 0});
+    let boolean = json!({"type": "boolean"});
+    let cabins = ["basic_economy", "economy", "business"];
+    let memberships = ["regular", "silver", "gold"];
+    let obj = |props: Map<String, Value>| {
+        let required: Vec<&String> = props.keys().collect();
+        json!({"type": "object", "properties": props, "required": required,
+               "additionalProperties": false})
+    };
+    let cabin_bags = obj(cabins
+        .iter()
+        .map(|c| (c.to_string(), int.clone()))
+        .collect());
+    let free_bags = obj(memberships
+        .iter()
+        .map(|m| (m.to_string(), cabin_bags.clone()))
+        .collect());
+    let fields: Vec<(&str, Value)> = vec![
+        (
+            "confirm_before",
+            list(&[
+                "book_reservation",
+                "cancel_reservation",
+                "update_reservation_baggages",
+                "update_reservation_flights",
+                "update_reservation_passengers",
+                "send_certificate",
+            ]),
+        ),
+        ("cancel_window_hours", int.clone()),
+        ("cancel_if_airline_cancelled", boolean.clone()),
+        ("cancel_cabins", list(&cabins)),
+        ("cancel_memberships", list(&memberships)),
+        (
+            "insurance_reasons",
+            json!({"type": "array", "items": {"type": "string"}}),
+        ),
+        ("cancel_after_flown", boolean.clone()),
+        ("basic_economy_flight_change", boolean.clone()),
+        ("change_keeps_route", boolean.clone()),
+        ("cabin_change_after_flown", boolean.clone()),
+        ("free_bags", free_bags),
+        ("bag_price", int.clone()),
+        ("bags_removable", boolean.clone()),
+        ("max_passengers", int.clone()),
+        ("passenger_count_changeable", boolean.clone()),
+        ("max_certificates", int.clone()),
+        ("max_credit_cards", int.clone()),
+        ("max_gift_cards", int.clone()),
+        (
+            "change_payment_kinds",
+            list(&["credit_card", "gift_card", "certificate"]),
+        ),
+        ("compensation_memberships", list(&memberships)),
+        ("compensation_if_insured", boolean.clone()),
+        ("compensation_cabins", list(&cabins)),
+        ("certificate_per_passenger_cancelled", int.clone()),
+        ("certificate_per_passenger_delayed", int.clone()),
+        ("delay_certificate_after_change", boolean),
+    ];
+    obj(fields
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect())
+}
+
+/// Reads a compile reply: the first JSON object in it (fenced or not),
+/// which must have exactly the rule set's fields.
+pub fn parse(reply_text: &str) -> Result<RuleSet, CompileError> {
+    let v =
+        crate::ladder::parts::model::first_json_object(reply_text).ok_or(CompileError::NoJson)?;
+    serde_json::from_value(v).map_err(CompileError::Shape)
+}
+
+/// How far a compiled rule set agrees with the reference: one field per
+/// leaf (`free_bags.gold.economy` is one); lists compare as sets, and
+/// `insurance_reasons` case-blind.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Agreement {
+    pub fields: usize,
+    pub agreeing: usize,
+    /// Dotted names of the fields that differ, in the rule set's order.
+    pub differing: Vec<String>,
+}
+
+pub fn agreement(compiled: &RuleSet, reference: &RuleSet) -> Agreement {
+    let a: std::collections::BTreeMap<String, Value> = leaves(compiled).into_iter().collect();
+    let b = leaves(reference);
+    let differing: Vec<String> = b
+        .iter()
+        .filter(|(k, v)| a.get(k) != Some(v))
+        .map(|(k, _)| k.clone())
+        .collect();
+    Agreement {
+        fields: b.len(),
+        agreeing: b.len() - differing.len(),
+        differing,
+    }
+}
+
+/// A rule set's leaf fields, lists normalised to sorted sets.
+fn leaves(r: &RuleSet) -> Vec<(String, Value)> {
+    fn walk(prefix: &str, v: Value, out: &mut Vec<(String, Value)>) {
+        match v {
+            Value::Object(o) => {
+                for (k, x) in o {
+                    let name = if prefix.is_empty() {
+                        k
+                    } else {
+                        format!("{prefix}.{k}")
+                    };
+                    walk(&name, x, out);
+                }
+            }
+            Value::Array(items) => {
+                let mut set: Vec<String> = items
+                    .iter()
+                    .map(|x| x.as_str().map_or(x.to_string(), str::to_lowercase))
+                    .collect();
+                set.sort();
+                set.dedup();
+                out.push((prefix.to_string(), json!(set)));
+            }
+            other => out.push((prefix.to_string(), other)),
+        }
+    }
+    let mut out = Vec::new();
+    walk(
+        "",
+        serde_json::to_value(r).expect("a rule set serializes"),
+        &mut out,
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn schema_names_every_field() {
+        let s = schema();
+        let req: Vec<&str> = s["required"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap())
+            .collect();
+        let fields: Vec<String> = serde_json::to_value(RuleSet::reference())
+            .unwrap()
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect();
+        assert_eq!(req, fields);
+    }
+}
