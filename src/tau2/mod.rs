@@ -8,7 +8,9 @@
 
 pub mod compile;
 pub mod db;
+pub mod episode;
 pub mod evaluate;
+pub mod prompts;
 pub mod record;
 pub mod report;
 pub mod rules;
