@@ -12,6 +12,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
+pub use super::evaluate::pass_hat_k;
 use super::record::{Arm, EpisodeRecord};
 use super::study::{self, CompileRecord, Episodes, Manifest, RuleSource, StudyError};
 use crate::rng::Rng;
@@ -28,20 +29,6 @@ pub const MAX_K: usize = 4;
 /// τ²'s success: a reward of 1 (within 1e-6).
 pub fn success(r: &EpisodeRecord) -> bool {
     (r.reward.reward - 1.0).abs() <= 1e-6
-}
-
-/// τ²'s pass^k of one task: C(c, k) / C(n, k) for c successes of n
-/// trials; None when n < k.
-pub fn pass_hat_k(successes: usize, trials: usize, k: usize) -> Option<f64> {
-    if trials < k || successes > trials {
-        return None;
-    }
-    // Product form: no factorial overflows at any trial count.
-    let mut p = 1.0;
-    for i in 0..k {
-        p *= (successes as f64 - i as f64).max(0.0) / (trials - i) as f64;
-    }
-    Some(p)
 }
 
 /// A count out of a total with its 95% Wilson interval.
@@ -114,11 +101,10 @@ pub struct Paired {
     pub mcnemar_p: f64,
     /// Holm-adjusted across the arms compared.
     pub holm_p: f64,
-    /// Mean over pairs of (arm passed) − (raw passed).
-    pub diff: f64,
+    /// Mean over pairs of (arm passed) − (raw passed); None without pairs.
+    pub diff: Option<f64>,
     /// 95% percentile bootstrap interval of `diff`, resampling tasks.
-    pub diff_lo: f64,
-    pub diff_hi: f64,
+    pub diff_ci: Option<(f64, f64)>,
 }
 
 /// One compile as the report lists it.
@@ -200,9 +186,19 @@ impl Report {
     }
 
     fn render(&self, table: impl Fn(&Table) -> String, md: bool) -> String {
-        let h = |s: &str| if md { format!("\n## {s}\n\n") } else { format!("\n{s}\n") };
+        let h = |s: &str| {
+            if md {
+                format!("\n## {s}\n\n")
+            } else {
+                format!("\n{s}\n")
+            }
+        };
         let mut s = String::new();
         let rules = match self.rules {
+            RuleSource::Compiled if self.compiles.parsed == 0 => format!(
+                "compiled by the agent's model, but none of {} compiles parsed",
+                self.compiles.asked
+            ),
             RuleSource::Compiled => format!(
                 "compiled by the agent's model ({} of {} compiles parsed; trial t uses parsed compile t mod {})",
                 self.compiles.parsed, self.compiles.asked, self.compiles.parsed
@@ -232,7 +228,9 @@ impl Report {
             self.duplicates
         );
 
-        s += &h("Arms (per episode means; pass^k as τ² estimates it, mean over tasks of C(c,k)/C(n,k))");
+        s += &h(
+            "Arms (per episode means; pass^k as τ² estimates it, mean over tasks of C(c,k)/C(n,k))",
+        );
         let mut t = Table::new(&[
             "arm",
             "episodes",
@@ -257,7 +255,10 @@ impl Report {
                 "{:.0}",
                 a.agent_prompt_tokens + a.agent_completion_tokens
             ));
-            row.push(format!("{:.0}", a.user_prompt_tokens + a.user_completion_tokens));
+            row.push(format!(
+                "{:.0}",
+                a.user_prompt_tokens + a.user_completion_tokens
+            ));
             row.push(format!("{:.1}", a.secs));
             t.row(row);
         }
@@ -281,7 +282,11 @@ impl Report {
             );
             t.row(row);
         }
-        s += &table(&t);
+        s += &if reasons.is_empty() {
+            "none\n".to_string()
+        } else {
+            table(&t)
+        };
 
         s += &h("Refusals at dispatch, by rule");
         let mut t = Table::new(&["arm", "rule", "calls refused"]);
@@ -318,7 +323,10 @@ impl Report {
                     p.arm_only.to_string(),
                     format!("{:.4}", p.mcnemar_p),
                     format!("{:.4}", p.holm_p),
-                    format!("{:+.3} [{:+.3}, {:+.3}]", p.diff, p.diff_lo, p.diff_hi),
+                    match (p.diff, p.diff_ci) {
+                        (Some(d), Some((lo, hi))) => format!("{d:+.3} [{lo:+.3}, {hi:+.3}]"),
+                        _ => "–".into(),
+                    },
                 ]);
             }
             s += &table(&t);
@@ -412,7 +420,7 @@ pub fn build(
         dir: dir.into(),
         model: manifest.model.name().into(),
         user_model: c.user_model.as_ref().map(|m| m.name().to_string()),
-        task_file: c.task_file.clone(),
+        task_file: c.task_file.file_name().into(),
         tasks: c.tasks.len(),
         trials: c.trials,
         rules: c.rules,
@@ -509,8 +517,8 @@ pub fn pair(arm: Arm, finished: &[EpisodeRecord]) -> Paired {
     }
     let groups: Vec<Vec<f64>> = by_task.into_values().collect();
     let pairs: usize = groups.iter().map(Vec::len).sum();
-    let diff = mean_of(&groups).unwrap_or(0.0);
-    let (diff_lo, diff_hi) = bootstrap(&groups, BOOTSTRAP_SEED, BOOTSTRAP_RESAMPLES);
+    let diff = mean_of(&groups);
+    let diff_ci = diff.map(|_| bootstrap(&groups, BOOTSTRAP_SEED, BOOTSTRAP_RESAMPLES));
     Paired {
         arm,
         pairs,
@@ -519,8 +527,7 @@ pub fn pair(arm: Arm, finished: &[EpisodeRecord]) -> Paired {
         mcnemar_p: mcnemar_exact(raw_only as u64, arm_only as u64),
         holm_p: 1.0,
         diff,
-        diff_lo,
-        diff_hi,
+        diff_ci,
     }
 }
 
