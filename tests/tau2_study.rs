@@ -484,3 +484,54 @@ fn a_run_on_the_engine_resumes_to_nothing_and_reports() {
     let text = String::from_utf8_lossy(&o.stdout);
     assert!(text.contains("hand-written reference"), "{text}");
 }
+
+/// One compile by the random-weight fixture, which cannot write a rule set:
+/// the compile is logged with its parse error, the rule arm refuses to run
+/// in one line naming it, and a rerun does not ask the model again.
+#[test]
+#[cfg_attr(
+    not(has_tau2_data),
+    ignore = "needs the τ²-bench airline data at ../shared/tau2-airline"
+)]
+fn a_compile_that_does_not_parse_keeps_the_rule_arms_from_running() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = engine_common::tiny_copy(tmp.path(), "tiny-qwen2", 16384);
+    let out = tmp.path().join("run");
+    let data = data_dir();
+    let args = [
+        "tau2",
+        "run",
+        "--tau2-data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+        "--device",
+        "cpu",
+        "--threads",
+        "1",
+        "--model",
+        model.to_str().unwrap(),
+        "--arms",
+        "raw,gate",
+        "--tasks",
+        "0",
+        "--compiles",
+        "1",
+        "--quiet",
+    ];
+    refused(&args, "no compile of the policy parsed (compile 0: ");
+    let manifest: Manifest = Manifest::read(&out).unwrap();
+    let compiles = study::read_compiles(&out, &manifest).unwrap();
+    assert_eq!(compiles.len(), 1);
+    assert!(!compiles[0].parsed() && compiles[0].error.is_some());
+    assert_eq!(compiles[0].seed, manifest.config.compile_seed(0));
+    let bytes = std::fs::read(out.join(study::COMPILES)).unwrap();
+    refused(&args, "the arms gate have no rules");
+    assert_eq!(std::fs::read(out.join(study::COMPILES)).unwrap(), bytes);
+    assert!(study::read_episodes(&out, &manifest)
+        .unwrap()
+        .finished
+        .is_empty());
+    let r = Report::read(&out).unwrap();
+    assert_eq!((r.compiles.asked, r.compiles.parsed), (1, 0));
+}
