@@ -8,6 +8,7 @@ mod eal;
 mod engine;
 mod ladder;
 mod serve;
+mod tau2;
 
 use std::path::{Path, PathBuf};
 
@@ -50,6 +51,9 @@ enum Command {
     /// EAL-Bench: authorization memory written by a model, consumed by an executor with native tools.
     #[command(subcommand)]
     Eal(eal::EalCommand),
+    /// τ²-bench's airline domain in-process, with the ladder's rungs at tool dispatch.
+    #[command(subcommand)]
+    Tau2(tau2::Tau2Command),
 }
 
 /// Runs one parsed command line.
@@ -63,6 +67,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Serve(a) => serve::run(a),
         Command::Check(c) => check::run(c),
         Command::Eal(c) => eal::run(c),
+        Command::Tau2(c) => tau2::run(c),
     }
 }
 

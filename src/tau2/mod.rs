@@ -12,7 +12,9 @@ pub mod episode;
 pub mod evaluate;
 pub mod prompts;
 pub mod record;
+pub mod report;
 pub mod rules;
+pub mod study;
 pub mod task;
 pub mod tools;
 

@@ -1,0 +1,225 @@
+//! `statebench tau2 run|report`: τ²-bench's airline domain on a statebench
+//! model, with the ladder's rungs at tool dispatch.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use clap::{Args, Subcommand, ValueEnum};
+
+use statebench::backend::http_client::{OpenAiBackend, OpenAiOptions};
+use statebench::backend::Backend;
+use statebench::progress::Meter;
+use statebench::rundir::Identity;
+use statebench::tau2::episode::Limits;
+use statebench::tau2::report::Report;
+use statebench::tau2::study::{self, RuleSource, Tau2Config};
+use statebench::tau2::task::TaskFile;
+use statebench::tau2::Arm;
+
+use super::{emit, BackendArgs};
+
+#[derive(Subcommand)]
+pub enum Tau2Command {
+    /// Run (or resume) τ²'s airline tasks into a run directory, then print its report.
+    Run(Box<RunArgs>),
+    /// Report a run directory (reads its files; runs no model).
+    Report(ReportArgs),
+}
+
+pub fn run(c: Tau2Command) -> Result<()> {
+    match c {
+        Tau2Command::Run(a) => run_study(*a),
+        Tau2Command::Report(a) => report(a),
+    }
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// A τ²-bench airline data directory: policy.md, tasks.json, db.json,
+    /// split_tasks.json and simulation_guidelines.md.
+    #[arg(long)]
+    tau2_data: PathBuf,
+    /// Run directory (resumed when it exists).
+    #[arg(long)]
+    out: PathBuf,
+    /// Arms (default: all four, raw,shown,notice,gate).
+    #[arg(long, value_enum, value_delimiter = ',')]
+    arms: Vec<Arm>,
+    /// Trials of every (task, arm).
+    #[arg(long, default_value_t = 1)]
+    trials: u32,
+    /// Tasks: all, split:NAME (a split of split_tasks.json), or ids separated by commas.
+    #[arg(long, default_value = "all")]
+    tasks: String,
+    /// Which task file of the data directory.
+    #[arg(long, value_enum, default_value_t = TaskFile::Current)]
+    task_file: TaskFile,
+    /// Seeded compiles of the policy into rules by the agent's model; trial t of a rule arm uses parsed compile t mod (compiles parsed).
+    #[arg(long, default_value_t = 3)]
+    compiles: usize,
+    /// Rules of the rule arms: compiled by the model, or the hand-written reference (a validation run, labelled so).
+    #[arg(long, value_enum, default_value_t = RuleSource::Compiled)]
+    rules: RuleSource,
+    /// Seed of the episodes and the compiles.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Messages of a conversation before it ends (default: τ²'s).
+    #[arg(long)]
+    max_steps: Option<usize>,
+    /// Tool errors before a conversation ends (default: τ²'s).
+    #[arg(long)]
+    max_errors: Option<usize>,
+    /// Most tokens of one agent reply.
+    #[arg(long)]
+    agent_max_tokens: Option<usize>,
+    /// Most tokens of one user-simulator reply.
+    #[arg(long)]
+    user_max_tokens: Option<usize>,
+    /// Model of the user simulator (a model spec as --model takes, or with
+    /// --endpoint a model name the server serves). Default: the agent's.
+    #[arg(long)]
+    user_model: Option<String>,
+    /// No progress lines.
+    #[arg(long)]
+    quiet: bool,
+    #[command(flatten)]
+    backend: BackendArgs,
+}
+
+/// The files a data directory must hold before anything is read.
+const REQUIRED: [&str; 3] = ["policy.md", "tasks.json", "db.json"];
+
+/// Refuses a data directory without the files a run reads, in one line.
+pub fn check_data_dir(dir: &Path, task_file: &str) -> Result<()> {
+    let extra = (!REQUIRED.contains(&task_file)).then_some(task_file);
+    let missing: Vec<&str> = REQUIRED
+        .iter()
+        .copied()
+        .chain(extra)
+        .filter(|f| !dir.join(f).is_file())
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "{}: not a τ²-bench airline data directory (missing {}); give --tau2-data a tau2-bench checkout's data/tau2/domains/airline",
+            dir.display(),
+            missing.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// Opens one model as these flags name it; `name` replaces the model (a
+/// spec for the engine, a served name for --endpoint).
+fn open_backend(b: &BackendArgs, name: Option<&str>) -> Result<Box<dyn Backend + Send>> {
+    Ok(match &b.endpoint {
+        Some(url) => Box::new(OpenAiBackend::connect(OpenAiOptions {
+            model: name.map(str::to_string).or_else(|| b.remote_model.clone()),
+            api_key_env: Some(b.api_key_env.clone()),
+            max_concurrency: b.concurrency.max(1),
+            ..OpenAiOptions::new(url.clone())
+        })?),
+        None => {
+            let mut m = b.model.clone();
+            if let Some(n) = name {
+                m.model = Some(n.to_string());
+            }
+            m.load()?
+        }
+    })
+}
+
+fn run_study(a: RunArgs) -> Result<()> {
+    let task_file = a.task_file;
+    check_data_dir(&a.tau2_data, task_file.file_name())?;
+    let data = study::open_data(&a.tau2_data, task_file)?;
+    let tasks = study::select_tasks(&data, &a.tasks)?;
+    let defaults = Limits::new(a.backend.think, a.backend.think);
+    let limits = Limits {
+        max_steps: a.max_steps.unwrap_or(defaults.max_steps),
+        max_errors: a.max_errors.unwrap_or(defaults.max_errors),
+        agent_max_tokens: a.agent_max_tokens.unwrap_or(defaults.agent_max_tokens),
+        user_max_tokens: a.user_max_tokens.unwrap_or(defaults.user_max_tokens),
+        ..defaults
+    };
+    let arms = if a.arms.is_empty() {
+        Arm::ALL.to_vec()
+    } else {
+        a.arms.clone()
+    };
+    let mut config = Tau2Config {
+        task_file,
+        data_sha256: study::data_hashes(&a.tau2_data, task_file)?,
+        compiles: 0,
+        rules: a.rules,
+        seed: a.seed,
+        limits,
+        user_model: None,
+        arms,
+        trials: a.trials,
+        tasks,
+    };
+    if config.uses_rules() && a.rules == RuleSource::Compiled {
+        config.compiles = a.compiles;
+    }
+    config.validate()?;
+    let mut agent = open_backend(&a.backend, None)?;
+    let mut user = match &a.user_model {
+        Some(name) => {
+            let u = open_backend(&a.backend, Some(name))?;
+            config.user_model = Some(Identity::Model(u.model_id()?));
+            Some(u)
+        }
+        None => None,
+    };
+    let identity = Identity::Model(agent.model_id()?);
+    let start = std::time::Instant::now();
+    let progress = Meter::new(!a.quiet, "episodes");
+    let summary = study::run(
+        &a.out,
+        &data,
+        &config,
+        identity,
+        &mut *agent,
+        user.as_deref_mut().map(|u| u as &mut dyn Backend),
+        a.backend.concurrency,
+        &progress,
+    )?;
+    // The outcome, shown even with --quiet.
+    eprintln!(
+        "{}: {} episodes: {} run, {} already finished, {} failed (model error; run again on resume) ({:.1} s)",
+        a.out.display(),
+        summary.planned,
+        summary.ran,
+        summary.already,
+        summary.failed,
+        start.elapsed().as_secs_f64()
+    );
+    drop(agent);
+    drop(user);
+    emit(&Report::read(&a.out)?.text())
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Format {
+    Text,
+    Md,
+    Json,
+}
+
+#[derive(Args)]
+pub struct ReportArgs {
+    /// A run directory of `tau2 run`.
+    dir: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value_t = Format::Text)]
+    format: Format,
+}
+
+fn report(a: ReportArgs) -> Result<()> {
+    let r = Report::read(&a.dir)?;
+    emit(&match a.format {
+        Format::Text => r.text(),
+        Format::Md => r.md(),
+        Format::Json => r.json(),
+    })
+}
