@@ -170,18 +170,32 @@ pub struct BackendArgs {
 }
 
 impl BackendArgs {
-    /// Starts the backend on its own thread, shared by every caller.
-    pub fn spawn(&self) -> Result<(SharedBackend, ModelIdentity)> {
-        let backend: Box<dyn Backend + Send> = match &self.endpoint {
+    /// Opens the backend these flags name; `name` replaces the model (a
+    /// model name on the server with `--endpoint`, else a model spec loaded
+    /// with the same engine flags).
+    pub fn open(&self, name: Option<&str>) -> Result<Box<dyn Backend + Send>> {
+        Ok(match &self.endpoint {
             Some(url) => Box::new(OpenAiBackend::connect(OpenAiOptions {
-                model: self.remote_model.clone(),
+                model: name
+                    .map(str::to_string)
+                    .or_else(|| self.remote_model.clone()),
                 api_key_env: Some(self.api_key_env.clone()),
                 max_concurrency: self.concurrency.max(1),
                 ..OpenAiOptions::new(url.clone())
             })?),
-            None => self.model.load()?,
-        };
-        let shared = SharedBackend::spawn(backend)?;
+            None => {
+                let mut model = self.model.clone();
+                if let Some(n) = name {
+                    model.model = Some(n.to_string());
+                }
+                model.load()?
+            }
+        })
+    }
+
+    /// Starts the backend on its own thread, shared by every caller.
+    pub fn spawn(&self) -> Result<(SharedBackend, ModelIdentity)> {
+        let shared = SharedBackend::spawn(self.open(None)?)?;
         let id = shared.model_id().clone();
         Ok((shared, id))
     }

@@ -6,7 +6,6 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand, ValueEnum};
 
-use statebench::backend::http_client::{OpenAiBackend, OpenAiOptions};
 use statebench::backend::Backend;
 use statebench::progress::Meter;
 use statebench::rundir::Identity;
@@ -110,24 +109,6 @@ pub fn check_data_dir(dir: &Path, task_file: &str) -> Result<()> {
 
 /// Opens one model as these flags name it; `name` replaces the model (a
 /// spec for the engine, a served name for --endpoint).
-fn open_backend(b: &BackendArgs, name: Option<&str>) -> Result<Box<dyn Backend + Send>> {
-    Ok(match &b.endpoint {
-        Some(url) => Box::new(OpenAiBackend::connect(OpenAiOptions {
-            model: name.map(str::to_string).or_else(|| b.remote_model.clone()),
-            api_key_env: Some(b.api_key_env.clone()),
-            max_concurrency: b.concurrency.max(1),
-            ..OpenAiOptions::new(url.clone())
-        })?),
-        None => {
-            let mut m = b.model.clone();
-            if let Some(n) = name {
-                m.model = Some(n.to_string());
-            }
-            m.load()?
-        }
-    })
-}
-
 fn run_study(a: RunArgs) -> Result<()> {
     let task_file = a.task_file;
     check_data_dir(&a.tau2_data, task_file.file_name())?;
@@ -162,10 +143,10 @@ fn run_study(a: RunArgs) -> Result<()> {
         config.compiles = a.compiles;
     }
     config.validate()?;
-    let mut agent = open_backend(&a.backend, None)?;
+    let mut agent = a.backend.open(None)?;
     let mut user = match &a.user_model {
         Some(name) => {
-            let u = open_backend(&a.backend, Some(name))?;
+            let u = a.backend.open(Some(name))?;
             config.user_model = Some(Identity::Model(u.model_id()?));
             Some(u)
         }

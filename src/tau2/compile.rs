@@ -53,10 +53,12 @@ pub fn compile_request_for(policy: &str, seed: u64, thinking: bool) -> ChatReque
     req
 }
 
-/// JSON schema of a [`RuleSet`] (every field required, no others).
+/// JSON schema of a [`RuleSet`] (every field required, no others). Lists
+/// and numbers are bounded: a small model otherwise repeats list items or
+/// digits until its budget runs out, and the reply never closes.
 pub fn schema() -> Value {
-    let list = |items: &[&str]| json!({"type": "array", "items": {"enum": items}});
-    let int = json!({"type": "integer", "minimum": 0});
+    let list = |items: &[&str]| json!({"type": "array", "items": {"enum": items}, "maxItems": items.len()});
+    let int = json!({"type": "integer", "minimum": 0, "maximum": 100_000});
     let boolean = json!({"type": "boolean"});
     let cabins = ["basic_economy", "economy", "business"];
     let memberships = ["regular", "silver", "gold"];
@@ -91,7 +93,8 @@ pub fn schema() -> Value {
         ("cancel_memberships", list(&memberships)),
         (
             "insurance_reasons",
-            json!({"type": "array", "items": {"type": "string"}}),
+            json!({"type": "array", "maxItems": 8,
+                   "items": {"type": "string", "maxLength": 24}}),
         ),
         ("cancel_after_flown", boolean.clone()),
         ("basic_economy_flight_change", boolean.clone()),
@@ -212,5 +215,40 @@ mod tests {
             .cloned()
             .collect();
         assert_eq!(req, fields);
+    }
+
+    /// Every list and number the model writes has an end: a reply that
+    /// repeats list items ran out of budget on the default model.
+    #[test]
+    fn schema_bounds_every_list_and_number() {
+        fn walk(v: &Value, path: &str, open: &mut Vec<String>) {
+            match v.get("type").and_then(Value::as_str) {
+                Some("array") if v.get("maxItems").is_none() => open.push(path.into()),
+                Some("integer") if v.get("maximum").is_none() => open.push(path.into()),
+                _ => {}
+            }
+            for key in ["properties", "items"] {
+                match v.get(key) {
+                    Some(Value::Object(m)) if key == "properties" => {
+                        for (k, f) in m {
+                            walk(f, &format!("{path}.{k}"), open);
+                        }
+                    }
+                    Some(item) if key == "items" => walk(item, &format!("{path}[]"), open),
+                    _ => {}
+                }
+            }
+        }
+        let mut open = Vec::new();
+        walk(&schema(), "", &mut open);
+        assert!(open.is_empty(), "unbounded: {open:?}");
+        // The reference itself fits the bounds.
+        let reference = serde_json::to_value(RuleSet::reference()).unwrap();
+        for (k, v) in reference.as_object().unwrap() {
+            if let Some(a) = v.as_array() {
+                let max = schema()["properties"][k]["maxItems"].as_u64().unwrap();
+                assert!(a.len() as u64 <= max, "{k}");
+            }
+        }
     }
 }
