@@ -485,9 +485,11 @@ fn a_run_on_the_engine_resumes_to_nothing_and_reports() {
     assert!(text.contains("hand-written reference"), "{text}");
 }
 
-/// One compile by the random-weight fixture, which cannot write a rule set:
-/// the compile is logged with its parse error, the rule arm refuses to run
-/// in one line naming it, and a rerun does not ask the model again.
+/// One compile by the random-weight fixture in the thinking regime, where
+/// the compile is not held to the rule set's schema (a constraint would
+/// forbid the thinking block), so its reply is no rule set: the compile is
+/// logged with its parse error, the rule arm refuses to run in one line
+/// naming it, and a rerun does not ask the model again.
 #[test]
 #[cfg_attr(
     not(has_tau2_data),
@@ -517,6 +519,7 @@ fn a_compile_that_does_not_parse_keeps_the_rule_arms_from_running() {
         "0",
         "--compiles",
         "1",
+        "--think",
         "--quiet",
     ];
     refused(&args, "no compile of the policy parsed (compile 0: ");

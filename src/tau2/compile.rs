@@ -9,6 +9,7 @@ use serde_json::{json, Map, Value};
 
 use super::prompts;
 use super::rules::RuleSet;
+use super::tools;
 use crate::backend::{ChatRequest, Constraint, Message, Role};
 
 /// Reply budgets, as the ladder's compiler has them.
@@ -76,17 +77,7 @@ pub fn schema() -> Value {
         .map(|m| (m.to_string(), cabin_bags.clone()))
         .collect());
     let fields: Vec<(&str, Value)> = vec![
-        (
-            "confirm_before",
-            list(&[
-                "book_reservation",
-                "cancel_reservation",
-                "update_reservation_baggages",
-                "update_reservation_flights",
-                "update_reservation_passengers",
-                "send_certificate",
-            ]),
-        ),
+        ("confirm_before", list(&tools::WRITES)),
         ("cancel_window_hours", int.clone()),
         ("cancel_if_airline_cancelled", boolean.clone()),
         ("cancel_cabins", list(&cabins)),
