@@ -7,7 +7,6 @@
 //! Reads files only; never calls a model.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
 use std::path::Path;
 
 use serde::Serialize;
@@ -186,14 +185,24 @@ impl Report {
     }
 
     fn render(&self, table: impl Fn(&Table) -> String, md: bool) -> String {
-        let h = |s: &str| {
-            if md {
-                format!("\n## {s}\n\n")
+        let mut s = self.header(md);
+        for (title, body) in self.sections() {
+            s += &if md {
+                format!("\n## {title}\n\n")
             } else {
-                format!("\n{s}\n")
-            }
-        };
-        let mut s = String::new();
+                format!("\n{title}\n")
+            };
+            s += &match body {
+                Body::Table(t) => table(&t),
+                Body::Text(text) => text + "\n",
+            };
+        }
+        s
+    }
+
+    /// The run: where, which model and simulator, which rules, how many
+    /// episodes counted.
+    fn header(&self, md: bool) -> String {
         let rules = match self.rules {
             RuleSource::Compiled if self.compiles.parsed == 0 => format!(
                 "compiled by the agent's model, but none of {} compiles parsed",
@@ -207,30 +216,62 @@ impl Report {
                 "the hand-written reference (validation run: not the model's own rules)".into()
             }
         };
-        let title = if md { "# " } else { "" };
-        let _ = writeln!(s, "{title}τ²-bench airline: {}", self.dir);
-        let _ = writeln!(
-            s,
-            "{}model: {}; user simulator: {}; {} tasks of {} × {} trials; rule arms' rules: {rules}",
-            if md { "\n" } else { "" },
+        let (title, gap) = if md { ("# ", "\n") } else { ("", "") };
+        format!(
+            "{title}τ²-bench airline: {}\n\
+             {gap}model: {}; user simulator: {}; {} tasks of {} × {} trials; rule arms' rules: {rules}\n\
+             {gap}episodes: {} finished, {} unfinished (a failed model call; run again on resume), {} duplicate lines not counted\n",
+            self.dir,
             self.model,
             self.user_model.as_deref().unwrap_or("the same model"),
             self.tasks,
             self.task_file,
-            self.trials
-        );
-        let _ = writeln!(
-            s,
-            "{}episodes: {} finished, {} unfinished (a failed model call; run again on resume), {} duplicate lines not counted",
-            if md { "\n" } else { "" },
+            self.trials,
             self.finished,
             self.unfinished,
             self.duplicates
-        );
+        )
+    }
 
-        s += &h(
-            "Arms (per episode means; pass^k as τ² estimates it, mean over tasks of C(c,k)/C(n,k))",
-        );
+    /// The report's sections, titled, in order.
+    fn sections(&self) -> Vec<(String, Body)> {
+        let mut out = vec![
+            (
+                "Arms (per episode means; pass^k as τ² estimates it, mean over tasks of C(c,k)/C(n,k))"
+                    .to_string(),
+                Body::Table(self.arms_table()),
+            ),
+            ("Terminations".into(), self.terminations()),
+            ("Refusals at dispatch, by rule".into(), self.refusals()),
+        ];
+        if !self.paired.is_empty() {
+            out.push((
+                format!(
+                    "Against raw on the same (task, trial): exact McNemar, Holm across arms; pass1 difference with a 95% bootstrap interval ({} resamples of tasks, seed {})",
+                    self.bootstrap_resamples, self.bootstrap_seed
+                ),
+                Body::Table(self.paired_table()),
+            ));
+        }
+        if self.compiles.asked > 0 {
+            out.push((
+                format!(
+                    "Compiles: {} of {} parsed",
+                    self.compiles.parsed, self.compiles.asked
+                ),
+                Body::Table(self.compiles_table()),
+            ));
+            if self.compiles.parsed > 0 {
+                out.push((
+                    "Fields differing from the reference".into(),
+                    self.differing_fields(),
+                ));
+            }
+        }
+        out
+    }
+
+    fn arms_table(&self) -> Table {
         let mut t = Table::new(&[
             "arm",
             "episodes",
@@ -262,9 +303,10 @@ impl Report {
             row.push(format!("{:.1}", a.secs));
             t.row(row);
         }
-        s += &table(&t);
+        t
+    }
 
-        s += &h("Terminations");
+    fn terminations(&self) -> Body {
         let reasons: BTreeSet<&String> = self
             .arms
             .iter()
@@ -282,96 +324,94 @@ impl Report {
             );
             t.row(row);
         }
-        s += &if reasons.is_empty() {
-            "none\n".to_string()
-        } else {
-            table(&t)
-        };
+        Body::or_none(t, "none")
+    }
 
-        s += &h("Refusals at dispatch, by rule");
+    fn refusals(&self) -> Body {
         let mut t = Table::new(&["arm", "rule", "calls refused"]);
         for a in &self.arms {
             for (rule, n) in &a.refusals {
                 t.row(vec![a.arm.name().into(), rule.clone(), n.to_string()]);
             }
         }
-        s += &if t.rows.is_empty() {
-            "none\n".to_string()
+        Body::or_none(t, "none")
+    }
+
+    fn paired_table(&self) -> Table {
+        let mut t = Table::new(&[
+            "arm",
+            "pairs",
+            "raw only",
+            "arm only",
+            "McNemar p",
+            "Holm p",
+            "Δ pass1 [95% bootstrap]",
+        ]);
+        for p in &self.paired {
+            t.row(vec![
+                p.arm.name().into(),
+                p.pairs.to_string(),
+                p.raw_only.to_string(),
+                p.arm_only.to_string(),
+                format!("{:.4}", p.mcnemar_p),
+                format!("{:.4}", p.holm_p),
+                match (p.diff, p.diff_ci) {
+                    (Some(d), Some((lo, hi))) => format!("{d:+.3} [{lo:+.3}, {hi:+.3}]"),
+                    _ => "–".into(),
+                },
+            ]);
+        }
+        t
+    }
+
+    fn compiles_table(&self) -> Table {
+        let mut t = Table::new(&[
+            "compile",
+            "seed",
+            "parsed",
+            "agrees with reference",
+            "tokens",
+            "error",
+        ]);
+        for c in &self.compiles.rows {
+            t.row(vec![
+                c.index.to_string(),
+                c.seed.to_string(),
+                if c.parsed { "yes" } else { "no" }.into(),
+                c.agreeing
+                    .map_or("–".into(), |(a, n)| format!("{a}/{n} fields")),
+                c.completion_tokens.to_string(),
+                c.error.as_deref().map_or(String::new(), one_line),
+            ]);
+        }
+        t
+    }
+
+    fn differing_fields(&self) -> Body {
+        let mut t = Table::new(&["field", "parsed compiles differing"]);
+        for (f, n) in &self.compiles.differing {
+            t.row(vec![f.clone(), format!("{n}/{}", self.compiles.parsed)]);
+        }
+        Body::or_none(
+            t,
+            "none: every parsed compile agrees with the reference in every field",
+        )
+    }
+}
+
+/// A report section's content: a table, or a line saying it has none.
+enum Body {
+    Table(Table),
+    Text(String),
+}
+
+impl Body {
+    fn or_none(t: Table, none: &str) -> Body {
+        if t.rows.is_empty() {
+            Body::Text(none.into())
         } else {
-            table(&t)
-        };
-
-        if !self.paired.is_empty() {
-            s += &h(&format!(
-                "Against raw on the same (task, trial): exact McNemar, Holm across arms; pass1 difference with a 95% bootstrap interval ({} resamples of tasks, seed {})",
-                self.bootstrap_resamples, self.bootstrap_seed
-            ));
-            let mut t = Table::new(&[
-                "arm",
-                "pairs",
-                "raw only",
-                "arm only",
-                "McNemar p",
-                "Holm p",
-                "Δ pass1 [95% bootstrap]",
-            ]);
-            for p in &self.paired {
-                t.row(vec![
-                    p.arm.name().into(),
-                    p.pairs.to_string(),
-                    p.raw_only.to_string(),
-                    p.arm_only.to_string(),
-                    format!("{:.4}", p.mcnemar_p),
-                    format!("{:.4}", p.holm_p),
-                    match (p.diff, p.diff_ci) {
-                        (Some(d), Some((lo, hi))) => format!("{d:+.3} [{lo:+.3}, {hi:+.3}]"),
-                        _ => "–".into(),
-                    },
-                ]);
-            }
-            s += &table(&t);
+            Body::Table(t)
         }
-
-        if self.compiles.asked > 0 {
-            s += &h(&format!(
-                "Compiles: {} of {} parsed",
-                self.compiles.parsed, self.compiles.asked
-            ));
-            let mut t = Table::new(&[
-                "compile",
-                "seed",
-                "parsed",
-                "agrees with reference",
-                "tokens",
-                "error",
-            ]);
-            for c in &self.compiles.rows {
-                t.row(vec![
-                    c.index.to_string(),
-                    c.seed.to_string(),
-                    if c.parsed { "yes" } else { "no" }.into(),
-                    c.agreeing
-                        .map_or("–".into(), |(a, n)| format!("{a}/{n} fields")),
-                    c.completion_tokens.to_string(),
-                    c.error.as_deref().map_or(String::new(), one_line),
-                ]);
-            }
-            s += &table(&t);
-            if self.compiles.parsed > 0 {
-                s += &h("Fields differing from the reference");
-                let mut t = Table::new(&["field", "parsed compiles differing"]);
-                for (f, n) in &self.compiles.differing {
-                    t.row(vec![f.clone(), format!("{n}/{}", self.compiles.parsed)]);
-                }
-                s += &if t.rows.is_empty() {
-                    "none: every parsed compile agrees with the reference in every field\n"
-                        .to_string()
-                } else {
-                    table(&t)
-                };
-            }
-        }
-        s
     }
 }
 
