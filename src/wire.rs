@@ -313,6 +313,7 @@ pub struct TemplateKwargs {
 impl ChatCompletionRequest {
     /// The body for an engine request.
     pub fn from_chat(model: &str, req: &ChatRequest) -> Self {
+        let (tool_choice, response_format) = constraint_fields(req.constraint.as_ref());
         ChatCompletionRequest {
             model: model.to_string(),
             messages: req
@@ -333,6 +334,8 @@ impl ChatCompletionRequest {
             chat_template_kwargs: Some(TemplateKwargs {
                 enable_thinking: Some(req.thinking),
             }),
+            tool_choice,
+            response_format,
             ..Default::default()
         }
     }
@@ -419,6 +422,31 @@ fn logprobs(on: bool, top: Option<u64>) -> Result<Option<usize>, WireError> {
         Some(k) if k > MAX_TOP_LOGPROBS as u64 => Err(WireError::TopLogprobs(k)),
         Some(k) if k > 0 && !on => Err(WireError::TopLogprobsAlone),
         _ => Ok(on.then(|| top.unwrap_or(0) as usize)),
+    }
+}
+
+/// A constraint as the body's `tool_choice` and `response_format`, the
+/// fields [`constraint`] reads back: a served model is held to the same
+/// shape as the engine's.
+fn constraint_fields(
+    c: Option<&Constraint>,
+) -> (Option<serde_json::Value>, Option<serde_json::Value>) {
+    use serde_json::json;
+    match c {
+        None => (None, None),
+        Some(Constraint::NoToolCalls) => (Some(json!("none")), None),
+        Some(Constraint::ToolCalls(None)) => (Some(json!("required")), None),
+        Some(Constraint::ToolCalls(Some(name))) => (
+            Some(json!({"type": "function", "function": {"name": name}})),
+            None,
+        ),
+        Some(Constraint::JsonObject) => (None, Some(json!({"type": "json_object"}))),
+        Some(Constraint::JsonSchema(schema)) => (
+            None,
+            Some(
+                json!({"type": "json_schema", "json_schema": {"name": "reply", "schema": schema}}),
+            ),
+        ),
     }
 }
 

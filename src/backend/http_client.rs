@@ -600,6 +600,34 @@ mod tests {
         assert!(s.contains("\"stop\":[\"x\"]"), "{s}");
     }
 
+    /// Every constraint the engine takes reaches a server as the fields
+    /// the server reads back into the same constraint.
+    #[test]
+    fn constraints_travel_in_the_body() {
+        use crate::backend::{Constraint, Tool};
+        let tools = vec![Tool::function(
+            "f",
+            "",
+            serde_json::json!({"type": "object"}),
+        )];
+        for c in [
+            Constraint::NoToolCalls,
+            Constraint::ToolCalls(None),
+            Constraint::ToolCalls(Some("f".into())),
+            Constraint::JsonObject,
+            Constraint::JsonSchema(serde_json::json!({"type": "object", "maxProperties": 2})),
+        ] {
+            let req = ChatRequest {
+                tools: tools.clone(),
+                constraint: Some(c.clone()),
+                ..ChatRequest::greedy(vec![Message::new(Role::User, "hi")], 7)
+            };
+            let body = serde_json::to_string(&ChatCompletionRequest::from_chat("m", &req)).unwrap();
+            let back: ChatCompletionRequest = serde_json::from_str(&body).unwrap();
+            assert_eq!(back.into_call().unwrap().req.constraint, Some(c), "{body}");
+        }
+    }
+
     #[test]
     fn replies_parse_with_usage_and_reasoning() {
         let r = parse_reply(
