@@ -301,9 +301,33 @@ pub struct Payment {
     pub amount: i64,
 }
 
+/// Most bytes a τ² data file may have (`db.json` is 7 MB): a wrong path
+/// to a huge file, or to a FIFO or device, is refused rather than read.
+pub const DATA_FILE_CAP: u64 = 256 << 20;
+
+/// A data file's text: a regular file of at most [`DATA_FILE_CAP`] bytes.
+/// Every file of the data directory is read through it.
+pub fn read_data_file(path: &Path) -> std::io::Result<String> {
+    use std::io::{Error, ErrorKind, Read};
+    if !std::fs::metadata(path)?.is_file() {
+        return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let mut text = String::new();
+    std::fs::File::open(path)?
+        .take(DATA_FILE_CAP + 1)
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > DATA_FILE_CAP {
+        return Err(Error::new(
+            ErrorKind::InvalidData,
+            format!("larger than {DATA_FILE_CAP} bytes"),
+        ));
+    }
+    Ok(text)
+}
+
 impl FlightDb {
     pub fn load(path: &Path) -> Result<FlightDb, DbError> {
-        let text = std::fs::read_to_string(path).map_err(|source| DbError::Read {
+        let text = read_data_file(path).map_err(|source| DbError::Read {
             path: path.to_path_buf(),
             source,
         })?;

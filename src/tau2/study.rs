@@ -123,13 +123,13 @@ impl Tau2Config {
 
 /// sha256 (hex) of a data file's bytes.
 pub fn file_sha256(path: &Path) -> Result<String, StudyError> {
-    let bytes = std::fs::read(path).map_err(|source| {
+    let text = super::db::read_data_file(path).map_err(|source| {
         StudyError::Dir(DirError::Io {
             path: path.to_path_buf(),
             source,
         })
     })?;
-    Ok(crate::hex(&Sha256::digest(&bytes)))
+    Ok(crate::hex(&Sha256::digest(text.as_bytes())))
 }
 
 /// The hashes a configuration pins for a data directory and task file.

@@ -245,7 +245,7 @@ pub fn load_tasks(path: &Path) -> Result<Vec<Task>, DataError> {
 }
 
 fn read(path: &Path) -> Result<String, DataError> {
-    std::fs::read_to_string(path).map_err(|source| DataError::Read {
+    super::db::read_data_file(path).map_err(|source| DataError::Read {
         path: path.to_path_buf(),
         source,
     })
