@@ -126,7 +126,7 @@ impl DirLock {
             .truncate(false)
             .open(&path)
             .map_err(io(&path))?;
-        match file.try_lock() {
+        match settled(|| file.try_lock()) {
             Ok(()) => {}
             Err(TryLockError::WouldBlock) => {
                 return Err(DirError::Locked {
@@ -148,7 +148,7 @@ impl DirLock {
         let Ok(file) = OpenOptions::new().read(true).open(&path) else {
             return Ok(());
         };
-        match file.try_lock_shared() {
+        match settled(|| file.try_lock_shared()) {
             Ok(()) => Ok(()),
             Err(TryLockError::WouldBlock) => Err(DirError::Locked {
                 dir: dir.to_path_buf(),
@@ -158,6 +158,25 @@ impl DirLock {
         }
     }
 }
+
+/// `try_lock` retried for up to half a second, 5 ms apart, while it would
+/// block: a child this process spawns shares the lock's open file until its
+/// exec closes it, so a lock just dropped here can read as held for that
+/// moment.
+fn settled(try_lock: impl Fn() -> Result<(), TryLockError>) -> Result<(), TryLockError> {
+    for _ in 0..LOCK_WAITS {
+        match try_lock() {
+            Err(TryLockError::WouldBlock) => {
+                std::thread::sleep(std::time::Duration::from_millis(5))
+            }
+            done => return done,
+        }
+    }
+    try_lock()
+}
+
+/// How many times a blocked lock is tried again before the refusal.
+const LOCK_WAITS: u32 = 100;
 
 /// The pid a lock file names.
 fn holder(path: &Path) -> Option<u32> {
@@ -319,6 +338,22 @@ mod tests {
         drop(held);
         DirLock::check_free(tmp.path()).unwrap();
         DirLock::acquire(tmp.path()).unwrap();
+    }
+
+    #[test]
+    fn a_dropped_lock_is_free_again_while_this_process_spawns_children() {
+        let tmp = tempfile::tempdir().unwrap();
+        let stop = std::sync::atomic::AtomicBool::new(false);
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::process::Command::new("true").status().unwrap();
+                }
+            });
+            let refused = (0..1000).find_map(|_| DirLock::acquire(tmp.path()).err());
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            assert!(refused.is_none(), "a dropped lock is free: {refused:?}");
+        });
     }
 
     #[test]
