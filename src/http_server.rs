@@ -13,10 +13,13 @@
 //! concurrent requests, and a request's `n` choices, meet in the scheduler
 //! and decode in the same batched forward steps.
 //!
-//! Each request opens a session per choice, chats once and closes it: the
-//! engine's prefix cache is not reused across HTTP calls. Greedy replies are
-//! nevertheless the same tokens as in-process, since the engine's output
-//! depends neither on what came from the cache nor on the batch.
+//! Each choice runs on a session of its own. A finished session is kept
+//! idle ([`SessionPool`]) with the prompt it read, and a later request that
+//! extends that prompt (a conversation's next turn) runs on it, reusing its
+//! keys and values as an in-process session would; the engine evicts idle
+//! caches under its KV budget. Replies are the same tokens either way,
+//! since the engine's output depends neither on what came from the cache
+//! nor on the batch.
 //!
 //! The fields each endpoint reads, and what it refuses, are typed in
 //! [`crate::wire`] and listed in the README's Serving section. Sampling
@@ -33,7 +36,7 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
-use crate::backend::shared::{Client, Event};
+use crate::backend::shared::{Client, Conversation, Event};
 use crate::backend::{BackendError, ChatReply, ChatRequest, ModelIdentity, Progress, TokenLogprob};
 use crate::wire::{
     choice_seed, finish_reason, ChatCall, ChatChunk, ChatCompletion, ChatCompletionRequest,
@@ -135,6 +138,7 @@ impl Listener {
             client,
             name: served_name.unwrap_or_else(|| model.short_name()),
             draws: Mutex::new(crate::rng::Rng::new(entropy())),
+            pool: SessionPool::new(),
         });
         let stop = Arc::new(AtomicBool::new(false));
         let stopping = Arc::clone(&stop);
@@ -255,6 +259,59 @@ struct Shared {
     name: String,
     /// Seeded at start: ids and seeds differ between server runs.
     draws: Mutex<crate::rng::Rng>,
+    pool: SessionPool<Conversation>,
+}
+
+/// Idle sessions, least recently used first, each with the prompt tokens
+/// it last read (its cache holds those and the reply).
+struct SessionPool<S> {
+    idle: Mutex<std::collections::VecDeque<(Vec<u32>, S)>>,
+}
+
+/// Idle sessions kept at most; the least recently used is closed past it.
+const IDLE_SESSIONS: usize = 256;
+
+impl<S> SessionPool<S> {
+    fn new() -> SessionPool<S> {
+        SessionPool {
+            idle: Mutex::new(std::collections::VecDeque::new()),
+        }
+    }
+
+    /// A session for `prompt`: the one whose whole last prompt `prompt`
+    /// extends the furthest (the same conversation's next turn); failing
+    /// that, the least recently used one that shares at least half of what
+    /// it read (a system prompt, most likely of a conversation that
+    /// ended), so an active conversation keeps its cache.
+    fn take(&self, prompt: &[u32]) -> Option<S> {
+        let mut idle = self.idle.lock().ok()?;
+        let shared: Vec<(usize, usize)> = idle
+            .iter()
+            .map(|(read, _)| (common_prefix(read, prompt), read.len()))
+            .collect();
+        let extended = (0..idle.len())
+            .filter(|&i| shared[i].0 == shared[i].1 && shared[i].0 > 0)
+            .max_by_key(|&i| (shared[i].0, i));
+        let at = extended.or_else(|| {
+            (0..idle.len()).find(|&i| shared[i].0 > 0 && 2 * shared[i].0 >= shared[i].1)
+        })?;
+        idle.remove(at).map(|(_, session)| session)
+    }
+
+    /// Keeps `session`, which has just answered `prompt`.
+    fn put(&self, prompt: Vec<u32>, session: S) {
+        if let Ok(mut idle) = self.idle.lock() {
+            idle.push_back((prompt, session));
+            if idle.len() > IDLE_SESSIONS {
+                idle.pop_front();
+            }
+        }
+    }
+}
+
+/// How many leading tokens `a` and `b` share.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 impl Shared {
@@ -904,7 +961,8 @@ fn name_calls(reply: &mut ChatReply, s: &Shared) {
 
 /// Runs requests together, one session each (dropping them cancels the
 /// rest), handing every event to `on` as it arrives; the replies in
-/// request order. Given up when the client hangs up or `on` fails.
+/// request order, their sessions back in the pool. Given up when the
+/// client hangs up or `on` fails.
 fn run(
     s: &Shared,
     reqs: Vec<ChatRequest>,
@@ -917,14 +975,24 @@ fn run(
     let (tx, rx) = mpsc::channel();
     let mut sessions = Vec::with_capacity(n);
     for (i, req) in reqs.into_iter().enumerate() {
-        let session = s
-            .client
-            .open()
-            .map_err(|e| backend_error(&e, prompt_field))?;
+        let prompt = match s.client.prompter() {
+            Some(p) => Some(
+                p.tokens(&req)
+                    .map_err(|e| backend_error(&e, prompt_field))?,
+            ),
+            None => None,
+        };
+        let session = match prompt.as_deref().and_then(|p| s.pool.take(p)) {
+            Some(session) => session,
+            None => s
+                .client
+                .open()
+                .map_err(|e| backend_error(&e, prompt_field))?,
+        };
         session
-            .start(req, None, streams, i, &tx)
+            .start(req, prompt.clone(), streams, i, &tx)
             .map_err(|e| backend_error(&e, prompt_field))?;
-        sessions.push(session);
+        sessions.push((prompt, session));
     }
     drop(tx);
     let mut replies: Vec<Option<ChatReply>> = vec![None; n];
@@ -960,6 +1028,11 @@ fn run(
                     "the engine thread has stopped".into(),
                 ))
             }
+        }
+    }
+    for (prompt, session) in sessions {
+        if let Some(prompt) = prompt {
+            s.pool.put(prompt, session);
         }
     }
     Ok(replies.into_iter().flatten().collect())
@@ -1189,6 +1262,34 @@ pub fn parse_chat(body: &[u8]) -> Result<ChatCall, WireError> {
 mod tests {
     use super::*;
     use crate::wire::DEFAULT_MAX_TOKENS;
+
+    #[test]
+    fn the_pool_gives_a_conversation_its_own_session_and_an_old_one_to_a_new_one() {
+        let pool = SessionPool::new();
+        let system = [1, 2, 3, 4];
+        pool.put([&system[..], &[10, 11]].concat(), "ended");
+        pool.put([&system[..], &[20, 21]].concat(), "active");
+        pool.put([&system[..], &[20]].concat(), "shorter");
+        pool.put(vec![9, 9, 9, 9, 9, 9, 9, 9, 9], "unrelated");
+        // The next turn takes the session whose whole prompt it extends furthest.
+        assert_eq!(pool.take(&[1, 2, 3, 4, 20, 21, 30, 31]), Some("active"));
+        // A new conversation sharing the system prompt takes the least
+        // recently used session that shares half of what it read.
+        assert_eq!(pool.take(&[1, 2, 3, 4, 40]), Some("ended"));
+        assert_eq!(pool.take(&[1, 2, 3, 4, 50]), Some("shorter"));
+        // Less than half shared: no session.
+        assert_eq!(pool.take(&[9, 9, 9, 9, 1]), None);
+        assert_eq!(pool.take(&[5]), None);
+        for i in 0..IDLE_SESSIONS as u32 + 1 {
+            pool.put(vec![100 + i], "filler");
+        }
+        assert_eq!(pool.idle.lock().unwrap().len(), IDLE_SESSIONS);
+        assert_eq!(
+            pool.take(&[9, 9, 9, 9, 9, 9, 9, 9, 9]),
+            None,
+            "closed past the cap"
+        );
+    }
 
     #[test]
     fn chat_bodies_parse_with_openai_defaults() {
