@@ -471,6 +471,8 @@ struct Scripted<F> {
     answer: F,
     queue: Vec<(RequestId, SessionId, ChatRequest)>,
     open: HashSet<SessionId>,
+    /// The most sessions open at once.
+    most_open: usize,
     sessions: u64,
     requests: u64,
     /// Requests answered per step.
@@ -483,6 +485,7 @@ impl<F: FnMut(&ChatRequest) -> Result<ChatReply, BackendError>> Scripted<F> {
             answer,
             queue: Vec::new(),
             open: HashSet::new(),
+            most_open: 0,
             sessions: 0,
             requests: 0,
             batches: Vec::new(),
@@ -494,6 +497,7 @@ impl<F: FnMut(&ChatRequest) -> Result<ChatReply, BackendError>> Backend for Scri
     fn open_session(&mut self) -> SessionId {
         self.sessions += 1;
         self.open.insert(SessionId(self.sessions));
+        self.most_open = self.most_open.max(self.open.len());
         SessionId(self.sessions)
     }
     fn close_session(&mut self, s: SessionId) {
@@ -567,9 +571,10 @@ fn stable(mut r: EpisodeRecord) -> String {
     serde_json::to_string(&r).unwrap()
 }
 
-fn run(backend: &mut dyn Backend, specs: Vec<EpisodeSpec>) -> Vec<EpisodeRecord> {
+/// Runs `specs` with at most `max_live` live at once; records sorted.
+fn run(backend: &mut dyn Backend, specs: Vec<EpisodeSpec>, max_live: usize) -> Vec<EpisodeRecord> {
     let mut out = Vec::new();
-    run_episodes::<std::convert::Infallible>(backend, None, data(), specs, &mut |r| {
+    run_episodes::<std::convert::Infallible>(backend, None, data(), specs, max_live, &mut |r| {
         out.push(r);
         Ok(())
     })
@@ -594,7 +599,7 @@ fn scripted_episodes_run_together_as_they_run_alone() {
         ]
     };
     let mut together = Scripted::new(script);
-    let batched = run(&mut together, specs());
+    let batched = run(&mut together, specs(), 3);
     assert!(together.open.is_empty(), "every session is closed");
     assert!(
         together.batches.iter().any(|&n| n >= 3),
@@ -626,13 +631,30 @@ fn scripted_episodes_run_together_as_they_run_alone() {
     assert_eq!(failed.reward.reward, 0.0);
 
     let mut alone = Vec::new();
+    let mut steps_alone = Vec::new();
     for s in specs() {
         let mut b = Scripted::new(script);
-        alone.extend(run(&mut b, vec![s]));
+        alone.extend(run(&mut b, vec![s], 1));
+        steps_alone.push(b.batches.len());
     }
+    let batched: Vec<String> = batched.into_iter().map(stable).collect();
+    assert_eq!(batched, alone.into_iter().map(stable).collect::<Vec<_>>());
+
+    // Two places for three episodes: the failing one ends on its first
+    // call and the third takes its place at once, beside the first.
+    let mut two = Scripted::new(script);
+    let [ok, gate, failing]: [EpisodeSpec; 3] = specs().try_into().unwrap();
+    let streamed = run(&mut two, vec![failing, ok, gate], 2);
     assert_eq!(
-        batched.into_iter().map(stable).collect::<Vec<_>>(),
-        alone.into_iter().map(stable).collect::<Vec<_>>()
+        streamed.into_iter().map(stable).collect::<Vec<_>>(),
+        batched
+    );
+    assert_eq!(two.most_open, 4, "two episodes live, a session per side");
+    assert!(two.batches.iter().all(|&n| n <= 2), "{:?}", two.batches);
+    assert!(
+        two.batches.len() < steps_alone[0] + steps_alone[1],
+        "the third episode ran beside the second: {:?} against {steps_alone:?} alone",
+        two.batches
     );
 }
 
@@ -662,7 +684,7 @@ fn tiny_model_episodes_are_well_formed_and_batch_invariant() {
         v
     };
     let mut engine = engine_common::load(&model);
-    let batched = run(&mut engine, specs());
+    let batched = run(&mut engine, specs(), 4);
     assert_eq!(batched.len(), 4);
     for r in &batched {
         assert!(r.error.is_none(), "{:?}", r.error);
@@ -681,7 +703,7 @@ fn tiny_model_episodes_are_well_formed_and_batch_invariant() {
     }
     let mut alone = Vec::new();
     for s in specs() {
-        alone.extend(run(&mut engine, vec![s]));
+        alone.extend(run(&mut engine, vec![s], 1));
     }
     assert_eq!(
         batched.into_iter().map(stable).collect::<Vec<_>>(),

@@ -549,62 +549,63 @@ fn backend<'a>(
     }
 }
 
-/// Runs episodes together: every pending agent and simulator request of
-/// every episode goes into the same backend steps. `user` None: the agent's
-/// backend also plays the user. Each episode has one session per side, so
-/// each side's prompt cache carries over from turn to turn. Records are
-/// handed to `on_done` as episodes finish; a failed model call ends only its
-/// episode (`backend_error`). Records do not depend on which episodes ran
-/// together, as the backend's replies do not.
+/// Runs episodes together, at most `max_live` at once: every pending agent
+/// and simulator request of every live episode goes into the same backend
+/// steps, and a finished episode's place goes to the next in `specs` at
+/// once, so the batch stays full. `user` None: the agent's backend also
+/// plays the user. Each episode has one session per side, so each side's
+/// prompt cache carries over from turn to turn. Records are handed to
+/// `on_done` as episodes finish; a failed model call ends only its episode
+/// (`backend_error`). Records do not depend on which episodes ran together,
+/// as the backend's replies do not.
 pub fn run_episodes<E>(
     agent: &mut dyn Backend,
     mut user: Option<&mut dyn Backend>,
     data: &Tau2Data,
     specs: Vec<EpisodeSpec>,
+    max_live: usize,
     on_done: &mut dyn FnMut(EpisodeRecord) -> Result<(), E>,
 ) -> Result<(), RunError<E>> {
     let tools = Arc::new(tools::schemas());
     let reference = Arc::new(RuleSet::reference());
     let user_slot: Slot = if user.is_some() { 1 } else { 0 };
-    let mut episodes = Vec::with_capacity(specs.len());
-    for spec in specs {
-        episodes.push(Episode::new(data, spec, tools.clone(), reference.clone())?);
-    }
-    let mut live: Vec<Option<Live>> = episodes
-        .into_iter()
-        .map(|ep| {
-            let agent_session = agent.open_session();
-            let user_session = backend(agent, &mut user, user_slot).open_session();
-            Some(Live {
-                ep,
-                agent_session,
-                user_session,
-            })
-        })
+    let mut queue = specs.into_iter();
+    // An episode holds its own copy of the database: built when it starts.
+    let mut live: Vec<Option<Live>> = (0..max_live.clamp(1, queue.len().max(1)))
+        .map(|_| None)
         .collect();
     let mut flight: HashMap<(Slot, RequestId), usize> = HashMap::new();
     let mut busy = vec![false; live.len()];
     loop {
         for (i, slot) in live.iter_mut().enumerate() {
-            let Some(l) = slot else { continue };
-            if busy[i] {
-                continue;
-            }
-            if let Some((side, req)) = l.ep.request() {
-                let (b, session) = match side {
-                    Side::Agent => (0, l.agent_session),
-                    Side::User => (user_slot, l.user_session),
-                };
-                match backend(agent, &mut user, b).submit(session, req) {
-                    Ok(id) => {
-                        flight.insert((b, id), i);
-                        busy[i] = true;
-                        continue;
-                    }
-                    Err(e) => l.ep.take(Err(e)),
+            // Until this place waits on a reply or has nothing left to run.
+            while !busy[i] {
+                if slot.is_none() {
+                    let Some(spec) = queue.next() else { break };
+                    *slot = Some(Live {
+                        ep: Episode::new(data, spec, tools.clone(), reference.clone())?,
+                        agent_session: agent.open_session(),
+                        user_session: backend(agent, &mut user, user_slot).open_session(),
+                    });
                 }
-            }
-            if l.ep.is_done() {
+                let l = slot.as_mut().expect("filled above");
+                if let Some((side, req)) = l.ep.request() {
+                    let (b, session) = match side {
+                        Side::Agent => (0, l.agent_session),
+                        Side::User => (user_slot, l.user_session),
+                    };
+                    match backend(agent, &mut user, b).submit(session, req) {
+                        Ok(id) => {
+                            flight.insert((b, id), i);
+                            busy[i] = true;
+                            continue;
+                        }
+                        Err(e) => l.ep.take(Err(e)),
+                    }
+                }
+                if !l.ep.is_done() {
+                    break;
+                }
                 let l = slot.take().expect("live above");
                 agent.close_session(l.agent_session);
                 backend(agent, &mut user, user_slot).close_session(l.user_session);

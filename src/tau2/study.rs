@@ -341,8 +341,8 @@ pub struct RunSummary {
 }
 
 /// Runs (or resumes) a τ² run into `dir`: the compiles first, then every
-/// (task, arm, trial) without a finished episode, `concurrency` episodes
-/// batched together at a time. `user` None: the agent's model plays the
+/// (task, arm, trial) without a finished episode, at most `concurrency`
+/// episodes batched together, each finished one replaced by the next. `user` None: the agent's model plays the
 /// user too.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
@@ -351,7 +351,7 @@ pub fn run(
     config: &Tau2Config,
     model: Identity,
     agent: &mut dyn Backend,
-    mut user: Option<&mut dyn Backend>,
+    user: Option<&mut dyn Backend>,
     concurrency: usize,
     progress: &Meter,
 ) -> Result<RunSummary, StudyError> {
@@ -412,32 +412,18 @@ pub fn run(
         progress.inc();
         Ok(())
     };
-    // The backend batches every episode handed over at once; `concurrency`
-    // bounds how many (and so the KV cache they hold together).
-    let mut rest = specs;
-    while !rest.is_empty() {
-        let tail = rest.split_off(concurrency.clamp(1, rest.len()));
-        episode::run_episodes(agent, reborrow(&mut user), data, rest, &mut on_done).map_err(
-            |e| match e {
-                episode::RunError::Sink(e) => StudyError::Dir(e),
-                e => StudyError::Config(e.to_string()),
-            },
-        )?;
-        rest = tail;
-    }
+    // `concurrency` bounds the episodes live at once, and so the KV cache
+    // they hold together.
+    episode::run_episodes(agent, user, data, specs, concurrency, &mut on_done).map_err(
+        |e| match e {
+            episode::RunError::Sink(e) => StudyError::Dir(e),
+            e => StudyError::Config(e.to_string()),
+        },
+    )?;
     summary.ran = ran;
     summary.failed = failed;
     progress.finish();
     Ok(summary)
-}
-
-/// The simulator's backend for one batch (the object's lifetime shortened
-/// to the borrow, so the next batch can borrow it again).
-fn reborrow<'a>(user: &'a mut Option<&mut dyn Backend>) -> Option<&'a mut dyn Backend> {
-    match user {
-        Some(u) => Some(&mut **u),
-        None => None,
-    }
 }
 
 /// The rule sets the rule arms use, trial `t` taking entry `t % len`: the
