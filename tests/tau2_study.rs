@@ -346,25 +346,13 @@ use engine_common::{refused, statebench};
 #[test]
 fn a_missing_data_dir_is_refused_in_one_line() {
     let tmp = tempfile::tempdir().unwrap();
-    let missing = tmp.path().join("nowhere");
     let out = tmp.path().join("run");
-    let o = statebench(&[
-        "tau2",
-        "run",
-        "--tau2-data",
-        missing.to_str().unwrap(),
-        "--out",
-        out.to_str().unwrap(),
-    ]);
-    assert!(!o.status.success());
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    let err = refused_run(&tmp.path().join("nowhere"), &out);
     assert!(
         err.contains("not a τ²-bench airline data directory")
             && err.contains("policy.md, tasks.json, db.json"),
         "{err}"
     );
-    assert!(!out.exists(), "nothing is created for a refused run");
     let o = statebench(&["tau2", "report", out.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(
@@ -376,6 +364,50 @@ fn a_missing_data_dir_is_refused_in_one_line() {
 
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tau2-airline")
+}
+
+/// A truncated `db.json` is refused in one line naming the file, before the
+/// run directory is made.
+#[test]
+#[cfg_attr(
+    not(has_tau2_data),
+    ignore = "needs the τ²-bench airline data at ../shared/tau2-airline"
+)]
+fn a_truncated_database_is_refused_in_one_line_naming_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let data = tmp.path().join("airline");
+    std::fs::create_dir(&data).unwrap();
+    for e in std::fs::read_dir(data_dir()).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            std::fs::copy(e.path(), data.join(e.file_name())).unwrap();
+        }
+    }
+    let db = std::fs::read(data.join("db.json")).unwrap();
+    std::fs::write(data.join("db.json"), &db[..db.len() / 2]).unwrap();
+    let err = refused_run(&data, &tmp.path().join("run"));
+    assert!(
+        err.contains("db.json is not a valid τ² airline file") && err.contains("EOF"),
+        "{err}"
+    );
+}
+
+/// `tau2 run` on `data` into `out`, which must fail in one line and create
+/// nothing; the line.
+fn refused_run(data: &Path, out: &Path) -> String {
+    let o = statebench(&[
+        "tau2",
+        "run",
+        "--tau2-data",
+        data.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!o.status.success());
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(!out.exists(), "nothing is created for a refused run");
+    err
 }
 
 /// Two tasks × raw, gate × one trial on the random-weight Qwen2 fixture,

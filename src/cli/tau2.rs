@@ -129,7 +129,7 @@ fn run_study(a: RunArgs) -> Result<()> {
     };
     let mut config = Tau2Config {
         task_file,
-        data_sha256: study::data_hashes(&a.tau2_data, task_file)?,
+        data_sha256: study::data_hashes(&data, task_file),
         compiles: 0,
         rules: a.rules,
         seed: a.seed,

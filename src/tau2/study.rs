@@ -13,7 +13,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use super::compile::{self, Agreement};
 use super::episode::{self, EpisodeSpec, Limits};
@@ -121,27 +120,13 @@ impl Tau2Config {
     }
 }
 
-/// sha256 (hex) of a data file's bytes.
-pub fn file_sha256(path: &Path) -> Result<String, StudyError> {
-    let text = super::db::read_data_file(path).map_err(|source| {
-        StudyError::Dir(DirError::Io {
-            path: path.to_path_buf(),
-            source,
-        })
-    })?;
-    Ok(crate::hex(&Sha256::digest(text.as_bytes())))
-}
-
-/// The hashes a configuration pins for a data directory and task file.
-pub fn data_hashes(
-    dir: &Path,
-    task_file: TaskFile,
-) -> Result<BTreeMap<String, String>, StudyError> {
+/// The hashes a configuration pins: the data files and the task file read.
+pub fn data_hashes(data: &Tau2Data, task_file: TaskFile) -> BTreeMap<String, String> {
     DATA_FILES
         .iter()
         .copied()
         .chain([task_file.file_name()])
-        .map(|f| Ok((f.to_string(), file_sha256(&dir.join(f))?)))
+        .filter_map(|f| Some((f.to_string(), data.sha256.get(f)?.clone())))
         .collect()
 }
 

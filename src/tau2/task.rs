@@ -5,8 +5,9 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
 
-use super::db::{DbError, FlightDb};
+use super::db::FlightDb;
 use super::tools;
 
 #[derive(Debug, thiserror::Error)]
@@ -23,8 +24,6 @@ pub enum DataError {
         #[source]
         source: serde_json::Error,
     },
-    #[error(transparent)]
-    Db(#[from] DbError),
 }
 
 /// Which task file of the data directory.
@@ -214,6 +213,9 @@ pub struct Tau2Data {
     pub split: BTreeMap<String, Vec<String>>,
     /// `simulation_guidelines.md`: the user simulator's guidelines.
     pub guidelines: String,
+    /// sha256 (hex) of every file read, by file name: of the bytes loaded,
+    /// so what a run pins is what it read.
+    pub sha256: BTreeMap<String, String>,
 }
 
 impl Tau2Data {
@@ -223,13 +225,28 @@ impl Tau2Data {
     }
 
     pub fn open_tasks(dir: &Path, file: TaskFile) -> Result<Tau2Data, DataError> {
+        let mut sha256 = BTreeMap::new();
+        let mut read = |name: &str| -> Result<String, DataError> {
+            let text = read(&dir.join(name))?;
+            sha256.insert(
+                name.to_string(),
+                crate::hex(&Sha256::digest(text.as_bytes())),
+            );
+            Ok(text)
+        };
+        let policy = read("policy.md")?;
+        let db = parse_text(&dir.join("db.json"), &read("db.json")?)?;
+        let tasks = parse_tasks(&dir.join(file.file_name()), &read(file.file_name())?)?;
+        let split = parse_text(&dir.join("split_tasks.json"), &read("split_tasks.json")?)?;
+        let guidelines = read("simulation_guidelines.md")?;
         Ok(Tau2Data {
             dir: dir.to_path_buf(),
-            policy: read(&dir.join("policy.md"))?,
-            db: FlightDb::load(&dir.join("db.json"))?,
-            tasks: load_tasks(&dir.join(file.file_name()))?,
-            split: parse(&dir.join("split_tasks.json"))?,
-            guidelines: read(&dir.join("simulation_guidelines.md"))?,
+            policy,
+            db,
+            tasks,
+            split,
+            guidelines,
+            sha256,
         })
     }
 
@@ -240,7 +257,12 @@ impl Tau2Data {
 
 /// A τ² task file (either layout).
 pub fn load_tasks(path: &Path) -> Result<Vec<Task>, DataError> {
-    let raw: Vec<RawTask> = parse(path)?;
+    parse_tasks(path, &read(path)?)
+}
+
+/// A task file's `text`, read from `path`.
+fn parse_tasks(path: &Path, text: &str) -> Result<Vec<Task>, DataError> {
+    let raw: Vec<RawTask> = parse_text(path, text)?;
     Ok(raw.into_iter().map(Task::from).collect())
 }
 
@@ -251,8 +273,8 @@ fn read(path: &Path) -> Result<String, DataError> {
     })
 }
 
-fn parse<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T, DataError> {
-    serde_json::from_str(&read(path)?).map_err(|source| DataError::Parse {
+fn parse_text<T: serde::de::DeserializeOwned>(path: &Path, text: &str) -> Result<T, DataError> {
+    serde_json::from_str(text).map_err(|source| DataError::Parse {
         path: path.to_path_buf(),
         source,
     })
