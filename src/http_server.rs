@@ -287,7 +287,12 @@ impl<S> SessionPool<S> {
         let mut idle = self.idle.lock().ok()?;
         let shared: Vec<(usize, usize)> = idle
             .iter()
-            .map(|(read, _)| (common_prefix(read, prompt), read.len()))
+            .map(|(read, _)| {
+                (
+                    crate::engine::scheduler::common_prefix(read, prompt),
+                    read.len(),
+                )
+            })
             .collect();
         let extended = (0..idle.len())
             .filter(|&i| shared[i].0 == shared[i].1 && shared[i].0 > 0)
@@ -307,11 +312,6 @@ impl<S> SessionPool<S> {
             }
         }
     }
-}
-
-/// How many leading tokens `a` and `b` share.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }
 
 impl Shared {

@@ -352,11 +352,7 @@ impl<C: KvStore> Scheduler<C> {
             let mut cache = std::mem::take(&mut session.cache);
             // Reuse the longest common prefix, but always recompute the last
             // prompt token: its logits choose the first reply token.
-            let lcp = tokens
-                .iter()
-                .zip(&p.prompt)
-                .take_while(|(a, b)| a == b)
-                .count()
+            let lcp = common_prefix(&tokens, &p.prompt)
                 .min(p.prompt.len() - 1)
                 .min(cache.len());
             cache.truncate(lcp);
@@ -522,4 +518,9 @@ impl<C: KvStore> Scheduler<C> {
         }
         None
     }
+}
+
+/// How many leading tokens `a` and `b` share.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }

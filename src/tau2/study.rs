@@ -327,8 +327,8 @@ pub struct RunSummary {
 
 /// Runs (or resumes) a τ² run into `dir`: the compiles first, then every
 /// (task, arm, trial) without a finished episode, at most `concurrency`
-/// episodes batched together, each finished one replaced by the next. `user` None: the agent's model plays the
-/// user too.
+/// episodes batched together, each finished one replaced by the next.
+/// `user` None: the agent's model plays the user too.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     dir: &Path,

@@ -225,28 +225,19 @@ impl Tau2Data {
     }
 
     pub fn open_tasks(dir: &Path, file: TaskFile) -> Result<Tau2Data, DataError> {
-        let mut sha256 = BTreeMap::new();
-        let mut read = |name: &str| -> Result<String, DataError> {
-            let text = read(&dir.join(name))?;
-            sha256.insert(
-                name.to_string(),
-                crate::hex(&Sha256::digest(text.as_bytes())),
-            );
-            Ok(text)
+        let mut files = Files {
+            dir,
+            sha256: BTreeMap::new(),
         };
-        let policy = read("policy.md")?;
-        let db = parse_text(&dir.join("db.json"), &read("db.json")?)?;
-        let tasks = parse_tasks(&dir.join(file.file_name()), &read(file.file_name())?)?;
-        let split = parse_text(&dir.join("split_tasks.json"), &read("split_tasks.json")?)?;
-        let guidelines = read("simulation_guidelines.md")?;
+        let raw: Vec<RawTask> = files.json(file.file_name())?;
         Ok(Tau2Data {
             dir: dir.to_path_buf(),
-            policy,
-            db,
-            tasks,
-            split,
-            guidelines,
-            sha256,
+            policy: files.text("policy.md")?,
+            db: files.json("db.json")?,
+            tasks: raw.into_iter().map(Task::from).collect(),
+            split: files.json("split_tasks.json")?,
+            guidelines: files.text("simulation_guidelines.md")?,
+            sha256: files.sha256,
         })
     }
 
@@ -257,13 +248,28 @@ impl Tau2Data {
 
 /// A τ² task file (either layout).
 pub fn load_tasks(path: &Path) -> Result<Vec<Task>, DataError> {
-    parse_tasks(path, &read(path)?)
+    let raw: Vec<RawTask> = parse_text(path, &read(path)?)?;
+    Ok(raw.into_iter().map(Task::from).collect())
 }
 
-/// A task file's `text`, read from `path`.
-fn parse_tasks(path: &Path, text: &str) -> Result<Vec<Task>, DataError> {
-    let raw: Vec<RawTask> = parse_text(path, text)?;
-    Ok(raw.into_iter().map(Task::from).collect())
+/// A data directory's files as they are read, each hashed on the way.
+struct Files<'a> {
+    dir: &'a Path,
+    sha256: BTreeMap<String, String>,
+}
+
+impl Files<'_> {
+    fn text(&mut self, name: &str) -> Result<String, DataError> {
+        let text = read(&self.dir.join(name))?;
+        let hash = crate::hex(&Sha256::digest(text.as_bytes()));
+        self.sha256.insert(name.to_string(), hash);
+        Ok(text)
+    }
+
+    fn json<T: serde::de::DeserializeOwned>(&mut self, name: &str) -> Result<T, DataError> {
+        let text = self.text(name)?;
+        parse_text(&self.dir.join(name), &text)
+    }
 }
 
 fn read(path: &Path) -> Result<String, DataError> {
