@@ -123,3 +123,25 @@ fn unusable_devices_are_one_line_errors() {
     let (ok, err) = run("cpu");
     assert!(ok, "{err}");
 }
+
+/// A forward pass past the model's context (the RoPE table's and the
+/// block tables' length) is refused in one line instead of reading past
+/// the tables (the check is the model's, above every device).
+#[test]
+fn a_forward_pass_past_the_context_is_refused() {
+    let tiny = engine_common::root().join("tests/fixtures/engine/tiny-qwen2");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_statebench"))
+        .arg("bench")
+        .arg("--model")
+        .arg(&tiny)
+        .args(["--prefill-tokens", "600", "--batches", "1", "--turns", "1"])
+        .output()
+        .expect("statebench runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(
+        err.contains("context overflow: 600 prompt tokens + 0 max tokens > context 512"),
+        "{err}"
+    );
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}

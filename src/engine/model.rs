@@ -207,6 +207,7 @@ impl<D: Device> Model<D> {
         &self,
         items: &mut [BatchItem<'_, D::Cache>],
     ) -> Result<Vec<Vec<f32>>, BackendError> {
+        self.within_context(items)?;
         let Some(logits) = self.last_logits(items) else {
             return Ok(Vec::new());
         };
@@ -225,6 +226,7 @@ impl<D: Device> Model<D> {
         items: &mut [BatchItem<'_, D::Cache>],
         greedy: &[bool],
     ) -> Result<Vec<Next>, BackendError> {
+        self.within_context(items)?;
         let mut bad_layer = None;
         let Some(logits) = self.last_logits_checked(items, Some(&mut bad_layer)) else {
             return Ok(Vec::new());
@@ -252,6 +254,26 @@ impl<D: Device> Model<D> {
         Ok(out)
     }
 
+    /// Every item's positions inside the context: the RoPE table and a
+    /// device's block tables are sized by it, so a position past it is
+    /// refused here rather than read past their ends.
+    fn within_context(&self, items: &[BatchItem<'_, D::Cache>]) -> Result<(), BackendError> {
+        let context = self.cfg.context;
+        match items
+            .iter()
+            .map(|it| it.cache.len() + it.tokens.len())
+            .find(|&n| n > context)
+        {
+            Some(n) => Err(BackendError::ContextOverflow {
+                prompt_tokens: n,
+                partial: false,
+                max_tokens: 0,
+                context,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// The forward pass up to the output head: `items × vocab` logits of
     /// each item's last token, on the device. None for an empty batch.
     fn last_logits(&self, items: &mut [BatchItem<'_, D::Cache>]) -> Option<D::Act> {
@@ -277,6 +299,7 @@ impl<D: Device> Model<D> {
         &self,
         items: &mut [BatchItem<'_, D::Cache>],
     ) -> Result<Vec<Vec<f32>>, BackendError> {
+        self.within_context(items)?;
         let mut bad_layer = None;
         let Some(h) = self.last_hidden(items, Some(&mut bad_layer)) else {
             return Ok(Vec::new());
