@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """statebench on an NVIDIA GPU: one table of what the CUDA engine does there.
 
-Run by scripts/gpu-check.sh on a machine with a GPU, python3 with torch,
+Run by scripts/gpu-check.sh, after `statebench check gpu` passed, on a machine with a GPU, python3 with torch,
 transformers and safetensors, and no Rust: the binaries come prebuilt from
 scripts/gpu-build.sh (target/gpu/statebench, target/gpu/devices).
 
@@ -26,7 +26,7 @@ Parts, each reporting its own error and never stopping the others:
       10,000 tok/s, each within 2x of PyTorch) decide its marks;
   (e) a live ladder cell on the tiny model through the whole pipeline.
 
-Prints each row as it is made and rewrites $OUT/gpu-check.json (when $OUT is
+Prints each row as it is made and rewrites $OUT/gpu-speed.json (when $OUT is
 set) with every row so far, so a run cut short keeps what it measured.
 DEVICE=cpu runs the statebench parts on the CPU (a dry run of the script).
 """
@@ -64,14 +64,14 @@ rows: list[dict] = []
 
 
 def row(part: str, check: str, ok: bool | None, value: str, detail: str = "") -> None:
-    """Records a row, prints it and rewrites $OUT/gpu-check.json at once: a
+    """Records a row, prints it and rewrites $OUT/gpu-speed.json at once: a
     run cut short by its time limit still leaves every row it made."""
     rows.append({"part": part, "check": check, "ok": ok, "value": value, "detail": detail})
     mark = {True: "yes", False: "NO", None: "-"}[ok]
     print(f"{part:<26}  {check:<44}  {mark:<4}  {value}  {detail}", flush=True)
     if OUT:
         Path(OUT).mkdir(parents=True, exist_ok=True)
-        (Path(OUT) / "gpu-check.json").write_text(
+        (Path(OUT) / "gpu-speed.json").write_text(
             json.dumps({"rows": rows, "seconds": time.time() - START}, indent=1))
 
 
@@ -411,7 +411,9 @@ def main() -> int:
             row("setup", "GPU", None, torch.cuda.get_device_name(0), f"torch {torch.__version__}")
     except Exception as e:
         row("setup", "torch", None, "unavailable", str(e)[:120])
-    for p in [kernels, reference, invariance, live_cell, speed]:
+    # What `check gpu` did not already show first, so a run cut short by
+    # its budget keeps the speed figures.
+    for p in [speed, reference, kernels, live_cell, invariance]:
         p()
     print(f"total {time.time() - START:.0f} s")
     shutil.rmtree(WORK, ignore_errors=True)

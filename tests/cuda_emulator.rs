@@ -1,7 +1,9 @@
 //! The CUDA emulator itself: the inline-PTX wrappers against the PTX ISA's
 //! fragment layouts and a plain matrix product, and the errors it must
 //! report instead of hanging or reading garbage (a deadlocked barrier, a
-//! cp.async never waited for, a read past a buffer or a shared tile).
+//! cp.async never waited for, a read past a buffer or a shared tile, a race
+//! in shared memory, a read of memory nothing wrote), under each of its
+//! checks (`STATEBENCH_EMULATOR_CHECKS`).
 //!
 //! A failed kernel makes the emulated context fail for the rest of its
 //! process, as a fault does on a GPU, and AddressSanitizer ends the
@@ -284,18 +286,74 @@ extern "C" __global__ void read_past_the_tile(const float* in, float* out) {
     __syncthreads();
     out[threadIdx.x] = tile[threadIdx.x + 1];
 }
+
+// Each thread reads its left neighbour's word with no barrier between.
+extern "C" __global__ void read_after_write(const float* in, float* out) {
+    __shared__ float left[32];
+    left[threadIdx.x] = in[threadIdx.x];
+    out[threadIdx.x] = left[threadIdx.x == 0 ? 0 : threadIdx.x - 1];
+}
+
+// Each thread overwrites its word after the barrier, which its right
+// neighbour reads in the same interval.
+extern "C" __global__ void write_after_read(const float* in, float* out) {
+    __shared__ float right[32];
+    right[threadIdx.x] = in[threadIdx.x];
+    __syncthreads();
+    out[threadIdx.x] = right[(threadIdx.x + 1) % 32];
+    right[threadIdx.x] = 0.0f;
+}
+
+// Lane pairs swap words through shared memory: a race unless `sync`.
+extern "C" __global__ void lanes_exchange(const float* in, float* out, int sync) {
+    __shared__ float pairs[32];
+    pairs[threadIdx.x] = in[threadIdx.x];
+    if (sync) __syncwarp();
+    out[threadIdx.x] = pairs[threadIdx.x ^ 1];
+}
+
+extern "C" __global__ void read_unwritten_shared(const float* in, float* out) {
+    __shared__ float partial[32];
+    if (threadIdx.x != 7) partial[threadIdx.x] = in[threadIdx.x];
+    __syncthreads();
+    out[threadIdx.x] = partial[threadIdx.x];
+}
+
+extern "C" __global__ void read_unwritten_global(const float* in, float* out) {
+    out[threadIdx.x] = in[threadIdx.x] + 1.0f;
+}
 "#;
+
+/// The line of `BAD` (as `bad.cu` numbers it) that holds `text`.
+fn bad_line(text: &str) -> String {
+    let at = BAD
+        .lines()
+        .position(|l| l.contains(text))
+        .unwrap_or_else(|| panic!("{text} not in BAD"));
+    format!("bad.cu:{}", at + 1)
+}
 
 /// Runs one failing kernel; what it prints is what the parent checks.
 fn run_case(case: &str) {
-    let (stream, f) = kernel("bad", BAD, case);
-    let input = stream.clone_htod(&[1.0f32; 128]).expect("upload");
+    let (kernel_name, sync) = match case.strip_suffix("+sync") {
+        Some(name) => (name, 1i32),
+        None => (case, 0i32),
+    };
+    let (stream, f) = kernel("bad", BAD, kernel_name);
+    let input = if kernel_name == "read_unwritten_global" {
+        // SAFETY: allocated and never written: what the kernel must not read.
+        unsafe { stream.alloc::<f32>(128) }.expect("alloc")
+    } else {
+        let values: Vec<f32> = (0..128).map(|i| i as f32).collect();
+        stream.clone_htod(&values).expect("upload")
+    };
     let mut out = stream.alloc_zeros::<f32>(128).expect("alloc");
     let n = 128i32;
     let mut b = stream.launch_builder(&f);
-    match case {
+    match kernel_name {
         "divergent_warp" => b.arg(&mut out),
         "read_past_the_buffer" => b.arg(&input).arg(&mut out).arg(&n),
+        "lanes_exchange" => b.arg(&input).arg(&mut out).arg(&sync),
         _ => b.arg(&input).arg(&mut out),
     };
     // SAFETY: the buffers are as large as each kernel's in-bounds reads.
@@ -303,6 +361,10 @@ fn run_case(case: &str) {
     let synced = stream.synchronize();
     println!("launch: {launched:?}; sync: {synced:?}");
     println!("emulator: {}", emulator_error().unwrap_or_default());
+    if launched.is_ok() && synced.is_ok() {
+        let got = stream.clone_dtoh(&out).expect("download");
+        println!("out: {:?}", &got[..32]);
+    }
 }
 
 #[test]
@@ -315,23 +377,16 @@ fn child() {
 
 /// This binary's `child` test in a process of its own, running `case`.
 fn in_child(case: &str) -> (bool, String) {
-    let out = std::process::Command::new(std::env::current_exe().expect("test binary"))
-        .args([
-            "child",
-            "--exact",
-            "--ignored",
-            "--nocapture",
-            "--test-threads=1",
-        ])
-        .env("STATEBENCH_EMU_CASE", case)
-        .output()
-        .expect("the child runs");
-    let text = format!(
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (out.status.success(), text)
+    in_child_with(case, &[])
+}
+
+/// [`in_child`] with the environment variables `env` set (and, unless they
+/// say otherwise, the default checks and the threads in order, so which
+/// access a race report names first is fixed).
+fn in_child_with(case: &str, env: &[(&str, &str)]) -> (bool, String) {
+    let mut all = vec![("STATEBENCH_EMULATOR_SCHEDULE_SEED", "0")];
+    all.extend_from_slice(env);
+    engine_common::in_child("STATEBENCH_EMU_CASE", case, &all)
 }
 
 #[test]
@@ -369,15 +424,23 @@ fn a_cp_async_never_waited_for_is_reported() {
     );
 }
 
-/// Runs `kernel` in a child, which AddressSanitizer must stop with a report
-/// naming the kernel.
-fn asan_stops(kernel: &str) {
-    let (ok, text) = in_child(kernel);
-    assert!(!ok, "the child must fail:\n{text}");
+/// Runs `kernel` in a child, which the checks must stop with a launch
+/// failure whose report holds every one of `parts`.
+fn stops(kernel: &str, env: &[(&str, &str)], parts: &[&str]) -> String {
+    let (_, text) = in_child_with(kernel, env);
+    assert!(text.contains("CUDA_ERROR_LAUNCH_FAILED"), "{text}");
+    let report = text
+        .lines()
+        .find(|l| l.starts_with("emulator: "))
+        .unwrap_or_default();
     assert!(
-        text.contains("AddressSanitizer") && text.contains(&format!("in {kernel}")),
+        report.contains(&format!("kernel {kernel}, block (0,0,0): ")),
         "{text}"
     );
+    for part in parts {
+        assert!(report.contains(part), "no {part:?} in {report}");
+    }
+    report.to_string()
 }
 
 #[test]
@@ -387,7 +450,17 @@ fn asan_stops(kernel: &str) {
 )]
 fn a_read_past_a_device_buffer_stops_the_kernel_by_name() {
     engine_common::require_emulator();
-    asan_stops("read_past_the_buffer");
+    // Thread 31 reads in[128] of 128.
+    let line = bad_line("in[threadIdx.x + n - 31]");
+    stops(
+        "read_past_the_buffer",
+        &[],
+        &[
+            "out-of-bounds read of 4 bytes at device allocation 0x",
+            "+ 512 (of 512 bytes)",
+            &format!("at {line}, thread (31,0,0)"),
+        ],
+    );
 }
 
 #[test]
@@ -397,5 +470,188 @@ fn a_read_past_a_device_buffer_stops_the_kernel_by_name() {
 )]
 fn a_read_past_a_shared_tile_stops_the_kernel_by_name() {
     engine_common::require_emulator();
-    asan_stops("read_past_the_tile");
+    let line = bad_line("tile[threadIdx.x + 1]");
+    stops(
+        "read_past_the_tile",
+        &[],
+        &[&format!(
+            "out-of-bounds read of 4 bytes at byte 128 of shared tile (128 bytes) at {line}, thread (31,0,0)"
+        )],
+    );
+}
+
+/// With `STATEBENCH_EMULATOR_CHECKS=asan` AddressSanitizer stops the
+/// kernels instead, by name.
+#[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
+fn under_address_sanitizer_reads_out_of_bounds_stop_the_kernel_by_name() {
+    engine_common::require_emulator();
+    for kernel in ["read_past_the_buffer", "read_past_the_tile"] {
+        let (ok, text) = in_child_with(kernel, &[("STATEBENCH_EMULATOR_CHECKS", "asan")]);
+        assert!(!ok, "the child must fail:\n{text}");
+        assert!(
+            text.contains("AddressSanitizer") && text.contains(&format!("in {kernel}")),
+            "{text}"
+        );
+    }
+}
+
+/// With the checks off a race is not seen, and a kernel that is right
+/// gives its results; a setting that is none of the three is refused by
+/// name.
+#[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
+fn with_the_checks_off_kernels_run_unchecked_and_a_bad_setting_is_refused() {
+    engine_common::require_emulator();
+    let off = [("STATEBENCH_EMULATOR_CHECKS", "off")];
+    let (ok, text) = in_child_with("lanes_exchange", &off);
+    assert!(ok && text.contains("launch: Ok("), "{text}");
+    assert!(!text.contains("race"), "{text}");
+    let (ok, text) = in_child_with("lanes_exchange+sync", &off);
+    let swapped: Vec<String> = (0..32).map(|i| format!("{}.0", i ^ 1)).collect();
+    assert!(
+        ok && text.contains(&format!("out: [{}]", swapped.join(", "))),
+        "{text}"
+    );
+    let (_, text) = in_child_with("lanes_exchange", &[("STATEBENCH_EMULATOR_CHECKS", "tsan")]);
+    assert!(
+        text.contains("STATEBENCH_EMULATOR_CHECKS=tsan is not one of races, asan, off"),
+        "{text}"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
+fn a_read_of_a_word_another_thread_wrote_without_a_barrier_is_a_race() {
+    engine_common::require_emulator();
+    // In thread order: thread 1 reads what thread 0 wrote.
+    let (w, r) = (
+        bad_line("left[threadIdx.x] = in"),
+        bad_line("out[threadIdx.x] = left["),
+    );
+    stops(
+        "read_after_write",
+        &[],
+        &[&format!(
+            "race on shared left (byte 0 of 128): thread (1,0,0) reads at {r} what thread (0,0,0) wrote at {w} in the same barrier interval"
+        )],
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
+fn a_write_of_a_word_another_thread_read_since_the_barrier_is_a_race() {
+    engine_common::require_emulator();
+    // The last thread at the barrier (31) goes on first and reads word 0;
+    // then thread 0 overwrites it.
+    let (r, w) = (
+        bad_line("out[threadIdx.x] = right["),
+        bad_line("right[threadIdx.x] = 0.0f"),
+    );
+    stops(
+        "write_after_read",
+        &[],
+        &[&format!(
+            "race on shared right (byte 0 of 128): thread (0,0,0) writes at {w} what thread (31,0,0) read at {r} in the same barrier interval"
+        )],
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
+fn a_syncwarp_between_the_lanes_removes_the_race() {
+    engine_common::require_emulator();
+    let (w, r) = (
+        bad_line("pairs[threadIdx.x] = in"),
+        bad_line("out[threadIdx.x] = pairs["),
+    );
+    // Without it, lane 1's write meets lane 0's read of the same word.
+    stops(
+        "lanes_exchange",
+        &[],
+        &[&format!(
+            "race on shared pairs (byte 4 of 128): thread (1,0,0) writes at {w} what thread (0,0,0) read at {r} in the same barrier interval"
+        )],
+    );
+    // With it, the pairs swap, in any schedule.
+    for seed in ["0", "1", "99"] {
+        let (ok, text) = in_child_with(
+            "lanes_exchange+sync",
+            &[("STATEBENCH_EMULATOR_SCHEDULE_SEED", seed)],
+        );
+        let swapped: Vec<String> = (0..32).map(|i| format!("{}.0", i ^ 1)).collect();
+        assert!(
+            ok && text.contains(&format!("out: [{}]", swapped.join(", "))),
+            "seed {seed}: {text}"
+        );
+    }
+}
+
+#[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
+fn a_read_of_shared_memory_no_thread_wrote_is_reported() {
+    engine_common::require_emulator();
+    let line = bad_line("out[threadIdx.x] = partial[");
+    stops(
+        "read_unwritten_shared",
+        &[],
+        &[&format!(
+            "uninitialized read of shared partial (byte 28 of 128) at {line}, thread (7,0,0): no thread of the block wrote it"
+        )],
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
+fn a_read_of_device_memory_nothing_wrote_is_reported() {
+    engine_common::require_emulator();
+    let line = bad_line("out[threadIdx.x] = in[threadIdx.x] + 1.0f");
+    stops(
+        "read_unwritten_global",
+        &[],
+        &[
+            "uninitialized read of 4 bytes at device allocation 0x",
+            &format!("+ 0 (of 512 bytes) at {line}, thread (0,0,0)"),
+        ],
+    );
+}
+
+/// A schedule seed that is not a number is refused by name, at the launch.
+#[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
+fn a_schedule_seed_that_is_not_a_number_is_refused_by_name() {
+    engine_common::require_emulator();
+    let (_, text) = in_child_with(
+        "lanes_exchange+sync",
+        &[("STATEBENCH_EMULATOR_SCHEDULE_SEED", "-3")],
+    );
+    assert!(
+        text.contains("STATEBENCH_EMULATOR_SCHEDULE_SEED=-3 is not an unsigned 64-bit integer"),
+        "{text}"
+    );
+    assert!(text.contains("CUDA_ERROR_INVALID_VALUE"), "{text}");
 }

@@ -76,3 +76,94 @@ fn every_cuda_kernel_keeps_its_ptxas_budget() {
     let over = ptxas::over_budget(&uses);
     assert!(over.is_empty(), "{over:#?}");
 }
+
+/// The NVRTC on the library path builds each kernel set as a cubin (an ELF
+/// image) for sm_80 and sm_90, writes PTX of its release's ISA version (the
+/// table `toolkit` plans with), lists the archs the engine needs, and the
+/// plan for an H200 under a driver of its own version is a cubin. CI runs
+/// it with NVRTC 13.0 here and, through `nvrtc_12_4_as_well`, with 12.4.
+#[test]
+#[cfg_attr(not(has_nvrtc), ignore = "needs NVRTC (libnvrtc) on the library path")]
+fn nvrtc_builds_cubins_and_writes_its_releases_ptx_isa() {
+    use statebench::engine::device::cuda::{compile_image, nvrtc_archs, nvrtc_version, Pipelines};
+    use statebench::engine::device::toolkit::{self, Image, ImageChoice};
+    assert!(
+        nvrtc_available(),
+        "NVRTC (libnvrtc) is not on the library path"
+    );
+    let v = nvrtc_version().expect("nvrtcVersion answers");
+    let archs = nvrtc_archs().expect("nvrtcGetSupportedArchs answers");
+    eprintln!("NVRTC {v}: {archs:?}");
+    if let Ok(want) = std::env::var("STATEBENCH_EXPECT_NVRTC") {
+        assert_eq!(v.to_string(), want, "the NVRTC the parent test put first");
+    }
+    for sm in [80, 89, 90] {
+        assert!(archs.contains(&sm), "NVRTC {v} lists no sm_{sm}: {archs:?}");
+    }
+    let (name, body) = statebench_kernels::cuda::SOURCES[0];
+    let ptx = compile(name, body, "compute_80").expect("PTX compiles");
+    assert_eq!(
+        toolkit::ptx_version_of(&ptx.ptx),
+        Some(toolkit::ptx_isa_of(v)),
+        "NVRTC {v}'s PTX ISA is not the one the table gives"
+    );
+    for sm in [80, 90] {
+        for (name, body) in statebench_kernels::cuda::SOURCES {
+            let built = compile_image(name, body, Image::Cubin { sm }, Pipelines::DEEP)
+                .unwrap_or_else(|e| panic!("{name} sm_{sm}: {}", statebench::one_line(&e)));
+            assert!(built.log.is_empty(), "{name} sm_{sm}: {}", built.log);
+            assert!(
+                built.cubin && built.bytes.starts_with(b"\x7fELF"),
+                "{name} sm_{sm}: not an ELF cubin"
+            );
+        }
+    }
+    let driver = toolkit::CudaVersion {
+        major: v.major,
+        minor: v.minor,
+    };
+    assert_eq!(
+        toolkit::plan(driver, v, &archs, 90, ImageChoice::Auto),
+        Ok(Image::Cubin { sm: 90 })
+    );
+}
+
+/// The same test with NVRTC 12.4 first on the library path (the
+/// `nvidia-cuda-nvrtc-cu12` wheel `.ci/run` installs under
+/// target/nvrtc-12.4, or `STATEBENCH_NVRTC_12_DIR`), in a child process.
+#[test]
+#[cfg_attr(not(has_nvrtc), ignore = "needs NVRTC (libnvrtc) on the library path")]
+fn nvrtc_12_4_as_well() {
+    let dir = std::env::var("STATEBENCH_NVRTC_12_DIR").unwrap_or_else(|_| {
+        concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/target/nvrtc-12.4/nvidia/cuda_nvrtc/lib"
+        )
+        .into()
+    });
+    let here = std::path::Path::new(&dir).join("libnvrtc.so.12").is_file();
+    if !here && std::env::var_os("STATEBENCH_REQUIRE").is_none() && std::env::var_os("CI").is_none()
+    {
+        eprintln!("skipped: no NVRTC 12.4 at {dir}");
+        return;
+    }
+    assert!(
+        here,
+        "no libnvrtc.so.12 in {dir} (.ci/run installs nvidia-cuda-nvrtc-cu12 there)"
+    );
+    let out = std::process::Command::new(std::env::current_exe().expect("the test binary"))
+        .args([
+            "--exact",
+            "nvrtc_builds_cubins_and_writes_its_releases_ptx_isa",
+            "--include-ignored",
+            "--nocapture",
+        ])
+        .env("LD_LIBRARY_PATH", &dir)
+        .env("STATEBENCH_EXPECT_NVRTC", "12.4")
+        .output()
+        .expect("the child runs");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "with NVRTC 12.4:\n{text}");
+    assert!(text.contains("NVRTC 12.4"), "{text}");
+}

@@ -83,9 +83,135 @@ pub mod cuda {
     }
 
     /// A kernel set's full source, as NVRTC compiles it: the shared
-    /// definitions and the PTX wrappers first (its errors name
-    /// `<name>.cu` and the line there).
+    /// definitions and the PTX wrappers first, each under its own file
+    /// name, so errors (and the emulator's reports) name `common.cuh`,
+    /// `ptx.cuh` or `<name>.cu` and the line there. With
+    /// `STATEBENCH_CUDA_SOURCE_DIR` set, the shared definitions and the
+    /// wrappers are that directory's (see [`kernel_sources`]; a file it
+    /// lacks is the built-in copy here, and an error there).
     pub fn source(name: &str, body: &str) -> String {
-        format!("{COMMON}\n{PTX}\n#line 1 \"{name}.cu\"\n{body}")
+        let (common, ptx) = match source_dir() {
+            Some(dir) => (
+                std::fs::read_to_string(dir.join("common.cuh")).unwrap_or_else(|_| COMMON.into()),
+                std::fs::read_to_string(dir.join("ptx.cuh")).unwrap_or_else(|_| PTX.into()),
+            ),
+            None => (COMMON.to_string(), PTX.to_string()),
+        };
+        format!(
+            "#line 1 \"common.cuh\"\n{common}\n#line 1 \"ptx.cuh\"\n{ptx}\n#line 1 \"{name}.cu\"\n{body}"
+        )
+    }
+
+    /// `STATEBENCH_CUDA_SOURCE_DIR`: a directory the kernel sources are
+    /// read from instead of the copies built in (kernel work without a
+    /// rebuild; the emulator's mutation tests).
+    pub fn source_dir() -> Option<std::path::PathBuf> {
+        std::env::var_os("STATEBENCH_CUDA_SOURCE_DIR")
+            .filter(|d| !d.is_empty())
+            .map(Into::into)
+    }
+
+    /// The kernel sources a device compiles: the built-in ones, or
+    /// `STATEBENCH_CUDA_SOURCE_DIR`'s.
+    #[derive(Debug, Clone)]
+    pub struct KernelSources {
+        /// Every kernel set: (name, source), as [`SOURCES`].
+        pub sets: Vec<(&'static str, String)>,
+        /// The directory they were read from, if not built in.
+        pub dir: Option<std::path::PathBuf>,
+        /// Whether they differ from the built-in ones; the files in order
+        /// (`common.cuh`, `ptx.cuh`, each `<set>.cu`) with their contents
+        /// when they do.
+        pub modified: Option<Vec<(String, String)>>,
+    }
+
+    /// Reads the kernel sources: `common.cuh`, `ptx.cuh` and each
+    /// `<set>.cu` from `STATEBENCH_CUDA_SOURCE_DIR` when it is set (a
+    /// missing file is an error naming it), else the built-in copies.
+    pub fn kernel_sources() -> Result<KernelSources, String> {
+        let Some(dir) = source_dir() else {
+            return Ok(KernelSources {
+                sets: SOURCES.iter().map(|&(n, s)| (n, s.to_string())).collect(),
+                dir: None,
+                modified: None,
+            });
+        };
+        let read = |file: &str| {
+            let path = dir.join(file);
+            std::fs::read_to_string(&path).map_err(|e| {
+                format!(
+                    "STATEBENCH_CUDA_SOURCE_DIR: cannot read {}: {e}",
+                    path.display()
+                )
+            })
+        };
+        let mut files = vec![
+            ("common.cuh".to_string(), read("common.cuh")?, COMMON),
+            ("ptx.cuh".to_string(), read("ptx.cuh")?, PTX),
+        ];
+        let mut sets = Vec::new();
+        for (name, builtin) in SOURCES {
+            let file = format!("{name}.cu");
+            let text = read(&file)?;
+            sets.push((name, text.clone()));
+            files.push((file, text, builtin));
+        }
+        let modified = files
+            .iter()
+            .any(|(_, text, builtin)| text != builtin)
+            .then(|| files.into_iter().map(|(f, t, _)| (f, t)).collect());
+        Ok(KernelSources {
+            sets,
+            dir: Some(dir),
+            modified,
+        })
+    }
+
+    /// The checks the CUDA emulator builds its kernels with, and its
+    /// schedule's seed, as the environment sets them.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct EmulatorChecks {
+        /// `races` (the default: races in shared memory, uninitialized
+        /// reads, out-of-bounds accesses), `asan` (AddressSanitizer) or
+        /// `off`: `STATEBENCH_EMULATOR_CHECKS` (or the older
+        /// `STATEBENCH_EMULATOR_ASAN`: 0 is `off`, anything else `asan`).
+        pub mode: &'static str,
+        /// `STATEBENCH_EMULATOR_SCHEDULE_SEED` (default 1; 0 runs a block's
+        /// threads and a grid's blocks in order).
+        pub seed: u64,
+    }
+
+    /// The emulator's [`EmulatorChecks`], or the setting it refuses (as its
+    /// NVRTC and driver refuse them).
+    pub fn emulator_checks() -> Result<EmulatorChecks, String> {
+        let var = |name: &str| std::env::var(name).ok().filter(|v| !v.is_empty());
+        let mode = match var("STATEBENCH_EMULATOR_CHECKS").as_deref() {
+            Some("races") => "races",
+            Some("asan") => "asan",
+            Some("off") => "off",
+            Some(other) => {
+                return Err(format!(
+                    "STATEBENCH_EMULATOR_CHECKS={other} is not one of races, asan, off"
+                ))
+            }
+            None => match var("STATEBENCH_EMULATOR_ASAN").as_deref() {
+                None => "races",
+                Some("0") => "off",
+                Some(_) => "asan",
+            },
+        };
+        let seed = match var("STATEBENCH_EMULATOR_SCHEDULE_SEED") {
+            None => 1,
+            Some(v) => v
+                .parse::<u64>()
+                .ok()
+                .filter(|_| v.bytes().all(|b| b.is_ascii_digit()))
+                .ok_or_else(|| {
+                    format!(
+                        "STATEBENCH_EMULATOR_SCHEDULE_SEED={v} is not an unsigned 64-bit integer (0 runs threads in order)"
+                    )
+                })?,
+        };
+        Ok(EmulatorChecks { mode, seed })
     }
 }

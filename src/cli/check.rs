@@ -1,7 +1,7 @@
 //! `statebench check …`: whether a device keeps the engine's promises —
 //! each kernel against the CPU's, the invariance of a request's tokens, and
 //! a model's logits for given tokens (for comparison with a reference).
-//! `scripts/gpu-check.sh` runs these on a GPU machine.
+//! `check gpu` (`check_gpu.rs`) runs them all on a GPU machine.
 
 use anyhow::{bail, Result};
 use clap::{Args, Subcommand};
@@ -26,6 +26,9 @@ pub enum CheckCommand {
     /// Each CUDA kernel's registers, spills, shared memory and occupancy on sm_80, sm_89 and sm_90 (NVRTC, then ptxas -v), held to its budget.
     #[cfg(feature = "cuda")]
     Ptxas(PtxasArgs),
+    /// The first thing to run on a GPU: driver, NVRTC and kernel image, kernels against the CPU, the pipeline depths, compute-sanitizer, invariance, split prefill, a greedy generation against the CPU engine, and each matrix product's time beside the performance model's prediction, as JSON. Exits non-zero naming the first failed check.
+    #[cfg(feature = "cuda")]
+    Gpu(super::check_gpu::GpuArgs),
 }
 
 #[cfg(feature = "cuda")]
@@ -106,6 +109,8 @@ pub fn run(c: CheckCommand) -> Result<()> {
         CheckCommand::Logits(a) => with_engine!(a.model, |engine| logits(&a, &mut engine)),
         #[cfg(feature = "cuda")]
         CheckCommand::Ptxas(a) => ptxas(&a),
+        #[cfg(feature = "cuda")]
+        CheckCommand::Gpu(a) => super::check_gpu::run(&a),
     }
 }
 

@@ -4,6 +4,8 @@
 
 mod bench;
 mod check;
+#[cfg(feature = "cuda")]
+mod check_gpu;
 mod eal;
 mod engine;
 mod ladder;

@@ -264,6 +264,11 @@ impl<D: Device> Engine<D> {
 
     /// The model (for tests and benchmarks that read weights or drive the
     /// forward pass directly).
+    /// The weights' format as loaded (`gguf Q4_K_M`, `safetensors bf16`, …).
+    pub fn format(&self) -> &str {
+        &self.origin.format
+    }
+
     pub fn model(&self) -> &Model<D> {
         &self.model
     }

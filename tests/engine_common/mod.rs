@@ -387,3 +387,46 @@ pub fn edit_tensor(file: &Path, name: &str, edit: impl Fn(&mut [f32])) {
         .collect();
     safetensors::serialize_to_file(views, None, file).unwrap();
 }
+
+/// The emulator's and the CUDA engine's settings, none of which a child
+/// process of a CUDA test inherits unless the test sets it.
+pub const CUDA_SETTINGS: [&str; 8] = [
+    "STATEBENCH_EMULATOR_CHECKS",
+    "STATEBENCH_EMULATOR_MEMORY_GIB",
+    "STATEBENCH_EMULATOR_ASAN",
+    "STATEBENCH_EMULATOR_SCHEDULE_SEED",
+    "STATEBENCH_EMULATOR_DRIVER_VERSION",
+    "STATEBENCH_EMULATOR_NVRTC_VERSION",
+    "STATEBENCH_CUDA_SOURCE_DIR",
+    "STATEBENCH_CUDA_IMAGE",
+];
+
+/// This test binary's ignored `child` test in a process of its own, with
+/// `case_var` set to `case`, the [`CUDA_SETTINGS`] cleared and `env` set:
+/// whether it succeeded, and its stdout then stderr. (A failed kernel
+/// fails its context for the rest of the process, and the emulator reads
+/// its settings once a process, so such cases each need a process.)
+pub fn in_child(case_var: &str, case: &str, env: &[(&str, &str)]) -> (bool, String) {
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+    cmd.args([
+        "child",
+        "--exact",
+        "--ignored",
+        "--nocapture",
+        "--test-threads=1",
+    ])
+    .env(case_var, case);
+    for var in CUDA_SETTINGS {
+        cmd.env_remove(var);
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = cmd.output().expect("the child runs");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}

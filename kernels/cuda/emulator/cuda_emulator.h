@@ -3,18 +3,33 @@
 // semantics they have on a GPU.
 //
 // - Every GPU thread of a block is a fiber on one OS thread. A fiber runs
-//   until it reaches a barrier or a warp collective, or exits; then the next
-//   runnable one runs, in thread order. A barrier completes when every thread
-//   that has not exited has arrived; a block in which no thread can go on
-//   while some wait is an error that names the waits (never a hang).
+//   until it reaches a barrier or a warp collective, or exits; then another
+//   runnable one runs: the next in thread order, or with a schedule seed
+//   (LaunchConfig::seed) one the seed picks, and the blocks of a grid in an
+//   order it picks too, so results that depend on the order show. A barrier
+//   completes when every thread that has not exited has arrived; a block in
+//   which no thread can go on while some wait is an error that names the
+//   waits (never a hang).
 // - `__shared__` variables live in a per-block arena filled with 0xff bytes
-//   (NaN as f32, -1 as integers), so a read of shared memory that no thread
-//   wrote shows; they are laid out with poisoned gaps between them, so under
-//   AddressSanitizer a read past a shared tile stops the kernel.
+//   (NaN as f32, -1 as integers), with gaps between them.
 // - Warp collectives (shuffles, votes, `__syncwarp`, ldmatrix, mma) are
 //   rendezvous of exactly the lanes of their mask: a lane outside the mask,
 //   an exited lane in it, or lanes of one mask at different collectives are
 //   reported errors.
+// - Checks (EMU_CHECKS: the module is compiled with ThreadSanitizer's
+//   instrumentation but not its runtime, so every load and store of a
+//   kernel calls one of the `__tsan_*` hooks at the end of this file):
+//   shared memory remembers, byte by byte, its last writer and its readers
+//   since the last barrier, and a read or write of a byte another thread
+//   wrote, or a write of a byte another thread read, in the same barrier
+//   interval without a warp collective of both threads in between is a
+//   race; a read of shared memory no thread of the block wrote, or of
+//   device memory nothing wrote (the driver keeps a bit per byte), is an
+//   uninitialized read; an access in a gap between shared variables or in
+//   a device allocation's redzone is out of bounds. The first of these
+//   stops the block with a report naming the variable, the source lines
+//   and the threads. Modules built with AddressSanitizer instead check
+//   bounds only (gaps and redzones are poisoned).
 // - Precision. Host libm computes expf, logf, sinf, ...; CUDA states ulp
 //   bounds for its own (expf 2 ulp, logf 1 ulp, sinf/cosf 2 ulp, rsqrtf
 //   2 ulp, __fdividef 2 ulp in range) and host libm stays within them, so
@@ -31,6 +46,7 @@
 
 #pragma once
 
+#include <cerrno>
 #include <cmath>
 #include <cstdarg>
 #include <cstddef>
@@ -39,6 +55,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <new>
+#include <numeric>
 #include <utility>
 
 #include <sys/mman.h>
@@ -55,14 +72,30 @@
 #define EMU_UNPOISON(p, n) ((void)(p), (void)(n))
 #endif
 
+#if defined(__SANITIZE_THREAD__)
+#define EMU_CHECKS 1
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#else
+#define EMU_CHECKS 0
+#endif
+
 #if !defined(__x86_64__)
 #include <ucontext.h>
 #endif
 
-// The emulator's own bookkeeping is not checked by AddressSanitizer (its
-// memory is its own); the kernels' reads and writes, and the ones it makes
-// on their behalf (ldmatrix, cp.async), are.
-#define EMU_RUNTIME inline __attribute__((no_sanitize_address))
+// The emulator's own bookkeeping is checked by neither checker (its memory
+// is its own). What it does on the kernels' behalf (ldmatrix's reads,
+// cp.async's copies, atomics) AddressSanitizer checks as it happens, and
+// the race checker is told explicitly, with the thread it is done for.
+// (GCC inlines no function across a difference of these attributes, so a
+// kernel calls them and they keep their own.)
+#define EMU_NOCHECK __attribute__((no_sanitize_address, no_sanitize("thread")))
+#define EMU_RUNTIME inline EMU_NOCHECK
+#define EMU_BEHALF inline __attribute__((no_sanitize("thread")))
 
 // ---------------------------------------------------------------------------
 // CUDA's declaration specifiers and built-in types.
@@ -90,7 +123,7 @@ static constexpr int warpSize = 32;
 
 namespace emu {
 
-[[noreturn]] inline void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+[[noreturn]] EMU_RUNTIME void fail(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
 
 // One pending cp.async copy; it happens when its group is waited for.
 struct AsyncCopy {
@@ -99,6 +132,7 @@ struct AsyncCopy {
     unsigned int bytes;
     unsigned int src_bytes;  // the rest of `bytes` is zero-filled
     int group;
+    int32_t pc;  // where it was issued (the race checker's record)
 };
 
 enum class State { Runnable, Barrier, Warp, Done };
@@ -131,24 +165,48 @@ struct Fiber {
 
 enum class WarpOp { None, Sync, Shfl, ShflUp, ShflDown, ShflXor, Ballot, Any, All, LdMatrix, Mma };
 
-// A warp collective in progress: each lane's operand, and the results the
-// last lane to arrive computes for all of them.
-struct WarpMeet {
+// Recent completed collectives a warp remembers (the race checker's
+// question: did these two lanes meet since then?).
+constexpr int kRecentCollectives = 16;
+
+// A warp collective open: its lanes and where it is.
+struct Meeting {
     WarpOp op = WarpOp::None;
-    unsigned int lanes = 0;   // lanes the block has in this warp
-    unsigned int exited = 0;  // of those, lanes that have exited
     unsigned int mask = 0;
     unsigned int arrived = 0;
     const char* site = "";
     int line = 0;
     int width = 32;
+    int count = 0;
+};
+constexpr int kOpenCollectives = 8;
+
+// A warp's collectives: those open, each lane's operands (a lane is at one
+// collective at a time), and the results the last lane to arrive at one
+// computes for all of its lanes; `op` to `count` describe the collective
+// being filled or computed.
+struct WarpMeet {
+    Meeting open[kOpenCollectives];
+    WarpOp op = WarpOp::None;
+    unsigned int lanes = 0;   // lanes the block has in this warp
+    unsigned int exited = 0;  // of those, lanes that have exited
+    unsigned int mask = 0;
+    int width = 32;
+    // Collectives completed in this block, the number of the last one of
+    // all the warp's lanes, and the masks of the latest ones by number.
+    uint32_t seq = 0;
+    uint32_t full_seq = 0;
+    uint32_t recent_seq[kRecentCollectives];
+    uint32_t recent_mask[kRecentCollectives];
     uint64_t value[32];
     int64_t arg[32];
     uint64_t result[32];
     bool bad[32];  // a shuffle lane whose source lane is outside the mask
-    // ldmatrix: each lane's row address and its 4 result registers; mma: its
-    // fragments (a: 4 regs, b: 2, c: 4 floats) and results (4 floats).
+    // ldmatrix: each lane's row address, where it called, and its 4 result
+    // registers; mma: its fragments (a: 4 regs, b: 2, c: 4 floats) and
+    // results (4 floats).
     const void* addr[32];
+    int32_t pc[32];
     uint32_t regs[32][4];
     uint32_t mma_a[32][4];
     uint32_t mma_b[32][2];
@@ -160,7 +218,12 @@ struct WarpMeet {
 struct SharedVar {
     int id;
     void* ptr;
+    const char* name;
+    size_t size;
 };
+
+struct Shadow;
+struct ShadowMemory;
 
 struct Block {
     const char* kernel = "";
@@ -180,6 +243,7 @@ struct Block {
     size_t arena_cap = 0;
     size_t arena_used = 0;
     size_t dynamic_bytes = 0;
+    const char* dynamic_name = nullptr;  // as the first `extern __shared__` names it
     SharedVar vars[64];
     int n_vars = 0;
     Context sched;
@@ -189,6 +253,26 @@ struct Block {
     size_t sched_stack_size = 0;
     void* sched_fake_stack = nullptr;
 #endif
+    // The schedule: 0 runs threads in order, else the generator's state.
+    uint64_t rng = 0;
+    // The race checker: the current barrier interval and the block's
+    // first (intervals are numbered on, never reused, per OS thread), the
+    // shadow of the arena, the device's allocations with the last one hit
+    // and their span, and the first uninitialized shared read of the
+    // interval (reported when it ends, unless a race is found first: a
+    // read before another thread's write in one interval is a race).
+    uint32_t epoch = 0;
+    uint32_t first_epoch = 0;
+    ShadowMemory* shadow = nullptr;
+    const DeviceAllocation* allocs = nullptr;
+    unsigned long n_allocs = 0;
+    const DeviceAllocation* last_alloc = nullptr;
+    uintptr_t dev_lo = 0;
+    uintptr_t dev_span = 0;
+    bool uninit_pending = false;
+    size_t uninit_off = 0;
+    unsigned int uninit_tid = 0;
+    int32_t uninit_pc = 0;
     void (*body)(void*) = nullptr;
     void* body_ctx = nullptr;
     char* error = nullptr;
@@ -214,6 +298,34 @@ EMU_RUNTIME Fiber& self() {
         std::abort();
     }
     return *cur_fiber;
+}
+
+// The built-ins by value: a kernel reads them without a memory access the
+// race checker would look at.
+EMU_RUNTIME uint3 thread_idx() { return self().tid; }
+EMU_RUNTIME uint3 block_idx() { return block().idx; }
+EMU_RUNTIME dim3 block_dim() { return block().dim; }
+EMU_RUNTIME dim3 grid_dim() { return block().grid; }
+
+// A block's thread, by its linear index.
+EMU_RUNTIME uint3 thread_of(const Block& b, unsigned int linear) {
+    return uint3{linear % b.dim.x, (linear / b.dim.x) % b.dim.y, linear / (b.dim.x * b.dim.y)};
+}
+
+// The schedule's generator (xorshift64*), and a seed's mix (splitmix64).
+EMU_RUNTIME uint64_t mix64(uint64_t x) {
+    x += 0x9e3779b97f4a7c15ull;
+    x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+    x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+    return x ^ (x >> 31);
+}
+EMU_RUNTIME uint64_t next_random(Block& b) {
+    uint64_t x = b.rng;
+    x ^= x >> 12;
+    x ^= x << 25;
+    x ^= x >> 27;
+    b.rng = x;
+    return x * 0x2545f4914f6cdd1dull;
 }
 
 // ---------------------------------------------------------------------------
@@ -266,7 +378,7 @@ statebench_emu_fiber_entry:
 )");
 #endif
 
-extern "C" __attribute__((used, visibility("hidden"))) void statebench_emu_fiber_main();
+extern "C" __attribute__((used, visibility("hidden"))) EMU_NOCHECK void statebench_emu_fiber_main();
 
 // Resumed fiber `f`: tell AddressSanitizer which stack it is on now (and,
 // on an entry from the scheduler, remember the scheduler's stack).
@@ -324,13 +436,14 @@ EMU_RUNTIME void to_sibling(Block& b, Fiber& f, Fiber& g, bool dying) {
     leave(b, f, g.ctx, &g, g.stack, kStackBytes, dying);
 }
 
-// The calling fiber waits (or has exited): the next runnable fiber after it
-// in thread order runs; when there is none, the scheduler decides.
+// The calling fiber waits (or has exited): the next runnable fiber runs,
+// after it in thread order or from where the schedule's generator says;
+// when there is none, the scheduler decides.
 EMU_RUNTIME void switch_away(bool dying) {
     Block& b = block();
     Fiber& f = self();
-    for (unsigned int t = 1; t < b.n; ++t) {
-        unsigned int k = f.linear + t;
+    unsigned int k = b.rng ? static_cast<unsigned int>(next_random(b) % b.n) : f.linear + 1;
+    for (unsigned int t = 0; t < b.n; ++t, ++k) {
         if (k >= b.n) k -= b.n;
         if (b.fibers[k].state == State::Runnable) {
             to_sibling(b, f, b.fibers[k], dying);
@@ -354,7 +467,7 @@ EMU_RUNTIME void to_fiber(Block& b, Fiber& f) {
     cur_fiber = nullptr;
 }
 
-inline void start_fiber(Fiber& f) {
+EMU_RUNTIME void start_fiber(Fiber& f) {
 #if defined(__x86_64__)
     // The first switch "returns" into fiber_entry with a 16-byte-aligned
     // stack: below it the return address, six registers, mxcsr and the x87
@@ -379,11 +492,11 @@ inline void start_fiber(Fiber& f) {
 struct Stacks {
     char** stacks = nullptr;
     unsigned int n = 0;
-    ~Stacks() {
+    EMU_NOCHECK ~Stacks() {
         for (unsigned int i = 0; i < n; ++i) munmap(stacks[i] - 4096, kStackBytes + 4096);
         std::free(stacks);
     }
-    char* get(unsigned int i) {
+    EMU_NOCHECK char* get(unsigned int i) {
         if (i >= n) {
             stacks = static_cast<char**>(std::realloc(stacks, sizeof(char*) * (i + 1)));
             for (; n <= i; ++n) {
@@ -402,7 +515,7 @@ inline thread_local Stacks stacks;
 // ---------------------------------------------------------------------------
 // Errors: the first one of a block stops it; the launch reports it.
 
-inline void set_error(Block& b, const char* text) {
+EMU_RUNTIME void set_error(Block& b, const char* text) {
     if (b.failed) return;
     b.failed = true;
     if (b.error && b.error_len) {
@@ -411,30 +524,460 @@ inline void set_error(Block& b, const char* text) {
     }
 }
 
+// Ends the block with `text` (which names its threads itself).
+[[noreturn]] EMU_RUNTIME void stop(const char* text) {
+    Block& b = block();
+    set_error(b, text);
+    if (cur_fiber) {
+        // This fiber never runs again; the scheduler ends the block.
+        Fiber& f = *cur_fiber;
+        f.state = State::Done;
+        to_scheduler(b, f, true);
+    }
+    std::abort();  // unreachable: errors are raised in fibers only
+}
+
 inline void fail(const char* fmt, ...) {
     char text[768];
     va_list ap;
     va_start(ap, fmt);
     std::vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
-    Block& b = block();
     if (cur_fiber) {
         char with[900];
         Fiber& f = *cur_fiber;
         std::snprintf(with, sizeof with, "thread (%u,%u,%u): %s", f.tid.x, f.tid.y, f.tid.z, text);
-        set_error(b, with);
-        // This fiber never runs again; the scheduler ends the block.
-        f.state = State::Done;
-        to_scheduler(b, f, true);
+        stop(with);
     }
-    set_error(b, text);
-    std::abort();  // unreachable: errors are raised in fibers only
+    stop(text);
+}
+
+// ---------------------------------------------------------------------------
+// The race checker's state and reports.
+
+// Where the module is loaded: code addresses are kept as offsets from it.
+inline uintptr_t module_base = 0;
+
+EMU_RUNTIME void find_module_base() {
+#if EMU_CHECKS
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&find_module_base), &info) && info.dli_fbase) {
+        module_base = reinterpret_cast<uintptr_t>(info.dli_fbase);
+    }
+#endif
+}
+
+EMU_RUNTIME int32_t pc_of(const void* return_address) {
+    return static_cast<int32_t>(reinterpret_cast<uintptr_t>(return_address) - module_base);
+}
+
+#if EMU_CHECKS
+// One byte of the shared arena: its last writer (thread, interval, the
+// warp's collective count then, where), its readers in the interval
+// `r_epoch` (the latest and the one before it, distinct; and whether
+// there were more of them and of more than one warp), the largest
+// collective count among them.
+struct Shadow {
+    uint32_t w_epoch, r_epoch;
+    uint32_t w_seq, r_seq;
+    int32_t w_pc, r_pc, r2_pc;
+    uint16_t w_tid, r_tid, r2_tid;
+};
+constexpr uint16_t kTid = 0x03ff;
+constexpr uint16_t kAtomicWrite = 0x8000;  // in w_tid
+constexpr uint16_t kReaders = 0x8000;      // in r_tid: two or more readers
+constexpr uint16_t kMixedWarps = 0x4000;   // in r_tid: of more than one warp
+
+// Each OS thread's shadow of the arena, never cleared: an entry of an
+// older interval than the block's first is one this block never wrote.
+struct ShadowMemory {
+    Shadow* s = nullptr;
+    uint32_t epochs = 0;
+    EMU_NOCHECK ~ShadowMemory() { std::free(s); }
+};
+inline thread_local ShadowMemory shadow_memory;
+#endif
+
+enum Access { kRead = 0, kWrite = 1, kAtomic = 2 };
+
+// `file:line` for each of `n` code offsets (into out[i]), from the
+// module's line table by addr2line: the innermost frame in a `.cu` file
+// (not the emulator's, the shared definitions' or the PTX wrappers'
+// headers); `module+0x…` where that cannot be had.
+EMU_RUNTIME void locate(const int32_t* pcs, int n, char (*out)[160]) {
+    for (int i = 0; i < n; ++i) std::snprintf(out[i], 160, "module+0x%x", pcs[i]);
+#if EMU_CHECKS
+    Dl_info info;
+    if (!dladdr(reinterpret_cast<void*>(&locate), &info) || !info.dli_fname) return;
+    const char* slash = std::strrchr(info.dli_fname, '/');
+    const char* so = slash ? slash + 1 : info.dli_fname;
+    for (int i = 0; i < n; ++i) std::snprintf(out[i], 160, "%s+0x%x", so, pcs[i]);
+    char addrs[4][24];
+    const char* argv[12] = {"addr2line", "-a", "-f", "-i", "-e", info.dli_fname};
+    int argc = 6;
+    for (int i = 0; i < n && i < 4; ++i) {
+        // A return address: the call is the instruction before it.
+        std::snprintf(addrs[i], sizeof addrs[i], "0x%x", pcs[i] - 1);
+        argv[argc++] = addrs[i];
+    }
+    argv[argc] = nullptr;
+    int fd[2];
+    if (pipe(fd) != 0) return;
+    posix_spawn_file_actions_t fa;
+    posix_spawn_file_actions_init(&fa);
+    posix_spawn_file_actions_adddup2(&fa, fd[1], 1);
+    posix_spawn_file_actions_addopen(&fa, 2, "/dev/null", O_WRONLY, 0);
+    posix_spawn_file_actions_addclose(&fa, fd[0]);
+    posix_spawn_file_actions_addclose(&fa, fd[1]);
+    pid_t pid;
+    const int err = posix_spawnp(&pid, "addr2line", &fa, nullptr, const_cast<char* const*>(argv),
+                                 environ);
+    posix_spawn_file_actions_destroy(&fa);
+    close(fd[1]);
+    static char text[16384];
+    size_t len = 0;
+    if (err == 0) {
+        for (ssize_t r; len + 1 < sizeof text && (r = read(fd[0], text + len, sizeof text - 1 - len)) != 0;) {
+            if (r < 0) break;
+            len += static_cast<size_t>(r);
+        }
+        int status;
+        while (waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+        }
+    }
+    close(fd[0]);
+    text[len] = '\0';
+    // Per address: its line ("0x…"), then a function line and a location
+    // line per frame, innermost first.
+    int at = -1, frame_line = 0;
+    bool chosen = false;
+    for (char* line = std::strtok(text, "\n"); line; line = std::strtok(nullptr, "\n")) {
+        if (line[0] == '0' && line[1] == 'x') {
+            ++at;
+            frame_line = 0;
+            chosen = false;
+            continue;
+        }
+        if (at < 0 || at >= n || (++frame_line % 2) != 0 || chosen) continue;
+        if (char* d = std::strstr(line, " (discriminator")) *d = '\0';
+        char* colon = std::strrchr(line, ':');
+        if (!colon || line[0] == '?' || colon[1] == '?' || colon[1] == '0') continue;
+        *colon = '\0';
+        const char* base = std::strrchr(line, '/');
+        base = base ? base + 1 : line;
+        const size_t bl = std::strlen(base);
+        const bool header = (bl > 2 && std::strcmp(base + bl - 2, ".h") == 0) ||
+                            (bl > 4 && std::strcmp(base + bl - 4, ".cuh") == 0);
+        // A header's frame is kept only until a kernel's frame is found.
+        std::snprintf(out[at], 160, "%s:%s", base, colon + 1);
+        chosen = !header;
+    }
+#endif
+}
+
+EMU_RUNTIME void describe_thread(const Block& b, unsigned int linear, char* out, size_t len) {
+    const uint3 t = thread_of(b, linear);
+    std::snprintf(out, len, "thread (%u,%u,%u)", t.x, t.y, t.z);
+}
+
+// The shared variable holding arena byte `off` (or, in a gap, the one
+// before it): its name, first byte and size; whether [off, off + n) lies
+// inside it.
+struct VarHit {
+    const char* name;
+    size_t begin;
+    size_t size;
+};
+
+EMU_RUNTIME bool find_var(const Block& b, size_t off, size_t n, VarHit& h) {
+    constexpr size_t kDynamicAt = 64;  // kSharedGap, below
+    if (off - kDynamicAt < b.dynamic_bytes) {
+        h = VarHit{b.dynamic_name ? b.dynamic_name : "dynamic shared memory", kDynamicAt,
+                   b.dynamic_bytes};
+        return off + n <= kDynamicAt + b.dynamic_bytes;
+    }
+    for (int i = 0; i < b.n_vars; ++i) {
+        const size_t begin = static_cast<size_t>(static_cast<char*>(b.vars[i].ptr) - b.arena);
+        if (off - begin < b.vars[i].size) {
+            h = VarHit{b.vars[i].name, begin, b.vars[i].size};
+            return off + n <= begin + b.vars[i].size;
+        }
+    }
+    // In a gap: the variable before it.
+    h = VarHit{"memory before every variable", 0, 0};
+    if (b.dynamic_bytes && off >= kDynamicAt) {
+        h = VarHit{b.dynamic_name ? b.dynamic_name : "dynamic shared memory", kDynamicAt,
+                   b.dynamic_bytes};
+    }
+    for (int i = 0; i < b.n_vars; ++i) {
+        const size_t begin = static_cast<size_t>(static_cast<char*>(b.vars[i].ptr) - b.arena);
+        if (begin <= off && begin >= h.begin) h = VarHit{b.vars[i].name, begin, b.vars[i].size};
+    }
+    return false;
+}
+
+EMU_RUNTIME const char* access_verb(int kind) {
+    return kind == kRead ? "read" : kind == kWrite ? "write" : "atomic update";
+}
+
+[[noreturn]] __attribute__((noinline, cold)) EMU_RUNTIME void report_shared_bounds(
+    Block& b, unsigned int me, size_t off, size_t n, int kind, int32_t pc) {
+    VarHit h;
+    find_var(b, off, n, h);
+    char where[1][160], who[48], text[700];
+    locate(&pc, 1, where);
+    describe_thread(b, me, who, sizeof who);
+    std::snprintf(text, sizeof text,
+                  "out-of-bounds %s of %zu bytes at byte %lld of shared %s (%zu bytes) at %s, %s",
+                  access_verb(kind), n, static_cast<long long>(off) - static_cast<long long>(h.begin),
+                  h.name, h.size, where[0], who);
+    stop(text);
+}
+
+EMU_RUNTIME void uninit_shared_text(Block& b, unsigned int me, size_t off, int32_t pc, char* text,
+                                    size_t len) {
+    VarHit h;
+    find_var(b, off, 1, h);
+    char where[1][160], who[48];
+    locate(&pc, 1, where);
+    describe_thread(b, me, who, sizeof who);
+    std::snprintf(text, len,
+                  "uninitialized read of shared %s (byte %zu of %zu) at %s, %s: no thread of the "
+                  "block wrote it",
+                  h.name, off - h.begin, h.size, where[0], who);
+}
+
+[[noreturn]] __attribute__((noinline, cold)) EMU_RUNTIME void report_uninit_shared(
+    Block& b, unsigned int me, size_t off, int32_t pc) {
+    char text[700];
+    uninit_shared_text(b, me, off, pc, text, sizeof text);
+    stop(text);
+}
+
+// `me` makes access `kind` at `pc` of a byte thread `other` read or wrote
+// (`other_wrote`) at `other_pc` in this barrier interval.
+[[noreturn]] __attribute__((noinline, cold)) EMU_RUNTIME void report_race(
+    Block& b, unsigned int me, size_t off, int kind, int32_t pc, unsigned int other,
+    bool other_wrote, int32_t other_pc) {
+    VarHit h;
+    find_var(b, off, 1, h);
+    const int32_t pcs[2] = {pc, other_pc};
+    char where[2][160], who[48], whom[48], text[760];
+    locate(pcs, 2, where);
+    describe_thread(b, me, who, sizeof who);
+    describe_thread(b, other, whom, sizeof whom);
+    std::snprintf(text, sizeof text,
+                  "race on shared %s (byte %zu of %zu): %s %s at %s what %s %s at %s in the same "
+                  "barrier interval",
+                  h.name, off - h.begin, h.size, who,
+                  kind == kRead ? "reads" : kind == kWrite ? "writes" : "atomically updates",
+                  where[0], whom, other_wrote ? "wrote" : "read", where[1]);
+    stop(text);
+}
+
+// Thread `me`'s access of `n` bytes at `a` in allocation `d`: out of its
+// bounds, or reading byte `clear`, which nothing wrote.
+[[noreturn]] __attribute__((noinline, cold)) EMU_RUNTIME void report_device(
+    Block& b, unsigned int me, const DeviceAllocation& d, uintptr_t a, size_t n, int kind,
+    int32_t pc, bool bounds, uint64_t clear) {
+    char where[1][160], who[48], text[700], unwritten[64] = "";
+    locate(&pc, 1, where);
+    describe_thread(b, me, who, sizeof who);
+    const long long off = static_cast<long long>(a) - static_cast<long long>(d.base);
+    if (!bounds && clear != static_cast<uint64_t>(off)) {
+        std::snprintf(unwritten, sizeof unwritten, " (byte %llu unwritten)",
+                      static_cast<unsigned long long>(clear));
+    }
+    std::snprintf(text, sizeof text,
+                  "%s %s of %zu bytes at device allocation 0x%llx %c %lld%s (of %llu bytes) at %s, "
+                  "%s",
+                  bounds ? "out-of-bounds" : "uninitialized", access_verb(kind), n, d.base,
+                  off < 0 ? '-' : '+', off < 0 ? -off : off, unwritten, d.size, where[0], who);
+    stop(text);
+}
+
+#if EMU_CHECKS
+// Whether lane `a` of warp `warp`, which made an access when the warp had
+// completed `a_seq` collectives, and lane `me` met at a collective since.
+EMU_RUNTIME bool joined(const Block& b, unsigned int a, uint32_t a_seq, unsigned int me) {
+    if (a / 32 != me / 32) return false;
+    const WarpMeet& w = b.warps[me / 32];
+    if (w.full_seq > a_seq) return true;
+    const unsigned int both = (1u << (a % 32)) | (1u << (me % 32));
+    for (int i = 0; i < kRecentCollectives; ++i) {
+        if (w.recent_seq[i] > a_seq && (w.recent_mask[i] & both) == both) return true;
+    }
+    return false;
+}
+
+// Thread `me`'s access to arena bytes [off, off + n).
+EMU_RUNTIME void shared_access(Block& b, unsigned int me, size_t off, size_t n, int kind,
+                               int32_t pc) {
+    VarHit h;
+    if (!find_var(b, off, n, h)) report_shared_bounds(b, me, off, n, kind, pc);
+    Shadow* s = b.shadow->s + off;
+    const uint32_t cur = b.epoch;
+    const uint32_t seq = b.warps[me / 32].seq;
+    for (size_t i = 0; i < n; ++i) {
+        Shadow& e = s[i];
+        const unsigned int writer = e.w_tid & kTid;
+        if (kind != kWrite && e.w_epoch < b.first_epoch && !b.uninit_pending) {
+            b.uninit_pending = true;
+            b.uninit_off = off + i;
+            b.uninit_tid = me;
+            b.uninit_pc = pc;
+        }
+        if (e.w_epoch == cur && writer != me &&
+            !(kind == kAtomic && (e.w_tid & kAtomicWrite)) && !joined(b, writer, e.w_seq, me)) {
+            report_race(b, me, off + i, kind, pc, writer, true, e.w_pc);
+        }
+        if (kind == kRead) {
+            if (e.r_epoch != cur) {
+                e.r_epoch = cur;
+                e.r_tid = static_cast<uint16_t>(me);
+                e.r_seq = seq;
+                e.r_pc = pc;
+            } else if ((e.r_tid & kTid) == me) {
+                e.r_seq = seq > e.r_seq ? seq : e.r_seq;
+                e.r_pc = pc;
+            } else {
+                const unsigned int last = e.r_tid & kTid;
+                uint16_t flags = static_cast<uint16_t>((e.r_tid & kMixedWarps) | kReaders);
+                if (last / 32 != me / 32) flags |= kMixedWarps;
+                e.r2_tid = static_cast<uint16_t>(last);
+                e.r2_pc = e.r_pc;
+                e.r_tid = static_cast<uint16_t>(me | flags);
+                e.r_pc = pc;
+                e.r_seq = seq > e.r_seq ? seq : e.r_seq;
+            }
+            continue;
+        }
+        if (e.r_epoch == cur) {
+            const unsigned int last = e.r_tid & kTid;
+            if (!(e.r_tid & kReaders)) {
+                if (last != me && !joined(b, last, e.r_seq, me)) {
+                    report_race(b, me, off + i, kind, pc, last, false, e.r_pc);
+                }
+            } else {
+                // Readers of one warp, this thread's: a collective of the
+                // whole warp since the last of them. Of more warps: a race.
+                const WarpMeet& w = b.warps[me / 32];
+                if ((e.r_tid & kMixedWarps) || last / 32 != me / 32 || w.full_seq <= e.r_seq) {
+                    const bool latest = last != me;
+                    report_race(b, me, off + i, kind, pc, latest ? last : e.r2_tid, false,
+                                latest ? e.r_pc : e.r2_pc);
+                }
+            }
+        }
+        e.w_epoch = cur;
+        e.w_tid = static_cast<uint16_t>(me | (kind == kAtomic ? kAtomicWrite : 0));
+        e.w_seq = seq;
+        e.w_pc = pc;
+        e.r_epoch = 0;
+    }
+}
+
+// Bits [off, off + n) of a device allocation's written-bytes map: whether
+// all are set (else the first clear one in `*clear`), or set them all.
+EMU_RUNTIME bool all_written(const unsigned long long* bits, uint64_t off, uint64_t n,
+                             uint64_t* clear) {
+    for (uint64_t i = off, end = off + n; i < end;) {
+        const uint64_t w = i / 64, lo = i % 64;
+        const uint64_t take = end - i < 64 - lo ? end - i : 64 - lo;
+        const unsigned long long want = (take == 64 ? ~0ull : ((1ull << take) - 1)) << lo;
+        if ((bits[w] & want) != want) {
+            *clear = i + __builtin_ctzll(~bits[w] & want) - lo;
+            return false;
+        }
+        i += take;
+    }
+    return true;
+}
+EMU_RUNTIME void set_written(unsigned long long* bits, uint64_t off, uint64_t n) {
+    for (uint64_t i = off, end = off + n; i < end;) {
+        const uint64_t w = i / 64, lo = i % 64;
+        const uint64_t take = end - i < 64 - lo ? end - i : 64 - lo;
+        bits[w] |= (take == 64 ? ~0ull : ((1ull << take) - 1)) << lo;
+        i += take;
+    }
+}
+
+// The allocation whose host block (redzones included) holds `a`, if any.
+EMU_RUNTIME const DeviceAllocation* find_allocation(Block& b, uintptr_t a) {
+    const DeviceAllocation* last = b.last_alloc;
+    if (last && a - last->lo < last->hi - last->lo) return last;
+    unsigned long lo = 0, hi = b.n_allocs;
+    while (lo < hi) {
+        const unsigned long mid = (lo + hi) / 2;
+        if (b.allocs[mid].lo <= a) {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    if (lo == 0 || a >= b.allocs[lo - 1].hi) return nullptr;
+    b.last_alloc = &b.allocs[lo - 1];
+    return b.last_alloc;
+}
+
+EMU_RUNTIME void device_access(Block& b, unsigned int me, uintptr_t a, size_t n, int kind,
+                               int32_t pc) {
+    const DeviceAllocation* d = find_allocation(b, a);
+    if (!d) return;  // host memory: not the device's
+    if (a < d->base || a + n > d->base + d->size) report_device(b, me, *d, a, n, kind, pc, true, 0);
+    const uint64_t off = a - d->base;
+    if (kind != kWrite) {
+        uint64_t clear;
+        if (!all_written(d->init, off, n, &clear)) {
+            report_device(b, me, *d, a, n, kind, pc, false, clear);
+        }
+    }
+    if (kind != kRead) set_written(d->init, off, n);
+}
+
+// An access of thread `me` to [p, p + n): shared memory, device memory or
+// neither (a fiber's stack, the host's memory), which is not checked.
+__attribute__((always_inline)) EMU_RUNTIME void check_as(unsigned int me, const void* p, size_t n,
+                                                         int kind, int32_t pc) {
+    Block* b = cur_block;
+    Fiber* f = cur_fiber;
+    if (!b || !f || n == 0) return;
+    const uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t off = a - reinterpret_cast<uintptr_t>(b->arena);
+    if (off < b->arena_cap) {
+        shared_access(*b, me, off, n, kind, pc);
+        return;
+    }
+    if (a - reinterpret_cast<uintptr_t>(f->stack) < kStackBytes) return;
+    if (a - b->dev_lo < b->dev_span) device_access(*b, me, a, n, kind, pc);
+}
+
+__attribute__((always_inline)) EMU_RUNTIME void check(const void* p, size_t n, int kind,
+                                                      int32_t pc) {
+    if (Fiber* f = cur_fiber) check_as(f->linear, p, n, kind, pc);
+}
+#endif
+
+// The end of a barrier interval: a pending uninitialized read is reported
+// (no other thread wrote the byte in the interval, or that was a race);
+// the next interval begins.
+EMU_RUNTIME void end_interval(Block& b) {
+#if EMU_CHECKS
+    if (b.uninit_pending && !b.failed) {
+        b.uninit_pending = false;
+        report_uninit_shared(b, b.uninit_tid, b.uninit_off, b.uninit_pc);
+    }
+    b.epoch = ++b.shadow->epochs;
+#else
+    (void)b;
+#endif
 }
 
 // ---------------------------------------------------------------------------
 // Barriers.
 
 EMU_RUNTIME void release_barrier(Block& b) {
+    end_interval(b);
     for (unsigned int i = 0; i < b.n; ++i) {
         if (b.fibers[i].state == State::Barrier) b.fibers[i].state = State::Runnable;
     }
@@ -469,7 +1012,9 @@ EMU_RUNTIME WarpMeet& my_warp() { return block().warps[self().linear / 32]; }
 
 // Joins this lane to its warp's collective `op`: `fill` stores the lane's
 // operands in the meeting, `compute` runs once, in the last lane to arrive,
-// over all of them. Returns when every lane of `mask` has arrived.
+// over all of them. Returns when every lane of `mask` has arrived. Lanes
+// of a warp in different branches may each be at a collective of their
+// own mask at once; one mask at two different collectives is an error.
 template <class Fill, class Compute>
 EMU_RUNTIME void warp_collective(WarpOp op, unsigned int mask, const char* file, int line, Fill fill,
                             Compute compute) {
@@ -490,25 +1035,48 @@ EMU_RUNTIME void warp_collective(WarpOp op, unsigned int mask, const char* file,
         fail("warp collective at %s:%d: lane %d of mask 0x%08x has exited", file, line,
              __builtin_ctz(mask & w.exited), mask);
     }
-    if (w.op != WarpOp::None && (w.op != op || w.mask != mask)) {
+    Meeting* m = nullptr;
+    Meeting* free_slot = nullptr;
+    for (Meeting& o : w.open) {
+        if (o.op == WarpOp::None) {
+            if (!free_slot) free_slot = &o;
+        } else if (o.mask == mask) {
+            m = &o;
+        }
+    }
+    if (m && m->op != op) {
         fail("lanes of warp %u meet at different warp collectives (%s:%d with mask 0x%08x, %s:%d "
              "with mask 0x%08x)",
-             f.linear / 32, file, line, mask, w.site, w.line, w.mask);
+             f.linear / 32, file, line, mask, m->site, m->line, m->mask);
     }
-    if (w.op == WarpOp::None) {
-        w.op = op;
-        w.mask = mask;
-        w.arrived = 0;
-        w.site = file;
-        w.line = line;
+    if (!m) {
+        if (!free_slot) {
+            fail("warp collective at %s:%d: more than %d collectives of warp %u open at once", file,
+                 line, kOpenCollectives, f.linear / 32);
+        }
+        m = free_slot;
+        *m = Meeting{op, mask, 0, file, line, 32, 0};
     }
     fill(w, lane);
-    w.arrived |= 1u << lane;
+    // What the lanes' fills say of the whole collective, kept with it.
+    m->width = w.width;
+    m->count = w.count;
+    m->arrived |= 1u << lane;
     f.wait_site = file;
     f.wait_line = line;
-    if (w.arrived == mask) {
+    if (m->arrived == mask) {
+        w.op = op;
+        w.mask = mask;
+        w.width = m->width;
+        w.count = m->count;
         compute(w);
-        w.op = WarpOp::None;
+        m->op = WarpOp::None;
+        // For the race checker: these lanes met, after everything each
+        // did before it.
+        ++w.seq;
+        if (mask == w.lanes) w.full_seq = w.seq;
+        w.recent_seq[w.seq % kRecentCollectives] = w.seq;
+        w.recent_mask[w.seq % kRecentCollectives] = mask;
         for (unsigned int rest = mask & ~(1u << lane); rest; rest &= rest - 1) {
             b.fibers[first + __builtin_ctz(rest)].state = State::Runnable;
         }
@@ -542,12 +1110,12 @@ EMU_RUNTIME T shuffle(WarpOp op, unsigned int mask, T v, int arg, int width, con
     const unsigned int lane = lane_id();
     warp_collective(
         op, mask, file, line,
-        [&](WarpMeet& w, unsigned int l) {
+        [&](WarpMeet& w, unsigned int l) EMU_NOCHECK {
             w.value[l] = to_bits(v);
             w.arg[l] = arg;
             w.width = width;
         },
-        [&](WarpMeet& w) {
+        [&](WarpMeet& w) EMU_NOCHECK {
             for (unsigned int l = 0; l < 32; ++l) {
                 if (!(w.mask >> l & 1u)) continue;
                 const int wd = w.width;
@@ -581,8 +1149,8 @@ EMU_RUNTIME T shuffle(WarpOp op, unsigned int mask, T v, int arg, int width, con
 EMU_RUNTIME unsigned int vote(WarpOp op, unsigned int mask, int pred, const char* file, int line) {
     const unsigned int lane = lane_id();
     warp_collective(
-        op, mask, file, line, [&](WarpMeet& w, unsigned int l) { w.value[l] = pred != 0; },
-        [&](WarpMeet& w) {
+        op, mask, file, line, [&](WarpMeet& w, unsigned int l) EMU_NOCHECK { w.value[l] = pred != 0; },
+        [&](WarpMeet& w) EMU_NOCHECK {
             unsigned int ballot = 0;
             for (unsigned int l = 0; l < 32; ++l) {
                 if ((w.mask >> l & 1u) && w.value[l]) ballot |= 1u << l;
@@ -598,13 +1166,14 @@ EMU_RUNTIME unsigned int vote(WarpOp op, unsigned int mask, int pred, const char
 // ---------------------------------------------------------------------------
 // Shared memory.
 
-constexpr size_t kSharedGap = 64;  // poisoned bytes after each shared variable
+constexpr size_t kSharedGap = 64;  // unused bytes after each shared variable (poisoned under ASan)
+static_assert(kSharedGap == 64, "find_var's dynamic part starts after one gap");
 
 // Static and dynamic shared memory of a block together (an sm_80's opt-in
 // maximum).
-inline size_t shared_limit() { return 163 * 1024; }
+EMU_RUNTIME size_t shared_limit() { return 163 * 1024; }
 
-inline void* shared_alloc(Block& b, size_t bytes, size_t align) {
+EMU_RUNTIME void* shared_alloc(Block& b, size_t bytes, size_t align) {
     size_t at = (b.arena_used + align - 1) & ~(align - 1);
     if (at + bytes + kSharedGap > b.arena_cap) {
         fail("more than %zu bytes of shared memory", shared_limit());
@@ -616,25 +1185,40 @@ inline void* shared_alloc(Block& b, size_t bytes, size_t align) {
     return p;
 }
 
-// The block's instance of the `__shared__` variable declared at site `id`.
+// The block's instance of the `__shared__` variable `name` declared at
+// site `id`.
 template <class T>
-inline T& shared(int id) {
+EMU_RUNTIME T& shared(int id, const char* name) {
     Block& b = block();
     for (int i = 0; i < b.n_vars; ++i) {
         if (b.vars[i].id == id) return *static_cast<T*>(b.vars[i].ptr);
     }
     if (b.n_vars == 64) fail("more than 64 __shared__ variables");
     void* p = shared_alloc(b, sizeof(T), alignof(T) < 16 ? 16 : alignof(T));
-    b.vars[b.n_vars++] = SharedVar{id, p};
+    b.vars[b.n_vars++] = SharedVar{id, p, name, sizeof(T)};
     return *static_cast<T*>(p);
 }
 
-inline void* dynamic_shared() { return block().arena + kSharedGap; }
+EMU_RUNTIME void* dynamic_shared(const char* name) {
+    Block& b = block();
+    if (!b.dynamic_name) b.dynamic_name = name;
+    return b.arena + kSharedGap;
+}
+
+// Whether `p` points into the block's shared memory.
+EMU_RUNTIME bool in_shared(const Block& b, const void* p) {
+    return static_cast<size_t>(static_cast<const char*>(p) - b.arena) < b.arena_cap;
+}
 
 // ---------------------------------------------------------------------------
 // cp.async: copies are recorded and happen when their group is waited for.
+// For the race checker a copy writes its shared bytes (all of them: the
+// zero-filled ones too) both when it is issued and when it is waited for,
+// as the issuing thread: the copy lands somewhere between the two.
 
-inline void cp_async(void* dst, const void* src, unsigned int bytes, unsigned int src_bytes) {
+__attribute__((noinline)) EMU_BEHALF void cp_async(void* dst, const void* src, unsigned int bytes,
+                                                   unsigned int src_bytes) {
+    const int32_t pc = pc_of(__builtin_return_address(0));
     Fiber& f = self();
     if (f.n_copies == f.cap_copies) {
         f.cap_copies = f.cap_copies ? 2 * f.cap_copies : 16;
@@ -644,14 +1228,21 @@ inline void cp_async(void* dst, const void* src, unsigned int bytes, unsigned in
         fail("cp.async of %u bytes from %p to %p: both addresses must be %u-byte aligned", bytes,
              src, dst, bytes);
     }
-    f.copies[f.n_copies++] = AsyncCopy{dst, src, bytes, src_bytes, f.open_group};
+    if (!in_shared(block(), dst)) {
+        fail("cp.async of %u bytes to %p: the destination is not shared memory", bytes, dst);
+    }
+#if EMU_CHECKS
+    check(src, src_bytes < bytes ? src_bytes : bytes, kRead, pc);
+    check(dst, bytes, kWrite, pc);
+#endif
+    f.copies[f.n_copies++] = AsyncCopy{dst, src, bytes, src_bytes, f.open_group, pc};
 }
 
-inline void cp_async_commit() { self().open_group++; }
+EMU_RUNTIME void cp_async_commit() { self().open_group++; }
 
 // Completes every committed group but the newest `pending` ones (uncommitted
 // copies wait for a later commit).
-inline void cp_async_wait(int pending) {
+__attribute__((noinline)) EMU_BEHALF void cp_async_wait(int pending) {
     Fiber& f = self();
     const int upto = f.open_group - pending;  // groups < upto complete
     int kept = 0;
@@ -661,6 +1252,9 @@ inline void cp_async_wait(int pending) {
             const unsigned int n = c.src_bytes < c.bytes ? c.src_bytes : c.bytes;
             std::memcpy(c.dst, c.src, n);
             std::memset(static_cast<char*>(c.dst) + n, 0, c.bytes - n);
+#if EMU_CHECKS
+            check(c.dst, c.bytes, kWrite, c.pc);
+#endif
         } else {
             f.copies[kept++] = c;
         }
@@ -671,24 +1265,47 @@ inline void cp_async_wait(int pending) {
 // ---------------------------------------------------------------------------
 // ldmatrix and mma.sync, by the PTX ISA's fragment layouts.
 
-inline uint16_t lo16(uint32_t r) { return static_cast<uint16_t>(r & 0xffff); }
-inline uint16_t hi16(uint32_t r) { return static_cast<uint16_t>(r >> 16); }
-inline uint32_t pack16(uint16_t lo, uint16_t hi) { return lo | (static_cast<uint32_t>(hi) << 16); }
+EMU_RUNTIME uint16_t lo16(uint32_t r) { return static_cast<uint16_t>(r & 0xffff); }
+EMU_RUNTIME uint16_t hi16(uint32_t r) { return static_cast<uint16_t>(r >> 16); }
+EMU_RUNTIME uint32_t pack16(uint16_t lo, uint16_t hi) {
+    return lo | (static_cast<uint32_t>(hi) << 16);
+}
 
 // ldmatrix.sync.aligned.m8n8.x{count}[.trans].shared.b16: lanes 8i..8i+7
-// give the row addresses of matrix i; lane l gets, of each matrix, row l/4,
-// columns 2(l%4) and 2(l%4)+1 (with .trans: column l/4, rows 2(l%4), +1).
-inline void ldmatrix(uint32_t* out, int count, bool trans, const void* row_addr, const char* file,
-                     int line) {
+// give the row addresses of matrix i (16-byte rows of shared memory, 16-byte
+// aligned); lane l gets, of each matrix, row l/4, columns 2(l%4) and
+// 2(l%4)+1 (with .trans: column l/4, rows 2(l%4), +1). Each row is read by
+// the lane that gave its address.
+__attribute__((noinline)) EMU_BEHALF void ldmatrix(uint32_t* out, int count, bool trans,
+                                                   const void* row_addr, const char* file,
+                                                   int line) {
+    const int32_t pc = pc_of(__builtin_return_address(0));
     const unsigned int lane = lane_id();
+    if (lane < 8u * count) {
+        if (!in_shared(block(), row_addr)) {
+            fail("ldmatrix at %s:%d: the row address %p is not shared memory", file, line,
+                 row_addr);
+        }
+        if (reinterpret_cast<uintptr_t>(row_addr) % 16) {
+            fail("ldmatrix at %s:%d: the row address %p is not 16-byte aligned", file, line,
+                 row_addr);
+        }
+    }
     warp_collective(
         WarpOp::LdMatrix, 0xffffffffu, file, line,
-        [&](WarpMeet& w, unsigned int l) {
+        [&](WarpMeet& w, unsigned int l) EMU_NOCHECK {
             w.addr[l] = row_addr;
+            w.pc[l] = pc;
             w.count = count;
             w.width = trans;
         },
-        [&](WarpMeet& w) {
+        [&](WarpMeet& w) __attribute__((no_sanitize("thread"))) {
+#if EMU_CHECKS
+            const unsigned int first = self().linear / 32 * 32;
+            for (int r = 0; r < 8 * w.count; ++r) {
+                check_as(first + r, w.addr[r], 16, kRead, w.pc[r]);
+            }
+#endif
             for (int m = 0; m < w.count; ++m) {
                 for (unsigned int l = 0; l < 32; ++l) {
                     const int r = l / 4, c = 2 * (l % 4);
@@ -708,7 +1325,7 @@ inline void ldmatrix(uint32_t* out, int count, bool trans, const void* row_addr,
     for (int m = 0; m < count; ++m) out[m] = my_warp().regs[lane][m];
 }
 
-inline float bf16_bits_to_float(uint16_t b) {
+EMU_RUNTIME float bf16_bits_to_float(uint16_t b) {
     uint32_t u = static_cast<uint32_t>(b) << 16;
     float f;
     std::memcpy(&f, &u, 4);
@@ -720,17 +1337,17 @@ inline float bf16_bits_to_float(uint16_t b) {
 // b = {B[2t..][g], B[2t+8..][g]}, c and d = {C[g][2t], C[g][2t+1],
 // C[g+8][2t], C[g+8][2t+1]}; each register holds the lower index in its
 // low half.
-inline void mma_bf16_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const float* c,
+EMU_RUNTIME void mma_bf16_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, const float* c,
                               const char* file, int line) {
     const unsigned int lane = lane_id();
     warp_collective(
         WarpOp::Mma, 0xffffffffu, file, line,
-        [&](WarpMeet& w, unsigned int l) {
+        [&](WarpMeet& w, unsigned int l) EMU_NOCHECK {
             for (int i = 0; i < 4; ++i) w.mma_a[l][i] = a[i];
             for (int i = 0; i < 2; ++i) w.mma_b[l][i] = b[i];
             for (int i = 0; i < 4; ++i) w.mma_c[l][i] = c[i];
         },
-        [&](WarpMeet& w) {
+        [&](WarpMeet& w) EMU_NOCHECK {
             float A[16][16], B[16][8], C[16][8];
             for (int l = 0; l < 32; ++l) {
                 const int g = l / 4, t = l % 4;
@@ -775,9 +1392,9 @@ inline void mma_bf16_m16n8k16(float* d, const uint32_t* a, const uint32_t* b, co
 // ---------------------------------------------------------------------------
 // Running a grid.
 
-// The scheduler of one block: runs fibers in thread order, each until it
-// waits or exits, until all have exited or none can go on.
-inline void run_block(Block& b) {
+// The scheduler of one block: runs fibers, each until it waits or exits,
+// until all have exited or none can go on.
+EMU_RUNTIME void run_block(Block& b) {
     for (unsigned int i = 0; i < b.n; ++i) {
         Fiber& f = b.fibers[i];
         f.state = State::Runnable;
@@ -792,13 +1409,28 @@ inline void run_block(Block& b) {
     for (unsigned int w = 0; w < b.n_warps; ++w) {
         WarpMeet& m = b.warps[w];
         const unsigned int in_warp = b.n - 32 * w < 32 ? b.n - 32 * w : 32;
-        m.op = WarpOp::None;
+        for (Meeting& o : m.open) o.op = WarpOp::None;
         m.lanes = in_warp == 32 ? 0xffffffffu : (1u << in_warp) - 1;
         m.exited = 0;
+        m.seq = 0;
+        m.full_seq = 0;
+        std::memset(m.recent_seq, 0, sizeof m.recent_seq);
     }
     b.live = b.n;
     b.barrier_arrived = 0;
     b.n_vars = 0;
+    b.dynamic_name = nullptr;
+#if EMU_CHECKS
+    ShadowMemory& sm = *b.shadow;
+    if (sm.epochs > 0xf0000000u) {
+        // Interval numbers run out after billions of barriers: start over.
+        std::memset(sm.s, 0, sizeof(Shadow) * b.arena_cap);
+        sm.epochs = 0;
+    }
+    b.first_epoch = b.epoch = ++sm.epochs;
+    b.uninit_pending = false;
+    b.last_alloc = nullptr;
+#endif
     // [gap][dynamic part][gap][static variables, each followed by a gap]
     b.arena_used = kSharedGap + b.dynamic_bytes + kSharedGap;
     EMU_POISON(b.arena, b.arena_cap);
@@ -806,9 +1438,10 @@ inline void run_block(Block& b) {
     std::memset(b.arena + kSharedGap, 0xff, b.dynamic_bytes);
     unsigned int next = 0;
     while (!b.failed) {
+        if (b.rng) next = static_cast<unsigned int>(next_random(b) % b.n);
         unsigned int tried = 0;
         while (tried < b.n && b.fibers[next].state != State::Runnable) {
-            next = (next + 1) % b.n;
+            next = next + 1 < b.n ? next + 1 : 0;
             ++tried;
         }
         if (tried == b.n) break;
@@ -856,10 +1489,19 @@ inline void run_block(Block& b) {
                           b.n - b.live);
         }
         set_error(b, text);
+        return;
     }
+#if EMU_CHECKS
+    if (b.uninit_pending) {
+        // The last interval's: every thread has exited, none wrote it.
+        char text[700];
+        uninit_shared_text(b, b.uninit_tid, b.uninit_off, b.uninit_pc, text, sizeof text);
+        set_error(b, text);
+    }
+#endif
 }
 
-extern "C" void statebench_emu_fiber_main() {
+extern "C" EMU_NOCHECK void statebench_emu_fiber_main() {
     Block& b = *cur_block;
     Fiber& f = *cur_fiber;
     sanitizer_resumed(b, f);
@@ -876,7 +1518,7 @@ extern "C" void statebench_emu_fiber_main() {
 }
 
 template <class Kernel, class... Args, size_t... I>
-inline void call_kernel(Kernel k, void** params, std::index_sequence<I...>) {
+EMU_RUNTIME void call_kernel(Kernel k, void** params, std::index_sequence<I...>) {
     k(*static_cast<Args*>(params[I])...);
 }
 
@@ -884,18 +1526,19 @@ template <class... Args>
 struct Invocation {
     void (*kernel)(Args...);
     void** params;
-    static void run(void* self) {
+    EMU_NOCHECK static void run(void* self) {
         auto* inv = static_cast<Invocation*>(self);
         call_kernel<void (*)(Args...), Args...>(inv->kernel, inv->params,
                                                 std::index_sequence_for<Args...>{});
     }
 };
 
-// Runs every block of a launch on the calling OS thread. Returns 0, or 1
+// Runs every block of a launch on the calling OS thread, in the order the
+// seed gives (a permutation i -> (a·i + c) mod blocks). Returns 0, or 1
 // with the first error in `error`.
 template <class... Args>
-inline int launch(const char* name, void (*kernel)(Args...), const LaunchConfig* c, void** params,
-                  char* error, size_t error_len) {
+EMU_RUNTIME int launch(const char* name, void (*kernel)(Args...), const LaunchConfig* c,
+                       void** params, char* error, size_t error_len) {
     Invocation<Args...> inv{kernel, params};
     Block b;
     b.kernel = name;
@@ -909,6 +1552,24 @@ inline int launch(const char* name, void (*kernel)(Args...), const LaunchConfig*
     b.error_len = error_len;
     b.body = &Invocation<Args...>::run;
     b.body_ctx = &inv;
+#if EMU_CHECKS
+    if (!module_base) find_module_base();
+    ShadowMemory& sm = shadow_memory;
+    if (!sm.s) sm.s = static_cast<Shadow*>(std::calloc(b.arena_cap, sizeof(Shadow)));
+    if (!sm.s) {
+        std::snprintf(error, error_len, "kernel %s: no host memory for the race checker", name);
+        return 1;
+    }
+    b.shadow = &sm;
+    b.allocs = c->allocations;
+    b.n_allocs = c->allocations ? c->n_allocations : 0;
+    if (b.n_allocs) {
+        b.dev_lo = b.allocs[0].lo;
+        uintptr_t hi = 0;
+        for (unsigned long i = 0; i < b.n_allocs; ++i) hi = b.allocs[i].hi > hi ? b.allocs[i].hi : hi;
+        b.dev_span = hi - b.dev_lo;
+    }
+#endif
     b.fibers = new (std::nothrow) Fiber[b.n];
     b.warps = new (std::nothrow) WarpMeet[b.n_warps];
     b.arena = static_cast<char*>(std::aligned_alloc(128, b.arena_cap));
@@ -928,15 +1589,26 @@ inline int launch(const char* name, void (*kernel)(Args...), const LaunchConfig*
             }
         }
     }
+    const uint64_t gx = b.grid.x, gxy = gx * b.grid.y, blocks = gxy * b.grid.z;
+    uint64_t name_hash = 1469598103934665603ull;
+    for (const char* p = name; *p; ++p) name_hash = (name_hash ^ static_cast<unsigned char>(*p)) * 1099511628211ull;
+    uint64_t stride = 1, offset = 0;
+    if (c->seed && blocks > 1) {
+        const uint64_t r = mix64(c->seed ^ mix64(name_hash));
+        offset = r % blocks;
+        stride = 1 + (r >> 17) % (blocks - 1);
+        while (std::gcd(stride, blocks) != 1) stride = stride + 1 < blocks ? stride + 1 : 1;
+    }
     Block* outer = cur_block;
     cur_block = &b;
-    for (unsigned int z = 0; z < b.grid.z && !b.failed; ++z) {
-        for (unsigned int y = 0; y < b.grid.y && !b.failed; ++y) {
-            for (unsigned int x = 0; x < b.grid.x && !b.failed; ++x) {
-                b.idx = uint3{x, y, z};
-                run_block(b);
-            }
-        }
+    for (uint64_t i = 0; i < blocks && !b.failed; ++i) {
+        const uint64_t j = static_cast<uint64_t>(
+            (static_cast<unsigned __int128>(stride) * i + offset) % blocks);
+        b.idx = uint3{static_cast<unsigned int>(j % gx), static_cast<unsigned int>(j % gxy / gx),
+                      static_cast<unsigned int>(j / gxy)};
+        // Each block's own stream of choices: the same whatever ran before.
+        b.rng = c->seed ? mix64(c->seed ^ mix64(name_hash ^ mix64(j))) | 1 : 0;
+        run_block(b);
     }
     cur_block = outer;
     const bool failed = b.failed;
@@ -954,7 +1626,7 @@ inline int launch(const char* name, void (*kernel)(Args...), const LaunchConfig*
 
 // The sizes of a kernel's parameters, in order.
 template <class... Args>
-inline int param_sizes(void (*)(Args...), unsigned long* out, int max) {
+EMU_RUNTIME int param_sizes(void (*)(Args...), unsigned long* out, int max) {
     const unsigned long sizes[] = {sizeof(Args)..., 0};
     const int n = static_cast<int>(sizeof...(Args));
     for (int i = 0; i < n && i < max; ++i) out[i] = sizes[i];
@@ -966,10 +1638,10 @@ inline int param_sizes(void (*)(Args...), unsigned long* out, int max) {
 // ---------------------------------------------------------------------------
 // The device built-ins kernels use.
 
-#define threadIdx (::emu::self().tid)
-#define blockIdx (::emu::block().idx)
-#define blockDim (::emu::block().dim)
-#define gridDim (::emu::block().grid)
+#define threadIdx (::emu::thread_idx())
+#define blockIdx (::emu::block_idx())
+#define blockDim (::emu::block_dim())
+#define gridDim (::emu::grid_dim())
 
 #define __syncthreads() ::emu::syncthreads(__FILE__, __LINE__)
 #define __syncwarp(...) ::emu::syncwarp_at(__FILE__, __LINE__, ##__VA_ARGS__)
@@ -983,8 +1655,8 @@ inline int param_sizes(void (*)(Args...), unsigned long* out, int max) {
 
 namespace emu {
 EMU_RUNTIME void syncwarp_at(const char* file, int line, unsigned int mask = 0xffffffffu) {
-    warp_collective(WarpOp::Sync, mask, file, line, [](WarpMeet&, unsigned int) {},
-                    [](WarpMeet&) {});
+    warp_collective(WarpOp::Sync, mask, file, line, [](WarpMeet&, unsigned int) EMU_NOCHECK {},
+                    [](WarpMeet&) EMU_NOCHECK {});
 }
 template <class T>
 EMU_RUNTIME T shfl_at(WarpOp op, unsigned int mask, T v, const char* file, int line, int arg,
@@ -994,7 +1666,7 @@ EMU_RUNTIME T shfl_at(WarpOp op, unsigned int mask, T v, const char* file, int l
 }  // namespace emu
 
 // The lanes of the caller's warp that have not exited.
-inline unsigned int __activemask() {
+EMU_RUNTIME unsigned int __activemask() {
     const ::emu::WarpMeet& w = ::emu::my_warp();
     return w.lanes & ~w.exited;
 }
@@ -1119,22 +1791,31 @@ inline float __fdiv_rn(float a, float b) { return a / b; }
 inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 inline float __saturatef(float x) { return x != x ? 0.0f : fminf(fmaxf(x, 0.0f), 1.0f); }
 
+
 // Atomics. Blocks run one after another on one OS thread and fibers switch
 // only at barriers and collectives, so a read-modify-write as written is
-// atomic.
+// atomic. The race checker takes it as one access (atomics of two threads
+// to one byte are no race; an atomic and a plain access are).
 namespace emu {
 template <class T>
 struct same {
     using type = T;
 };
 }  // namespace emu
+#if EMU_CHECKS
+#define EMU_ATOMIC_ACCESS(p) \
+    ::emu::check((p), sizeof(*(p)), ::emu::kAtomic, ::emu::pc_of(__builtin_return_address(0)))
+#else
+#define EMU_ATOMIC_ACCESS(p) ((void)0)
+#endif
 // The value converts to the pointee's type, as CUDA's overloads do.
-#define EMU_ATOMIC(name, expr)                                    \
-    template <class T>                                            \
-    inline T name(T* p, typename ::emu::same<T>::type v) {        \
-        T old = *p;                     \
-        *p = (expr);                    \
-        return old;                     \
+#define EMU_ATOMIC(name, expr)                                         \
+    template <class T>                                                 \
+    __attribute__((noinline)) EMU_BEHALF T name(T* p, typename ::emu::same<T>::type v) { \
+        EMU_ATOMIC_ACCESS(p);                                          \
+        T old = *p;                                                    \
+        *p = (expr);                                                   \
+        return old;                                                    \
     }
 EMU_ATOMIC(atomicAdd, old + v)
 EMU_ATOMIC(atomicSub, old - v)
@@ -1146,18 +1827,69 @@ EMU_ATOMIC(atomicXor, old ^ v)
 EMU_ATOMIC(atomicExch, v)
 #undef EMU_ATOMIC
 template <class T>
-inline T atomicCAS(T* p, typename ::emu::same<T>::type compare, typename ::emu::same<T>::type v) {
+__attribute__((noinline)) EMU_BEHALF T atomicCAS(T* p, typename ::emu::same<T>::type compare,
+                                                 typename ::emu::same<T>::type v) {
+    EMU_ATOMIC_ACCESS(p);
     T old = *p;
     if (old == compare) *p = v;
     return old;
 }
-inline unsigned int atomicInc(unsigned int* p, unsigned int limit) {
+__attribute__((noinline)) EMU_BEHALF unsigned int atomicInc(unsigned int* p, unsigned int limit) {
+    EMU_ATOMIC_ACCESS(p);
     unsigned int old = *p;
     *p = old >= limit ? 0 : old + 1;
     return old;
 }
-inline unsigned int atomicDec(unsigned int* p, unsigned int limit) {
+__attribute__((noinline)) EMU_BEHALF unsigned int atomicDec(unsigned int* p, unsigned int limit) {
+    EMU_ATOMIC_ACCESS(p);
     unsigned int old = *p;
     *p = (old == 0 || old > limit) ? limit : old - 1;
     return old;
 }
+#undef EMU_ATOMIC_ACCESS
+
+#if EMU_CHECKS
+// ThreadSanitizer's instrumentation calls these for every load and store
+// of a kernel (and the module's constructor calls __tsan_init); here they
+// are the race checker, with where the access was made. (The compiler
+// declares them with default visibility; the module is linked with
+// -Bsymbolic, so its calls are its own.)
+#define EMU_HOOK extern "C" __attribute__((used)) EMU_NOCHECK
+#define EMU_HOOKS(n)                                                                     \
+    EMU_HOOK void __tsan_read##n(void* p) {                                              \
+        ::emu::check(p, n, ::emu::kRead, ::emu::pc_of(__builtin_return_address(0)));     \
+    }                                                                                    \
+    EMU_HOOK void __tsan_write##n(void* p) {                                             \
+        ::emu::check(p, n, ::emu::kWrite, ::emu::pc_of(__builtin_return_address(0)));    \
+    }                                                                                    \
+    EMU_HOOK void __tsan_unaligned_read##n(void* p) {                                    \
+        ::emu::check(p, n, ::emu::kRead, ::emu::pc_of(__builtin_return_address(0)));     \
+    }                                                                                    \
+    EMU_HOOK void __tsan_unaligned_write##n(void* p) {                                   \
+        ::emu::check(p, n, ::emu::kWrite, ::emu::pc_of(__builtin_return_address(0)));    \
+    }                                                                                    \
+    EMU_HOOK void __tsan_volatile_read##n(void* p) {                                     \
+        ::emu::check(p, n, ::emu::kRead, ::emu::pc_of(__builtin_return_address(0)));     \
+    }                                                                                    \
+    EMU_HOOK void __tsan_volatile_write##n(void* p) {                                    \
+        ::emu::check(p, n, ::emu::kWrite, ::emu::pc_of(__builtin_return_address(0)));    \
+    }
+EMU_HOOKS(1)
+EMU_HOOKS(2)
+EMU_HOOKS(4)
+EMU_HOOKS(8)
+EMU_HOOKS(16)
+#undef EMU_HOOKS
+EMU_HOOK void __tsan_read_range(void* p, long n) {
+    ::emu::check(p, n, ::emu::kRead, ::emu::pc_of(__builtin_return_address(0)));
+}
+EMU_HOOK void __tsan_write_range(void* p, long n) {
+    ::emu::check(p, n, ::emu::kWrite, ::emu::pc_of(__builtin_return_address(0)));
+}
+EMU_HOOK void __tsan_init() { ::emu::find_module_base(); }
+EMU_HOOK void __tsan_func_entry(void*) {}
+EMU_HOOK void __tsan_func_exit(void*) {}
+EMU_HOOK void __tsan_vptr_update(void*, void*) {}
+EMU_HOOK void __tsan_vptr_read(void*) {}
+#undef EMU_HOOK
+#endif

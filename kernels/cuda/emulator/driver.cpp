@@ -17,18 +17,32 @@
 // CUDA_ERROR_LAUNCH_FAILED, and the first failure is printed to stderr and
 // kept for statebench_emu_last_error().
 //
-// Environment: STATEBENCH_EMULATOR_MEMORY_GIB, the device memory it
-// reports (default 2).
+// Environment, each read once and refused by name when it is not what it
+// says (cuInit and cuDriverGetVersion then fail, the reason in
+// statebench_emu_last_error()):
+// - STATEBENCH_EMULATOR_MEMORY_GIB: the device memory it reports, in GiB
+//   (default 8: the default model's bf16 weights, its KV cache and the
+//   engine's activation reserve fit);
+// - STATEBENCH_EMULATOR_DRIVER_VERSION: the driver it impersonates, as
+//   cuDriverGetVersion's number (default 13000, CUDA 13.0). Module loading
+//   then refuses what that driver could not load: PTX of a newer ISA
+//   (CUDA_ERROR_UNSUPPORTED_PTX_VERSION), a cubin from an NVRTC of a newer
+//   major version (CUDA_ERROR_INVALID_IMAGE) or for another device
+//   (CUDA_ERROR_NO_BINARY_FOR_GPU); and the entry points that driver lacks
+//   fail with CUDA_ERROR_NOT_FOUND.
 
 #include <dlfcn.h>
 #include <unistd.h>
 
+#include <cerrno>
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -44,8 +58,10 @@ enum Result {
     CUDA_ERROR_NOT_INITIALIZED = 3,
     CUDA_ERROR_INVALID_DEVICE = 101,
     CUDA_ERROR_INVALID_IMAGE = 200,
+    CUDA_ERROR_NO_BINARY_FOR_GPU = 209,
     CUDA_ERROR_INVALID_CONTEXT = 201,
     CUDA_ERROR_INVALID_PTX = 218,
+    CUDA_ERROR_UNSUPPORTED_PTX_VERSION = 222,
     CUDA_ERROR_INVALID_HANDLE = 400,
     CUDA_ERROR_NOT_FOUND = 500,
     CUDA_ERROR_NOT_READY = 600,
@@ -107,11 +123,28 @@ constexpr int kComputeMajor = 8;   // an sm_80 model: bf16 mma.sync, ldmatrix, c
 constexpr int kComputeMinor = 0;
 const char kName[] = "statebench CUDA emulator (sm_80 model, host memory)";
 
+// An allocation's bytes that something wrote (a copy, a memset, a
+// kernel), a bit each: what the kernels' uninitialized-read check reads.
+struct Written {
+    std::vector<unsigned long long> bits;
+};
+
+// The allocations as a launch sees them (emu::LaunchConfig), kept alive
+// by the launches that use it.
+struct Snapshot {
+    std::vector<emu::DeviceAllocation> rows;
+    std::vector<std::shared_ptr<Written>> keep;
+};
+
 struct State {
     std::mutex lock;
     bool initialized = false;
     // Base of each live allocation → its size.
     std::map<uintptr_t, size_t> allocations;
+    // Base of each live allocation → its written bytes.
+    std::map<uintptr_t, std::shared_ptr<Written>> written;
+    // Of the allocations now; null after a change, until the next launch.
+    std::shared_ptr<const Snapshot> snapshot;
     size_t allocated = 0;
     Context primary{0};
     int sticky = CUDA_SUCCESS;
@@ -133,12 +166,52 @@ thread_local Context* current = nullptr;
 // refused. Other threads go on as they would on a GPU.
 thread_local int capturing_here = 0;
 
-size_t memory_bytes() {
-    const char* v = std::getenv("STATEBENCH_EMULATOR_MEMORY_GIB");
-    double gib = v && *v ? std::atof(v) : 2.0;
-    if (!(gib > 0)) gib = 2.0;
-    return static_cast<size_t>(gib * (1ull << 30));
+// The environment's settings, or the first one that is refused.
+struct Config {
+    size_t memory = 8ull << 30;
+    int driver = 13000;
+    std::string error;
+};
+
+// Host memory backs the device's, so more than 4 TiB is a mistake.
+constexpr double kMaxMemoryGib = 4096;
+
+Config read_config() {
+    Config c;
+    if (const char* v = std::getenv("STATEBENCH_EMULATOR_MEMORY_GIB"); v && *v) {
+        char* end = nullptr;
+        const double gib = std::strtod(v, &end);
+        if (!end || *end != '\0' || !(gib > 0) || !(gib <= kMaxMemoryGib)) {
+            c.error = std::string("STATEBENCH_EMULATOR_MEMORY_GIB=") + v +
+                      " is not a number of GiB above 0 and at most 4096";
+            return c;
+        }
+        c.memory = static_cast<size_t>(gib * static_cast<double>(1ull << 30));
+        if (c.memory < kAlign) {
+            c.error = std::string("STATEBENCH_EMULATOR_MEMORY_GIB=") + v + " is less than 256 bytes";
+            return c;
+        }
+    }
+    if (const char* v = std::getenv("STATEBENCH_EMULATOR_DRIVER_VERSION"); v && *v) {
+        char* end = nullptr;
+        const long n = std::strtol(v, &end, 10);
+        if (!end || *end != '\0' || n < 1000 || n > 99990) {
+            c.error = std::string("STATEBENCH_EMULATOR_DRIVER_VERSION=") + v +
+                      " is not a driver version as cuDriverGetVersion numbers them (12040 is CUDA "
+                      "12.4)";
+            return c;
+        }
+        c.driver = static_cast<int>(n);
+    }
+    return c;
 }
+
+const Config& config() {
+    static const Config c = read_config();
+    return c;
+}
+
+size_t memory_bytes() { return config().error.empty() ? config().memory : 0; }
 
 // Redzones are poisoned once a module has brought AddressSanitizer in;
 // blocks made before that are poisoned then.
@@ -162,7 +235,11 @@ int alloc(DevPtr* out, size_t size) {
     if (!raw) return CUDA_ERROR_OUT_OF_MEMORY;
     const uintptr_t base = reinterpret_cast<uintptr_t>(raw) + kRedzone;
     std::memset(reinterpret_cast<void*>(base), 0xff, size);
+    auto written = std::make_shared<Written>();
+    written->bits.assign((size + 63) / 64, 0);
     s.allocations[base] = size;
+    s.written[base] = std::move(written);
+    s.snapshot.reset();
     s.allocated += size;
     poison_redzones(s, base, size);
     *out = base;
@@ -180,6 +257,8 @@ int release(DevPtr ptr) {
     std::free(reinterpret_cast<void*>(ptr - kRedzone));
     s.allocated -= size;
     s.allocations.erase(it);
+    s.written.erase(ptr);
+    s.snapshot.reset();
     return CUDA_SUCCESS;
 }
 
@@ -192,6 +271,56 @@ bool in_device(State& s, DevPtr ptr, size_t n) {
 }
 
 enum class Side { Host, Device };
+
+// `take` (at most 64) bits of `bits` from bit `off`, and the same stored.
+unsigned long long bits_at(const std::vector<unsigned long long>& bits, size_t off, size_t take) {
+    const size_t w = off / 64, lo = off % 64;
+    unsigned long long v = bits[w] >> lo;
+    if (lo && lo + take > 64) v |= bits[w + 1] << (64 - lo);
+    return take == 64 ? v : v & ((1ull << take) - 1);
+}
+void store_bits(std::vector<unsigned long long>& bits, size_t off, size_t take,
+                unsigned long long v) {
+    const size_t w = off / 64, lo = off % 64;
+    const unsigned long long mask = take == 64 ? ~0ull : (1ull << take) - 1;
+    v &= mask;
+    bits[w] = (bits[w] & ~(mask << lo)) | (v << lo);
+    if (lo && lo + take > 64) {
+        bits[w + 1] = (bits[w + 1] & ~(mask >> (64 - lo))) | (v >> (64 - lo));
+    }
+}
+
+// The written bytes of the allocation holding `ptr`, with `ptr`'s offset
+// in it (the caller checked that there is one).
+Written& written_at(State& s, DevPtr ptr, size_t* off) {
+    auto it = --s.allocations.upper_bound(ptr);
+    *off = ptr - it->first;
+    return *s.written[it->first];
+}
+
+// Bytes [ptr, ptr + n) of the device were written.
+void mark_written(State& s, DevPtr ptr, size_t n) {
+    size_t off;
+    Written& w = written_at(s, ptr, &off);
+    for (size_t i = 0; i < n;) {
+        const size_t take = (off + i) % 64 == 0 && n - i >= 64 ? 64 : 1;
+        store_bits(w.bits, off + i, take, ~0ull);
+        i += take;
+    }
+}
+
+// A device-to-device copy carries what was written along.
+void copy_written(State& s, DevPtr dst, DevPtr src, size_t n) {
+    size_t doff, soff;
+    Written& d = written_at(s, dst, &doff);
+    const Written& from = written_at(s, src, &soff);
+    const std::vector<unsigned long long> src_bits = from.bits;  // the two may overlap
+    for (size_t i = 0; i < n;) {
+        const size_t take = n - i < 64 ? n - i : 64;
+        store_bits(d.bits, doff + i, take, bits_at(src_bits, soff + i, take));
+        i += take;
+    }
+}
 
 int copy(void* dst, Side dst_side, const void* src, Side src_side, size_t n) {
     State& s = state();
@@ -206,6 +335,11 @@ int copy(void* dst, Side dst_side, const void* src, Side src_side, size_t n) {
         if (src_side == Side::Device && !in_device(s, reinterpret_cast<DevPtr>(src), n)) {
             return CUDA_ERROR_INVALID_VALUE;
         }
+        if (dst_side == Side::Device && src_side == Side::Device) {
+            copy_written(s, reinterpret_cast<DevPtr>(dst), reinterpret_cast<DevPtr>(src), n);
+        } else if (dst_side == Side::Device) {
+            mark_written(s, reinterpret_cast<DevPtr>(dst), n);
+        }
     }
     std::memmove(dst, src, n);
     return CUDA_SUCCESS;
@@ -217,6 +351,7 @@ int set8(DevPtr dst, unsigned char v, size_t n) {
         std::lock_guard<std::mutex> g(s.lock);
         if (s.sticky) return s.sticky;
         if (!in_device(s, dst, n)) return CUDA_ERROR_INVALID_VALUE;
+        mark_written(s, dst, n);
     }
     std::memset(reinterpret_cast<void*>(dst), v, n);
     return CUDA_SUCCESS;
@@ -228,6 +363,7 @@ int set32(DevPtr dst, unsigned int v, size_t n) {
         std::lock_guard<std::mutex> g(s.lock);
         if (s.sticky) return s.sticky;
         if (n > SIZE_MAX / 4 || !in_device(s, dst, 4 * n)) return CUDA_ERROR_INVALID_VALUE;
+        mark_written(s, dst, 4 * n);
     }
     unsigned int* p = reinterpret_cast<unsigned int*>(dst);
     for (size_t i = 0; i < n; ++i) p[i] = v;
@@ -251,8 +387,66 @@ int not_capturing(Stream* stream) {
     return !stream && capturing_here > 0 ? CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED : CUDA_SUCCESS;
 }
 
+// STATEBENCH_EMULATOR_SCHEDULE_SEED: the seed of the order in which a
+// block's threads run and its grid's blocks (default 1; 0 is thread order
+// and blocks in order), or why it is refused.
+struct Seed {
+    unsigned long long value = 1;
+    std::string error;
+};
+const Seed& schedule_seed() {
+    static const Seed seed = [] {
+        Seed r;
+        const char* v = std::getenv("STATEBENCH_EMULATOR_SCHEDULE_SEED");
+        if (!v || !*v) return r;
+        bool digits = std::strlen(v) <= 20;
+        for (const char* p = v; *p; ++p) digits = digits && *p >= '0' && *p <= '9';
+        errno = 0;
+        char* end = nullptr;
+        const unsigned long long n = digits ? std::strtoull(v, &end, 10) : 0;
+        if (!digits || errno == ERANGE || !end || *end) {
+            r.error = std::string("STATEBENCH_EMULATOR_SCHEDULE_SEED=") + v +
+                      " is not an unsigned 64-bit integer (0 runs threads in order)";
+        }
+        r.value = n;
+        return r;
+    }();
+    return seed;
+}
+
+// The allocations for a launch: the last snapshot, or a new one.
+std::shared_ptr<const Snapshot> snapshot(State& s) {
+    std::lock_guard<std::mutex> g(s.lock);
+    if (!s.snapshot) {
+        auto snap = std::make_shared<Snapshot>();
+        for (const auto& [base, size] : s.allocations) {
+            const size_t rounded = ((size + kAlign - 1) / kAlign) * kAlign;
+            const std::shared_ptr<Written>& w = s.written[base];
+            snap->rows.push_back(emu::DeviceAllocation{base - kRedzone, base, size,
+                                                       base + rounded + kRedzone, w->bits.data()});
+            snap->keep.push_back(w);
+        }
+        s.snapshot = std::move(snap);
+    }
+    return s.snapshot;
+}
+
 // Runs one launch now; a failure makes the context fail for good.
-int run(Function* f, const LaunchConfig& c, void** params) {
+int run(Function* f, const LaunchConfig& launch, void** params) {
+    State& st = state();
+    if (!schedule_seed().error.empty()) {
+        std::lock_guard<std::mutex> g(st.lock);
+        if (st.last_error != schedule_seed().error) {
+            st.last_error = schedule_seed().error;
+            std::fprintf(stderr, "statebench CUDA emulator: %s\n", st.last_error.c_str());
+        }
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+    const std::shared_ptr<const Snapshot> snap = snapshot(st);
+    LaunchConfig c = launch;
+    c.seed = schedule_seed().value;
+    c.allocations = snap->rows.data();
+    c.n_allocations = snap->rows.size();
     char error[1024] = {0};
     if (f->launch(&c, params, error, sizeof error) != 0) {
         State& s = state();
@@ -288,6 +482,8 @@ API int cuGetErrorName(int e, const char** out) {
         case CUDA_ERROR_INVALID_IMAGE: *out = "CUDA_ERROR_INVALID_IMAGE"; break;
         case CUDA_ERROR_INVALID_CONTEXT: *out = "CUDA_ERROR_INVALID_CONTEXT"; break;
         case CUDA_ERROR_INVALID_PTX: *out = "CUDA_ERROR_INVALID_PTX"; break;
+        case CUDA_ERROR_NO_BINARY_FOR_GPU: *out = "CUDA_ERROR_NO_BINARY_FOR_GPU"; break;
+        case CUDA_ERROR_UNSUPPORTED_PTX_VERSION: *out = "CUDA_ERROR_UNSUPPORTED_PTX_VERSION"; break;
         case CUDA_ERROR_INVALID_HANDLE: *out = "CUDA_ERROR_INVALID_HANDLE"; break;
         case CUDA_ERROR_NOT_FOUND: *out = "CUDA_ERROR_NOT_FOUND"; break;
         case CUDA_ERROR_NOT_READY: *out = "CUDA_ERROR_NOT_READY"; break;
@@ -311,12 +507,33 @@ API int cuGetErrorString(int e, const char** out) {
         case CUDA_ERROR_INVALID_PTX:
             *out = "the image is not a module built by the emulator's NVRTC";
             return CUDA_SUCCESS;
+        case CUDA_ERROR_UNSUPPORTED_PTX_VERSION:
+            *out = "the provided PTX was compiled with an unsupported toolchain.";
+            return CUDA_SUCCESS;
+        case CUDA_ERROR_NO_BINARY_FOR_GPU:
+            *out = "no kernel image is available for execution on the device";
+            return CUDA_SUCCESS;
+        case CUDA_ERROR_INVALID_IMAGE:
+            *out = "device kernel image is invalid";
+            return CUDA_SUCCESS;
         default: return cuGetErrorName(e, out);
     }
 }
 
+// A refused setting: kept as the last error, said once on stderr.
+static int refuse_config() {
+    State& s = state();
+    std::lock_guard<std::mutex> g(s.lock);
+    if (s.last_error != config().error) {
+        s.last_error = config().error;
+        std::fprintf(stderr, "statebench CUDA emulator: %s\n", s.last_error.c_str());
+    }
+    return CUDA_ERROR_INVALID_VALUE;
+}
+
 API int cuInit(unsigned int flags) {
     if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+    if (!config().error.empty()) return refuse_config();
     State& s = state();
     std::lock_guard<std::mutex> g(s.lock);
     s.initialized = true;
@@ -325,8 +542,23 @@ API int cuInit(unsigned int flags) {
 
 API int cuDriverGetVersion(int* v) {
     if (!v) return CUDA_ERROR_INVALID_VALUE;
-    *v = 13000;
+    if (!config().error.empty()) return refuse_config();
+    *v = config().driver;
     return CUDA_SUCCESS;
+}
+
+// An entry point added in CUDA `since`: a driver older than that has no
+// such symbol, which the emulator cannot hide, so the call fails and says
+// which one it was.
+static int lacks(const char* name, int since) {
+    if (config().driver >= since) return CUDA_SUCCESS;
+    State& s = state();
+    std::lock_guard<std::mutex> g(s.lock);
+    s.last_error = std::string(name) + " does not exist in the impersonated driver (CUDA " +
+                   std::to_string(config().driver / 1000) + "." +
+                   std::to_string(config().driver % 1000 / 10) + ")";
+    std::fprintf(stderr, "statebench CUDA emulator: %s\n", s.last_error.c_str());
+    return CUDA_ERROR_NOT_FOUND;
 }
 
 API int cuDeviceGetCount(int* n) {
@@ -556,7 +788,10 @@ API int cuEventElapsedTime(float* ms, Event* a, Event* b) {
     *ms = std::chrono::duration<float, std::milli>(b->at - a->at).count();
     return CUDA_SUCCESS;
 }
-API int cuEventElapsedTime_v2(float* ms, Event* a, Event* b) { return cuEventElapsedTime(ms, a, b); }
+API int cuEventElapsedTime_v2(float* ms, Event* a, Event* b) {
+    if (int e = lacks("cuEventElapsedTime_v2", 12080)) return e;
+    return cuEventElapsedTime(ms, a, b);
+}
 API int cuEventDestroy_v2(Event* e) {
     delete e;
     return CUDA_SUCCESS;
@@ -650,6 +885,56 @@ API int cuMemsetD32_v2(DevPtr dst, unsigned int v, size_t n) {
 }
 #undef CAPTURE_GUARD
 
+// Whether the impersonated driver loads an image of the kind `line` (the
+// image's second line) names: 0, or the error a driver of that version
+// gives, with the reason kept as the last error.
+static int loadable(const char* line) {
+    const size_t prefix = sizeof emu::kImageKind - 1;
+    char kind[8] = {0};
+    int a = 0, b = 0, used = 0;
+    bool parsed = std::strncmp(line, emu::kImageKind, prefix) == 0;
+    if (parsed) {
+        line += prefix;
+        parsed = std::sscanf(line, "ptx %d compute_%d%n", &a, &b, &used) == 2 ||
+                 std::sscanf(line, "cubin sm_%d %d%n", &b, &a, &used) == 2;
+        std::snprintf(kind, sizeof kind, "%s", line[0] == 'p' ? "ptx" : "cubin");
+    }
+    if (!parsed || line[used] != '\n') return CUDA_ERROR_INVALID_IMAGE;
+    const int driver = config().driver;
+    const int device = kComputeMajor * 10 + kComputeMinor;
+    const int dmaj = driver / 1000, dmin = driver % 1000 / 10;
+    char why[256] = {0};
+    int e = CUDA_SUCCESS;
+    if (kind[0] == 'p') {
+        const int isa = emu::ptx_isa_of(driver);
+        if (a > isa) {
+            std::snprintf(why, sizeof why,
+                          "PTX ISA %d.%d is newer than a CUDA %d.%d driver loads (%d.%d)", a / 10,
+                          a % 10, dmaj, dmin, isa / 10, isa % 10);
+            e = CUDA_ERROR_UNSUPPORTED_PTX_VERSION;
+        } else if (b > device) {
+            std::snprintf(why, sizeof why, "PTX for compute_%d cannot run on an sm_%d device", b,
+                          device);
+            e = CUDA_ERROR_INVALID_PTX;
+        }
+    } else if (a / 1000 > dmaj) {
+        std::snprintf(why, sizeof why,
+                      "a cubin from NVRTC %d.%d cannot be loaded by a CUDA %d.%d driver", a / 1000,
+                      a % 1000 / 10, dmaj, dmin);
+        e = CUDA_ERROR_INVALID_IMAGE;
+    } else if (b / 10 != device / 10 || b > device) {
+        std::snprintf(why, sizeof why, "a cubin for sm_%d cannot run on an sm_%d device", b, device);
+        e = CUDA_ERROR_NO_BINARY_FOR_GPU;
+    }
+    if (e) {
+        State& s = state();
+        std::lock_guard<std::mutex> g(s.lock);
+        s.last_error = why;
+        std::fprintf(stderr, "statebench CUDA emulator: %s\n", why);
+    }
+    return e;
+}
+
 // Modules and launches.
 API int cuModuleLoadData(Module** module, const void* image) {
     if (!module || !image) return CUDA_ERROR_INVALID_VALUE;
@@ -657,7 +942,10 @@ API int cuModuleLoadData(Module** module, const void* image) {
     const char* text = static_cast<const char*>(image);
     const size_t magic = sizeof emu::kImageMagic - 1;
     if (std::strncmp(text, emu::kImageMagic, magic) != 0) return CUDA_ERROR_INVALID_PTX;
-    std::string path = text + magic;
+    text += magic;
+    if (int e = loadable(text)) return e;
+    text = std::strchr(text, '\n') + 1;  // loadable() found the kind's line
+    std::string path = text;
     while (!path.empty() && (path.back() == '\n' || path.back() == '\0')) path.pop_back();
     void* h = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (!h) {
@@ -728,6 +1016,24 @@ API int cuFuncSetAttribute(Function* f, int attr, int value) {
     return CUDA_SUCCESS;
 }
 API int cuFuncSetCacheConfig(Function*, int) { return CUDA_SUCCESS; }
+
+// Blocks of `threads` threads and `shared` bytes that an sm_80's
+// multiprocessor holds (2,048 threads, 164 KiB, 32 blocks); registers are
+// not modelled.
+API int cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(int* blocks, Function* f, int threads,
+                                                              size_t shared, unsigned int) {
+    if (!blocks) return CUDA_ERROR_INVALID_VALUE;
+    if (!f) return CUDA_ERROR_INVALID_HANDLE;
+    if (threads <= 0 || threads > 1024) return CUDA_ERROR_INVALID_VALUE;
+    int n = 2048 / threads;
+    if (shared > 0) n = std::min<long>(n, static_cast<long>((164 * 1024) / (shared + 1024)));
+    *blocks = std::max(0, std::min(n, 32));
+    return CUDA_SUCCESS;
+}
+API int cuOccupancyMaxActiveBlocksPerMultiprocessor(int* blocks, Function* f, int threads,
+                                                     size_t shared) {
+    return cuOccupancyMaxActiveBlocksPerMultiprocessorWithFlags(blocks, f, threads, shared, 0);
+}
 
 API int cuLaunchKernel(Function* f, unsigned int gx, unsigned int gy, unsigned int gz,
                        unsigned int bx, unsigned int by, unsigned int bz, unsigned int shared,

@@ -9,9 +9,12 @@
 // parameters' sizes, `statebench_emu_params_<name>`.
 //
 // Environment: STATEBENCH_EMULATOR_CXX (else CXX, else c++) is the
-// compiler; STATEBENCH_EMULATOR_ASAN=0 builds without AddressSanitizer
-// (on by default); STATEBENCH_EMULATOR_CACHE is where built modules are
-// kept (default: $TMPDIR/statebench-cuda-emulator-<uid>).
+// compiler; STATEBENCH_EMULATOR_CHECKS the checks modules are built with:
+// `races` (the default: races in shared memory, uninitialized reads, out of
+// bounds accesses; cuda_emulator.h), `asan` (AddressSanitizer: out of
+// bounds only) or `off` (STATEBENCH_EMULATOR_ASAN=0, its older name, is
+// `off`); STATEBENCH_EMULATOR_CACHE is where built modules are kept
+// (default: $TMPDIR/statebench-cuda-emulator-<uid>).
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -20,6 +23,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
@@ -54,7 +58,53 @@ struct Program {
     std::string name;
     std::string log;
     std::string image;  // the module's path, as text
+    // --gpu-architecture's value: sm_XY asks for a cubin, compute_XY for PTX.
+    std::string arch = "compute_52";
 };
+
+// The NVRTC this one impersonates: STATEBENCH_EMULATOR_NVRTC_VERSION
+// ("12.8"; default 13.0) as a cuDriverGetVersion-style number, or -1 with
+// the reason in `version_error()` when the variable is not a version.
+std::string& version_error() {
+    static std::string e;
+    return e;
+}
+int nvrtc_version_number() {
+    static const int v = [] {
+        const char* text = std::getenv("STATEBENCH_EMULATOR_NVRTC_VERSION");
+        if (!text || !*text) return 13000;
+        int major = -1, minor = -1, used = 0;
+        if (std::sscanf(text, "%d.%d%n", &major, &minor, &used) != 2 ||
+            text[used] != '\0' || major < 1 || major > 99 || minor < 0 || minor > 9) {
+            version_error() = std::string("STATEBENCH_EMULATOR_NVRTC_VERSION=") + text +
+                              " is not an NVRTC version like 12.8";
+            std::fprintf(stderr, "statebench CUDA emulator: %s\n", version_error().c_str());
+            return -1;
+        }
+        return major * 1000 + minor * 10;
+    }();
+    return v;
+}
+
+// The real archs an NVRTC of that version builds for (what
+// nvrtcGetSupportedArchs lists: 12.8 added Blackwell, 13.0 dropped
+// everything before Turing).
+std::vector<int> supported_archs() {
+    const int v = nvrtc_version_number();
+    if (v >= 13000) return {75, 80, 86, 87, 88, 89, 90, 100, 103, 110, 120, 121};
+    std::vector<int> a = {50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 89, 90};
+    if (v >= 12080) a.insert(a.end(), {100, 101, 120});
+    return a;
+}
+
+// The number in `sm_XY` / `compute_XY`, or -1.
+int arch_number(const std::string& arch) {
+    const size_t us = arch.find('_');
+    if (us == std::string::npos) return -1;
+    char* end = nullptr;
+    const long n = std::strtol(arch.c_str() + us + 1, &end, 10);
+    return end && *end == '\0' && n > 0 && n < 1000 ? static_cast<int>(n) : -1;
+}
 
 std::string env_or(const char* name, const std::string& fallback) {
     const char* v = std::getenv(name);
@@ -87,8 +137,9 @@ uint64_t fnv1a(const std::string& s, uint64_t h = 1469598103934665603ull) {
     return h;
 }
 
-// `__shared__ T name[dims];` → `auto& name = ::emu::shared<T[dims]>(id);`
-// and `extern __shared__ T name[];` → a pointer to the dynamic part.
+// `__shared__ T name[dims];` → `auto& name = ::emu::shared<T[dims]>(id,
+// "name");` and `extern __shared__ T name[];` → a pointer to the dynamic
+// part (the names are for the checker's reports).
 std::string rewrite_shared(const std::string& src) {
     static const std::regex dynamic(
         R"(extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([A-Za-z_][\w:]*(?:\s+[A-Za-z_][\w:]*)*?)\s+([A-Za-z_]\w*)\s*\[\s*\]\s*;)");
@@ -96,7 +147,7 @@ std::string rewrite_shared(const std::string& src) {
     // which would bind before any block exists, does not compile.
     std::string out = std::regex_replace(
         src, dynamic,
-        "(void)0; $1* const $2 = reinterpret_cast<$1*>(::emu::dynamic_shared());");
+        "(void)0; $1* const $2 = reinterpret_cast<$1*>(::emu::dynamic_shared(\"$2\"));");
     static const std::regex fixed(
         R"((?:static\s+)?__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([A-Za-z_][\w:]*(?:\s+[A-Za-z_][\w:]*)*?)\s+([A-Za-z_]\w*)\s*((?:\[[^\]\n]+\])*)\s*;)");
     std::string result;
@@ -108,7 +159,7 @@ std::string rewrite_shared(const std::string& src) {
         result.append(out, at, m.position(0) - at);
         // Not `static`: the reference is the running block's variable.
         result += "(void)0; auto& " + m[2].str() + " = ::emu::shared<" + m[1].str() + m[3].str() +
-                  ">(" + std::to_string(id++) + ");";
+                  ">(" + std::to_string(id++) + ", \"" + m[2].str() + "\");";
         at = m.position(0) + m.length(0);
     }
     result.append(out, at, std::string::npos);
@@ -170,7 +221,20 @@ Result compile(Program& p, const std::vector<std::string>& options) {
         p.log = "nvrtc (statebench CUDA emulator): the headers in " + include + " are missing\n";
         return NVRTC_ERROR_INTERNAL_ERROR;
     }
-    const bool asan = env_or("STATEBENCH_EMULATOR_ASAN", "1") != "0";
+    // The checks the module is built with: STATEBENCH_EMULATOR_CHECKS, else
+    // the older STATEBENCH_EMULATOR_ASAN (0: off, else asan).
+    std::string checks = env_or("STATEBENCH_EMULATOR_CHECKS", "");
+    if (checks.empty()) {
+        const std::string asan_var = env_or("STATEBENCH_EMULATOR_ASAN", "");
+        checks = asan_var.empty() ? "races" : asan_var == "0" ? "off" : "asan";
+    }
+    if (checks != "races" && checks != "asan" && checks != "off") {
+        p.log = "nvrtc (statebench CUDA emulator): error: STATEBENCH_EMULATOR_CHECKS=" + checks +
+                " is not one of races, asan, off\n";
+        return NVRTC_ERROR_INVALID_OPTION;
+    }
+    const bool asan = checks == "asan";
+    const bool races = checks == "races";
     const std::string cxx = env_or("STATEBENCH_EMULATOR_CXX", env_or("CXX", "c++"));
 
     std::string tu = "#include \"cuda_emulator.h\"\n#line 1 \"" + p.name + "\"\n" +
@@ -192,16 +256,27 @@ Result compile(Program& p, const std::vector<std::string>& options) {
               "__asan_default_options() { return "
               "\"verify_asan_link_order=0:detect_leaks=0:halt_on_error=1:abort_on_error=1\"; }\n";
     }
-    std::vector<std::string> argv = {cxx, "-std=gnu++17", "-O2", "-g", "-fPIC", "-shared",
+    std::vector<std::string> argv = {cxx, "-std=gnu++17", "-O2", "-g", "-fPIC",
                                      "-fvisibility=hidden", "-fno-strict-aliasing",
                                      "-ffp-contract=off", "-I" + include};
     if (asan) {
         argv.push_back("-fsanitize=address");
         argv.push_back("-fno-omit-frame-pointer");
     }
+    if (races) {
+        // ThreadSanitizer's instrumentation without its runtime: compiled
+        // on its own (linking would bring libtsan in); the hooks it calls
+        // are the emulator's (cuda_emulator.h), and linking with
+        // --no-undefined says so if one is missing.
+        argv.push_back("-fsanitize=thread");
+        argv.push_back("--param=tsan-instrument-func-entry-exit=0");
+        argv.push_back("-c");
+    } else {
+        argv.push_back("-shared");
+    }
     for (const auto& d : defines) argv.push_back(d);
 
-    std::string key_text = tu + header + abi + __DATE__ __TIME__;
+    std::string key_text = tu + header + abi + __DATE__ __TIME__ + "\nchecks=" + checks;
     for (const auto& a : argv) key_text += "\n" + a;
     char key[32];
     std::snprintf(key, sizeof key, "%016llx", static_cast<unsigned long long>(fnv1a(key_text)));
@@ -232,9 +307,19 @@ Result compile(Program& p, const std::vector<std::string>& options) {
     }
     argv.push_back(cpp);
     argv.push_back("-o");
-    argv.push_back(tmp);
-    const int status = run(argv, log);
+    argv.push_back(races ? tmp + ".o" : tmp);
+    int status = run(argv, log);
     read_file(log, p.log);
+    if (races && status == 0) {
+        const std::vector<std::string> link = {
+            cxx, "-shared", "-fPIC", "-Wl,--no-undefined", "-Wl,-Bsymbolic", tmp + ".o", "-o", tmp,
+            "-ldl"};
+        status = run(link, log);
+        std::string link_log;
+        read_file(log, link_log);
+        p.log += link_log;
+    }
+    unlink((tmp + ".o").c_str());
     unlink(log.c_str());
     unlink(cpp.c_str());
     if (status < 0) {
@@ -258,12 +343,25 @@ Result compile(Program& p, const std::vector<std::string>& options) {
     return NVRTC_SUCCESS;
 }
 
-// What cuModuleLoadData reads: a first line no PTX has, then the path.
-std::string image_text(const Program& p) { return emu::kImageMagic + p.image + "\n"; }
+// What cuModuleLoadData reads: a first line no PTX has, the image's kind
+// (PTX of this NVRTC's ISA, or a cubin from this NVRTC), then the path.
+std::string image_text(const Program& p, bool cubin) {
+    const int arch = arch_number(p.arch);
+    const std::string kind =
+        cubin ? "cubin sm_" + std::to_string(arch) + " " + std::to_string(nvrtc_version_number())
+              : "ptx " + std::to_string(emu::ptx_isa_of(nvrtc_version_number())) + " compute_" +
+                    std::to_string(arch);
+    return emu::kImageMagic + (emu::kImageKind + kind) + "\n" + p.image + "\n";
+}
+
+bool is_cubin_arch(const Program& p) { return p.arch.rfind("sm_", 0) == 0; }
 
 }  // namespace
 
 #define API extern "C" __attribute__((visibility("default")))
+
+// Why the impersonated version is refused, when it is ("" otherwise).
+API const char* statebench_emu_nvrtc_error() { return version_error().c_str(); }
 
 API const char* nvrtcGetErrorString(int r) {
     switch (r) {
@@ -280,8 +378,23 @@ API const char* nvrtcGetErrorString(int r) {
 
 API int nvrtcVersion(int* major, int* minor) {
     if (!major || !minor) return NVRTC_ERROR_INVALID_INPUT;
-    *major = 13;
-    *minor = 0;
+    const int v = nvrtc_version_number();
+    if (v < 0) return NVRTC_ERROR_INVALID_INPUT;
+    *major = v / 1000;
+    *minor = (v % 1000) / 10;
+    return NVRTC_SUCCESS;
+}
+
+API int nvrtcGetNumSupportedArchs(int* n) {
+    if (!n) return NVRTC_ERROR_INVALID_INPUT;
+    *n = static_cast<int>(supported_archs().size());
+    return NVRTC_SUCCESS;
+}
+
+API int nvrtcGetSupportedArchs(int* archs) {
+    if (!archs) return NVRTC_ERROR_INVALID_INPUT;
+    const std::vector<int> a = supported_archs();
+    std::memcpy(archs, a.data(), a.size() * sizeof(int));
     return NVRTC_SUCCESS;
 }
 
@@ -313,6 +426,30 @@ API int nvrtcCompileProgram(Program* p, int num_options, const char* const* opti
     for (int i = 0; i < num_options; ++i) opts.emplace_back(options[i]);
     p->log.clear();
     p->image.clear();
+    if (nvrtc_version_number() < 0) {
+        p->log = "nvrtc (statebench CUDA emulator): " + version_error() + "\n";
+        return NVRTC_ERROR_INVALID_OPTION;
+    }
+    // As NVRTC does, an arch this version does not know is refused.
+    for (const auto& o : opts) {
+        for (const char* flag : {"--gpu-architecture=", "-arch="}) {
+            if (o.rfind(flag, 0) != 0) continue;
+            p->arch = o.substr(std::strlen(flag));
+            const int n = arch_number(p->arch);
+            const std::vector<int> known = supported_archs();
+            const bool virt = p->arch.rfind("compute_", 0) == 0;
+            const bool ok = n > 0 && (virt || p->arch.rfind("sm_", 0) == 0) &&
+                            (virt ? n >= known.front() && n <= known.back()
+                                  : std::find(known.begin(), known.end(), n) != known.end());
+            if (!ok) {
+                p->log = "nvrtc (statebench CUDA emulator, as NVRTC " +
+                         std::to_string(nvrtc_version_number() / 1000) + "." +
+                         std::to_string(nvrtc_version_number() % 1000 / 10) +
+                         "): invalid value for --gpu-architecture (-arch): " + p->arch + "\n";
+                return NVRTC_ERROR_INVALID_OPTION;
+            }
+        }
+    }
     return compile(*p, opts);
 }
 
@@ -331,17 +468,32 @@ API int nvrtcGetProgramLog(Program* p, char* log) {
 API int nvrtcGetPTXSize(Program* p, size_t* size) {
     if (!p || !size) return NVRTC_ERROR_INVALID_INPUT;
     if (p->image.empty()) return NVRTC_ERROR_INVALID_PROGRAM;
-    *size = image_text(*p).size() + 1;
+    *size = image_text(*p, false).size() + 1;
     return NVRTC_SUCCESS;
 }
 
 API int nvrtcGetPTX(Program* p, char* ptx) {
     if (!p || !ptx) return NVRTC_ERROR_INVALID_INPUT;
     if (p->image.empty()) return NVRTC_ERROR_INVALID_PROGRAM;
-    const std::string text = image_text(*p);
+    const std::string text = image_text(*p, false);
     std::memcpy(ptx, text.c_str(), text.size() + 1);
     return NVRTC_SUCCESS;
 }
 
-API int nvrtcGetCUBINSize(Program*, size_t*) { return NVRTC_ERROR_INVALID_INPUT; }
-API int nvrtcGetCUBIN(Program*, char*) { return NVRTC_ERROR_INVALID_INPUT; }
+// A cubin only of a program built for a real arch (sm_XY), as NVRTC.
+API int nvrtcGetCUBINSize(Program* p, size_t* size) {
+    if (!p || !size) return NVRTC_ERROR_INVALID_INPUT;
+    if (p->image.empty()) return NVRTC_ERROR_INVALID_PROGRAM;
+    if (!is_cubin_arch(*p)) return NVRTC_ERROR_INVALID_INPUT;
+    *size = image_text(*p, true).size() + 1;
+    return NVRTC_SUCCESS;
+}
+
+API int nvrtcGetCUBIN(Program* p, char* cubin) {
+    if (!p || !cubin) return NVRTC_ERROR_INVALID_INPUT;
+    if (p->image.empty()) return NVRTC_ERROR_INVALID_PROGRAM;
+    if (!is_cubin_arch(*p)) return NVRTC_ERROR_INVALID_INPUT;
+    const std::string text = image_text(*p, true);
+    std::memcpy(cubin, text.c_str(), text.size() + 1);
+    return NVRTC_SUCCESS;
+}

@@ -155,7 +155,8 @@ pub struct Shapes {
 
 impl Shapes {
     /// Rows and widths that fill no tile exactly: two sequences prefilled
-    /// (3 and 5 positions), then one decode step each.
+    /// (3 and 150 positions: attention's 64-position sub-tiles three
+    /// deep, so its copy pipeline turns over), then one decode step each.
     pub fn ragged() -> Self {
         Shapes {
             rows: 7,
@@ -167,7 +168,7 @@ impl Shapes {
                 kv: 2,
                 dim: 32,
             },
-            steps: vec![vec![3, 5], vec![1, 1]],
+            steps: vec![vec![3, 150], vec![1, 1]],
         }
     }
 }

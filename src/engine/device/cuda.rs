@@ -35,6 +35,7 @@ use cudarc::driver::{
 use cudarc::nvrtc::Ptx;
 use statebench_kernels::RopeTable;
 
+use super::toolkit::{self, CudaVersion, Image, ImageChoice};
 use super::{f32_to_bf16, BatchRows, Device, DeviceInfo, Heads, HostWeight};
 use crate::backend::BackendError;
 use crate::engine::kv_cache::KvStore;
@@ -123,14 +124,24 @@ pub fn load_emulator() -> Result<(), String> {
 /// warp collective), when the emulator is loaded and one happened.
 pub fn emulator_error() -> Option<String> {
     let lib = EMULATOR.get()?.as_ref().ok()?;
-    // SAFETY: the symbol is `const char* statebench_emu_last_error()`.
-    let last: libloading::os::unix::Symbol<unsafe extern "C" fn() -> *const std::ffi::c_char> =
-        unsafe { lib.get(b"statebench_emu_last_error\0") }.ok()?;
-    // SAFETY: the emulator returns a NUL-terminated string it keeps alive.
-    let text = unsafe { std::ffi::CStr::from_ptr(last()) }
-        .to_string_lossy()
-        .into_owned();
-    (!text.is_empty()).then_some(text)
+    let said = |lib: &libloading::os::unix::Library, symbol: &[u8]| -> Option<String> {
+        // SAFETY: the symbol is `const char* f()`, as both emulator
+        // libraries define their last error.
+        let last: libloading::os::unix::Symbol<unsafe extern "C" fn() -> *const std::ffi::c_char> =
+            unsafe { lib.get(symbol) }.ok()?;
+        // SAFETY: the emulator returns a NUL-terminated string it keeps alive.
+        let text = unsafe { std::ffi::CStr::from_ptr(last()) }
+            .to_string_lossy()
+            .into_owned();
+        (!text.is_empty()).then_some(text)
+    };
+    // The NVRTC is loaded into the process's global scope beside the driver.
+    said(lib, b"statebench_emu_last_error\0").or_else(|| {
+        said(
+            &libloading::os::unix::Library::this(),
+            b"statebench_emu_nvrtc_error\0",
+        )
+    })
 }
 
 /// CUDA devices that answer; 0 without a driver.
@@ -141,8 +152,8 @@ pub fn gpu_count() -> usize {
     CudaContext::device_count().map_or(0, |n| n.max(0) as usize)
 }
 
-/// Compiles one kernel set for `arch` (e.g. `compute_90`); the log comes
-/// back even when compilation succeeds, so warnings can be refused.
+/// Compiles one kernel set for `arch` (e.g. `compute_90`) to PTX; the log
+/// comes back even when compilation succeeds, so warnings can be refused.
 pub fn compile(name: &str, body: &str, arch: &str) -> Result<Compiled, CompileError> {
     compile_with(name, body, arch, Pipelines::DEEP)
 }
@@ -154,7 +165,128 @@ pub fn compile_with(
     arch: &str,
     pipes: Pipelines,
 ) -> Result<Compiled, CompileError> {
+    let (image, log) = nvrtc_build(name, body, arch, pipes, false)?;
+    Ok(Compiled {
+        ptx: String::from_utf8_lossy(&image).trim().to_string(),
+        log,
+    })
+}
+
+/// A kernel set built as an [`Image`]: what the driver loads and NVRTC's
+/// log.
+pub struct Built {
+    /// A cubin's bytes, or PTX text.
+    pub bytes: Vec<u8>,
+    pub cubin: bool,
+    pub log: String,
+}
+
+impl Built {
+    /// The image as cudarc loads it.
+    pub fn module(&self) -> Ptx {
+        if self.cubin {
+            Ptx::from_binary(self.bytes.clone())
+        } else {
+            Ptx::from_src(String::from_utf8_lossy(&self.bytes).trim().to_string())
+        }
+    }
+}
+
+/// Compiles one kernel set as `image` says.
+pub fn compile_image(
+    name: &str,
+    body: &str,
+    image: Image,
+    pipes: Pipelines,
+) -> Result<Built, CompileError> {
+    let cubin = matches!(image, Image::Cubin { .. });
+    // A process opens a device several times (`check gpu`, tests): each
+    // kernel set is compiled once a process for each image and depth.
+    // (set, hash of its source, arch, pipeline depths) → (image, log)
+    type Key = (String, u64, String, usize, usize);
+    type Images = std::collections::HashMap<Key, (Vec<u8>, String)>;
+    static BUILT: OnceLock<Mutex<Images>> = OnceLock::new();
+    let body_hash = {
+        use std::hash::{Hash, Hasher};
+        let mut h = std::collections::hash_map::DefaultHasher::new();
+        body.hash(&mut h);
+        h.finish()
+    };
+    let key = (
+        name.to_string(),
+        body_hash,
+        image.nvrtc_arch(),
+        pipes.gemm,
+        pipes.attention,
+    );
+    let built = BUILT.get_or_init(Default::default);
+    let cached = built.lock().ok().and_then(|m| m.get(&key).cloned());
+    let (bytes, log) = match cached {
+        Some(hit) => hit,
+        _ => {
+            let fresh = nvrtc_build(name, body, &image.nvrtc_arch(), pipes, cubin)?;
+            if let Ok(mut m) = built.lock() {
+                m.insert(key, fresh.clone());
+            }
+            fresh
+        }
+    };
+    Ok(Built { bytes, cubin, log })
+}
+
+/// NVRTC's version, as it reports it.
+pub fn nvrtc_version() -> Result<CudaVersion, String> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: writes two integers.
+    let r = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if r != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(with_emulator_error(format!("nvrtcVersion failed: {r:?}")));
+    }
+    Ok(CudaVersion { major, minor })
+}
+
+/// The real archs NVRTC can build for (`nvrtcGetSupportedArchs`: 75 is
+/// sm_75).
+pub fn nvrtc_archs() -> Result<Vec<i32>, String> {
+    use cudarc::nvrtc::sys;
+    let mut n = 0;
+    // SAFETY: writes one integer.
+    let r = unsafe { sys::nvrtcGetNumSupportedArchs(&mut n) };
+    if r != sys::nvrtcResult::NVRTC_SUCCESS || !(0..=1024).contains(&n) {
+        return Err(format!("nvrtcGetNumSupportedArchs failed: {r:?}"));
+    }
+    let mut archs = vec![0i32; n as usize];
+    // SAFETY: `archs` holds the `n` integers NVRTC writes.
+    let r = unsafe { sys::nvrtcGetSupportedArchs(archs.as_mut_ptr()) };
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(format!("nvrtcGetSupportedArchs failed: {r:?}"));
+    }
+    Ok(archs)
+}
+
+/// The driver's version (`cuDriverGetVersion`); the driver need not be
+/// initialised.
+pub fn driver_version() -> Result<CudaVersion, String> {
+    let mut v = 0i32;
+    // SAFETY: writes one integer.
+    let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut v) };
+    if r != cudarc::driver::sys::CUresult::CUDA_SUCCESS {
+        return Err(with_emulator_error(format!(
+            "cuDriverGetVersion failed: {r:?}"
+        )));
+    }
+    Ok(CudaVersion::from_driver(v))
+}
+
+fn nvrtc_build(
+    name: &str,
+    body: &str,
+    arch: &str,
+    pipes: Pipelines,
+    cubin: bool,
+) -> Result<(Vec<u8>, String), CompileError> {
     use cudarc::nvrtc::result as nvrtc;
+    use cudarc::nvrtc::sys;
     let fail = |first_error: String, log: String| CompileError {
         kernel: name.to_string(),
         first_error,
@@ -178,13 +310,30 @@ pub fn compile_with(
     let log = unsafe { nvrtc::get_program_log(prog) }
         .map(|chars| c_text(&chars))
         .unwrap_or_default();
-    let ptx = compiled.and_then(|()| unsafe { nvrtc::get_ptx(prog) });
+    let image = compiled.and_then(|()| {
+        if cubin {
+            // SAFETY: `prog` compiled for a real arch; the buffer holds
+            // the size NVRTC reports.
+            unsafe {
+                let mut n = 0usize;
+                sys::nvrtcGetCUBINSize(prog, &mut n).result()?;
+                let mut bytes = vec![0u8; n];
+                sys::nvrtcGetCUBIN(prog, bytes.as_mut_ptr().cast()).result()?;
+                Ok(bytes)
+            }
+        } else {
+            unsafe { nvrtc::get_ptx(prog) }.map(|chars| {
+                chars
+                    .iter()
+                    .map(|&c| c as u8)
+                    .take_while(|&b| b != 0)
+                    .collect()
+            })
+        }
+    });
     let _ = unsafe { nvrtc::destroy_program(prog) };
-    match ptx {
-        Ok(chars) => Ok(Compiled {
-            ptx: c_text(&chars),
-            log,
-        }),
+    match image {
+        Ok(bytes) => Ok((bytes, log)),
         Err(e) => {
             let first = log
                 .lines()
@@ -203,6 +352,89 @@ fn c_text(chars: &[std::ffi::c_char]) -> String {
         .take_while(|&b| b != 0)
         .collect();
     String::from_utf8_lossy(&bytes).trim().to_string()
+}
+
+/// `e`, with the emulator's reason when it gave one.
+fn with_emulator_error(e: String) -> String {
+    match emulator_error() {
+        Some(why) => format!("{e}: {why}"),
+        None => e,
+    }
+}
+
+/// Milliseconds between two completed events. cudarc built for CUDA 13
+/// calls `cuEventElapsedTime_v2`, which drivers before 12.8 lack, so those
+/// get the first version, looked up by name.
+fn elapsed_ms(
+    driver: CudaVersion,
+    start: &cudarc::driver::CudaEvent,
+    end: &cudarc::driver::CudaEvent,
+) -> Result<f32, cudarc::driver::DriverError> {
+    use cudarc::driver::sys::{self, CUevent, CUresult};
+    let mut ms = 0f32;
+    // SAFETY: both events were recorded on one context and have completed;
+    // the symbol has the documented signature of `cuEventElapsedTime`.
+    let r = unsafe {
+        if driver.number() >= 12080 {
+            sys::cuEventElapsedTime_v2(&mut ms, start.cu_event(), end.cu_event())
+        } else {
+            type Elapsed = unsafe extern "C" fn(*mut f32, CUevent, CUevent) -> CUresult;
+            match sys::culib().get::<Elapsed>(b"cuEventElapsedTime\0") {
+                Ok(f) => f(&mut ms, start.cu_event(), end.cu_event()),
+                Err(_) => CUresult::CUDA_ERROR_NOT_FOUND,
+            }
+        }
+    };
+    r.result().map(|()| ms)
+}
+
+/// A loaded kernel's resources, as the driver reports them (`None` where
+/// it does not: the emulator keeps no registers).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct KernelResources {
+    pub kernel: String,
+    pub registers: Option<u32>,
+    /// Local memory a thread: what spilled, or a stack.
+    pub local_bytes: Option<u32>,
+    pub blocks_per_sm: Option<u32>,
+}
+
+/// The driver's and NVRTC's versions, as a device states them.
+#[derive(Debug, Clone, Copy)]
+pub struct Versions {
+    pub driver: CudaVersion,
+    pub nvrtc: CudaVersion,
+}
+
+impl Versions {
+    /// Who chose the image's machine code.
+    fn image_maker(self, image: Image) -> String {
+        match image {
+            Image::Cubin { sm } => format!("cubin sm_{sm} by NVRTC {}", self.nvrtc),
+            Image::Ptx { arch } => format!(
+                "PTX compute_{arch} by NVRTC {}, JIT-compiled by driver CUDA {}",
+                self.nvrtc, self.driver
+            ),
+        }
+    }
+}
+
+impl std::fmt::Display for Versions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "driver CUDA {}, NVRTC {}", self.driver, self.nvrtc)
+    }
+}
+
+/// The versions here and the image the kernels are built as for a device
+/// of compute capability `sm` (90 for 9.0), or the one-line reason none
+/// can be ([`toolkit::plan`]).
+pub fn plan_image(sm: i32) -> Result<(Versions, Image), String> {
+    let driver = driver_version()?;
+    let nvrtc = nvrtc_version()?;
+    let archs = nvrtc_archs()?;
+    let choice = ImageChoice::from_env()?;
+    let image = toolkit::plan(driver, nvrtc, &archs, sm, choice)?;
+    Ok((Versions { driver, nvrtc }, image))
 }
 
 /// The loaded kernels.
@@ -649,6 +881,11 @@ pub struct Cuda {
     /// Positions the RoPE table covers: the context, which fixes a graphed
     /// pass's block tables and attention partials.
     context: AtomicUsize,
+    /// What built and loads the kernels, and how.
+    versions: Versions,
+    image: Image,
+    compute: (i32, i32),
+    emulated: bool,
 }
 
 /// The error of an unusable device, in one line with what to do.
@@ -674,6 +911,12 @@ impl Cuda {
         Self::open_on(ordinal, false, None)
     }
 
+    /// Opens GPU `ordinal` with the kernels' pipelines as `pipes` says (the
+    /// check that every depth gives the same bits).
+    pub fn open_with(ordinal: usize, pipes: Pipelines) -> Result<Self, BackendError> {
+        Self::open_on(ordinal, false, Some(pipes))
+    }
+
     /// Opens the CUDA emulator's device: the same kernels and host code,
     /// executed on the CPU.
     pub fn open_emulated() -> Result<Self, BackendError> {
@@ -684,7 +927,10 @@ impl Cuda {
     /// (`None`: as they fit, as on a GPU), so the depths a GPU of another
     /// kind would take run here too.
     pub fn open_emulated_with(pipes: Option<Pipelines>) -> Result<Self, BackendError> {
-        load_emulator().map_err(|e| unusable(&super::DeviceChoice::CudaEmulated.to_string(), e))?;
+        let refused = |e| unusable(&super::DeviceChoice::CudaEmulated.to_string(), e);
+        // Its settings first: a refused one is one line naming it.
+        statebench_kernels::cuda::emulator_checks().map_err(refused)?;
+        load_emulator().map_err(refused)?;
         Self::open_on(0, true, pipes)
     }
 
@@ -714,7 +960,12 @@ impl Cuda {
                 "no CUDA driver found (libcuda); install the NVIDIA driver or use --device cpu",
             ));
         }
-        let count = CudaContext::device_count().map_err(|e| unusable(&name, e))?;
+        // Before anything else asks the driver: an old one may lack calls
+        // the engine makes, and the user needs the version, not a panic.
+        let driver = driver_version().map_err(|e| unusable(&name, e))?;
+        toolkit::supported_driver(driver).map_err(|e| unusable(&name, e))?;
+        let count = CudaContext::device_count()
+            .map_err(|e| unusable(&name, with_emulator_error(e.to_string())))?;
         if ordinal >= count.max(0) as usize {
             return Err(unusable(
                 &name,
@@ -730,7 +981,8 @@ impl Cuda {
                 "NVRTC (libnvrtc) not found; install the CUDA toolkit or the nvidia-cuda-nvrtc wheel and put its lib directory on LD_LIBRARY_PATH",
             ));
         }
-        let ctx = CudaContext::new(ordinal).map_err(|e| unusable(&name, e))?;
+        let ctx = CudaContext::new(ordinal)
+            .map_err(|e| unusable(&name, with_emulator_error(e.to_string())))?;
         let hardware = ctx.name().unwrap_or_default();
         if hardware.starts_with(EMULATED_HARDWARE) != emulated {
             return Err(unusable(
@@ -762,14 +1014,18 @@ impl Cuda {
             .map_err(|e| unusable(&name, e))?
             .max(0) as usize;
         let pipes = pipes.unwrap_or_else(|| Pipelines::fitting(smem));
-        let arch = format!("compute_{major}{minor}");
+        let (versions, image) = plan_image(major * 10 + minor).map_err(|e| unusable(&name, e))?;
         let mut functions = std::collections::HashMap::new();
-        for (set, body) in statebench_kernels::cuda::SOURCES {
-            let c = compile_with(set, body, &arch, pipes)
+        let sources = statebench_kernels::cuda::kernel_sources().map_err(|e| unusable(&name, e))?;
+        for &(set, ref body) in &sources.sets {
+            let built = compile_image(set, body, image, pipes)
                 .map_err(|e| unusable(&name, crate::one_line(&e)))?;
-            let module = ctx
-                .load_module(Ptx::from_src(c.ptx))
-                .map_err(|e| unusable(&name, format!("loading kernels `{set}`: {e}")))?;
+            let module = ctx.load_module(built.module()).map_err(|e| {
+                unusable(
+                    &name,
+                    format!("loading kernels `{set}` ({image}, {versions}): {e}"),
+                )
+            })?;
             functions.insert(set, module);
         }
         let f = |set: &str, kernel: &str| {
@@ -808,30 +1064,68 @@ impl Cuda {
             argmax_f32: f("elementwise", "argmax_f32")?,
             argmax_bf16: f("elementwise", "argmax_bf16")?,
         };
-        let mut driver = 0i32;
-        // SAFETY: writes one integer.
-        unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut driver) };
-        let asan = std::env::var("STATEBENCH_EMULATOR_ASAN").map_or(true, |v| v != "0");
+        // The emulator's checks and schedule, as its detail records them.
+        let checks = if emulated {
+            match statebench_kernels::cuda::emulator_checks() {
+                Ok(c) => format!(
+                    ", kernels {}, schedule seed {}",
+                    match c.mode {
+                        "races" =>
+                            "checked for races, uninitialized reads and out-of-bounds accesses",
+                        "asan" => "under AddressSanitizer",
+                        _ => "unchecked",
+                    },
+                    c.seed
+                ),
+                Err(e) => format!(", {e}"),
+            }
+        } else {
+            String::new()
+        };
+        // Sources other than the built-in ones are other arithmetic, as far
+        // as anyone can tell: the manifest says so, and resume compares it.
+        let modified = match &sources.modified {
+            Some(files) => {
+                use sha2::Digest;
+                let mut h = sha2::Sha256::new();
+                for (file, text) in files {
+                    h.update(file.as_bytes());
+                    h.update((text.len() as u64).to_le_bytes());
+                    h.update(text.as_bytes());
+                }
+                let hex: String = h.finalize().iter().map(|b| format!("{b:02x}")).collect();
+                format!(
+                    "; kernel sources modified ({}, sha256 {hex})",
+                    sources
+                        .dir
+                        .as_deref()
+                        .unwrap_or(std::path::Path::new("?"))
+                        .display()
+                )
+            }
+            None => String::new(),
+        };
         let info = DeviceInfo {
             name: name.clone(),
             hardware,
             detail: format!(
-                "{}driver {}.{}, compute capability {major}.{minor}{}",
+                "{}{versions}, {image}, compute capability {major}.{minor}{checks}",
                 if emulated { "emulated " } else { "" },
-                driver / 1000,
-                (driver % 1000) / 10,
-                match (emulated, asan) {
-                    (true, true) => ", kernels under AddressSanitizer",
-                    (true, false) => ", kernels without AddressSanitizer",
-                    _ => "",
-                }
             ),
+            // On a GPU the bits are the image's: a cubin's are NVRTC's, a
+            // PTX image's the driver's JIT's, so each names its maker.
             arithmetic: if emulated {
-                statebench_kernels::cuda::EMULATED_ARITHMETIC
+                format!(
+                    "{}{modified}",
+                    statebench_kernels::cuda::EMULATED_ARITHMETIC
+                )
             } else {
-                statebench_kernels::cuda::ARITHMETIC
-            }
-            .to_string(),
+                format!(
+                    "{}; {}{modified}",
+                    statebench_kernels::cuda::ARITHMETIC,
+                    versions.image_maker(image)
+                )
+            },
         };
         let stream = ctx.new_stream().map_err(|e| unusable(&name, e))?;
         Ok(Cuda {
@@ -852,7 +1146,151 @@ impl Cuda {
             captured: AtomicUsize::new(0),
             replayed: AtomicUsize::new(0),
             context: AtomicUsize::new(0),
+            versions,
+            image,
+            compute: (major, minor),
+            emulated,
         })
+    }
+
+    /// With `STATEBENCH_CUDA_POISON=1`, fills `bytes` at `ptr` with 0xff
+    /// (NaN in bf16 and f32), so a read of what no kernel wrote shows in
+    /// the results and under compute-sanitizer (`check gpu` sets it).
+    fn poison(&self, ptr: u64, bytes: usize) -> Option<()> {
+        if std::env::var_os("STATEBENCH_CUDA_POISON").is_none_or(|v| v != "1") {
+            return Some(());
+        }
+        // SAFETY: `ptr` is a live allocation of at least `bytes`.
+        unsafe {
+            cudarc::driver::result::memset_d8_async(ptr, 0xff, bytes, self.stream.cu_stream())
+        }
+        .map_err(|e| self.fail(format!("memset: {e}")))
+        .ok()
+    }
+
+    /// The driver's and NVRTC's versions.
+    pub fn versions(&self) -> Versions {
+        self.versions
+    }
+
+    /// The kind of image the kernels were built as.
+    pub fn image(&self) -> Image {
+        self.image
+    }
+
+    /// The device's compute capability.
+    pub fn compute_capability(&self) -> (i32, i32) {
+        self.compute
+    }
+
+    /// Whether this is the CUDA emulator's device.
+    pub fn is_emulated(&self) -> bool {
+        self.emulated
+    }
+
+    /// Device memory: (free, total) bytes.
+    pub fn memory(&self) -> Result<(usize, usize), BackendError> {
+        self.ctx
+            .mem_get_info()
+            .map_err(|e| unusable(&self.info.name, e))
+    }
+
+    /// Every loaded kernel's registers, local (spilled) bytes a thread and
+    /// resident blocks a multiprocessor at its launch shape, as the driver
+    /// reports them for the loaded image.
+    pub fn kernel_resources(&self) -> Vec<KernelResources> {
+        use cudarc::driver::sys::CUfunction_attribute as A;
+        let k = &self.k;
+        let mut all: Vec<(String, &CudaFunction)> = vec![
+            ("gemm".into(), &k.gemm),
+            ("gemm_reduce".into(), &k.gemm_reduce),
+            ("rms_norm".into(), &k.rms_norm),
+            ("rope_kv".into(), &k.rope_kv),
+        ];
+        for (d, f) in HEAD_DIMS.iter().zip(&k.attention) {
+            all.push((format!("attention_d{d}"), f));
+        }
+        all.extend([
+            ("attention_merge".to_string(), &k.attention_merge),
+            ("embed".into(), &k.embed),
+            ("add_bias".into(), &k.add_bias),
+            ("add".into(), &k.add),
+            ("silu_mul".into(), &k.silu_mul),
+            ("gather_rows".into(), &k.gather_rows),
+            ("argmax_f32".into(), &k.argmax_f32),
+            ("argmax_bf16".into(), &k.argmax_bf16),
+        ]);
+        all.into_iter()
+            .map(|(kernel, f)| {
+                let attr = |a: A| {
+                    let mut v = 0i32;
+                    // SAFETY: `f` is a loaded function; writes one integer.
+                    let r = unsafe {
+                        cudarc::driver::sys::cuFuncGetAttribute(&mut v, a, f.cu_function())
+                    };
+                    (r == cudarc::driver::sys::CUresult::CUDA_SUCCESS && !self.emulated)
+                        .then_some(v.max(0) as u32)
+                };
+                let (threads, smem) = super::ptxas::launch_shape(&kernel, self.pipes);
+                let blocks_per_sm = f
+                    .occupancy_max_active_blocks_per_multiprocessor(threads, smem as usize, None)
+                    .ok();
+                KernelResources {
+                    registers: attr(A::CU_FUNC_ATTRIBUTE_NUM_REGS),
+                    local_bytes: attr(A::CU_FUNC_ATTRIBUTE_LOCAL_SIZE_BYTES),
+                    blocks_per_sm,
+                    kernel,
+                }
+            })
+            .collect()
+    }
+
+    /// The median over `reps` passes of the device time of `w`'s product
+    /// with `rows` random rows, in µs (CUDA events around the launch).
+    pub fn time_matmul(
+        &self,
+        w: &CudaWeight,
+        rows: usize,
+        reps: usize,
+    ) -> Result<f64, BackendError> {
+        let k = w.cols;
+        let data: Vec<f32> = (0..rows * k)
+            .map(|i| ((i % 17) as f32 - 8.0) / 16.0)
+            .collect();
+        let mut times = Vec::with_capacity(reps);
+        // A one-row pass would be recorded for a graph, not run.
+        let graphs = self.graphs_on.swap(false, Ordering::Relaxed);
+        let timed = self.time_passes(w, rows, reps, &data, &mut times);
+        self.graphs_on.store(graphs, Ordering::Relaxed);
+        timed?;
+        times.sort_by(f64::total_cmp);
+        Ok(times[times.len() / 2])
+    }
+
+    fn time_passes(
+        &self,
+        w: &CudaWeight,
+        rows: usize,
+        reps: usize,
+        data: &[f32],
+        times: &mut Vec<f64>,
+    ) -> Result<(), BackendError> {
+        let fail = |e: cudarc::driver::DriverError| unusable(&self.info.name, e);
+        let k = w.cols;
+        for _ in 0..reps.max(1) {
+            self.begin_pass(&BatchRows::new([(0, rows)]));
+            let x = self.act(k, data.to_vec());
+            let timed = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+            let start = self.ctx.new_event(timed).map_err(fail)?;
+            let end = self.ctx.new_event(timed).map_err(fail)?;
+            start.record(&self.stream).map_err(fail)?;
+            let _y = self.matmul(w, &x);
+            end.record(&self.stream).map_err(fail)?;
+            self.sync()?;
+            let ms = elapsed_ms(self.versions.driver, &start, &end).map_err(fail)?;
+            times.push(f64::from(ms) * 1e3);
+        }
+        Ok(())
     }
 
     /// Makes attention split each tile's chunks over `n` blocks (`None`:
@@ -983,6 +1421,7 @@ impl Cuda {
             .map_err(|e| self.fail(format!("device memory: {e}")))
             .ok()?;
         let (base, _) = chunk.device_ptr(&self.stream);
+        self.poison(base, size)?;
         a.base = base;
         a.size = size;
         a.used = 0;
@@ -1409,7 +1848,10 @@ impl Device for Cuda {
         if blocks == 0 {
             return Err(unusable(
                 &self.info.name,
-                format!("no device memory left for a KV cache ({free} bytes free)"),
+                format!(
+                    "no device memory left for a KV cache: {free} bytes are free after the weights, and the engine keeps a tenth of that plus 1 GiB ({} bytes) for activations; one KV block of every layer takes {block_bytes} bytes",
+                    free - free / 10 * 9 + (1 << 30)
+                ),
             ));
         }
         let pool = || -> Result<DeviceBuf<u16>, BackendError> {
@@ -1418,6 +1860,8 @@ impl Device for Cuda {
             let mem = unsafe { self.stream.alloc::<u16>(blocks * block_elems) }
                 .map_err(|e| unusable(&self.info.name, format!("KV cache: {e}")))?;
             let (ptr, _) = mem.device_ptr(&self.stream);
+            self.poison(ptr, blocks * block_elems * 2)
+                .ok_or_else(|| unusable(&self.info.name, "KV cache: filling it with NaN failed"))?;
             Ok(DeviceBuf {
                 ptr,
                 len: blocks * block_elems,

@@ -19,6 +19,7 @@ pub mod cuda;
 pub mod perf_model;
 #[cfg(feature = "cuda")]
 pub mod ptxas;
+pub mod toolkit;
 
 use std::ops::Range;
 
