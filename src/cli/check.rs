@@ -9,8 +9,6 @@ use serde::Serialize;
 
 use statebench::engine::device::check::{self, Outcome};
 use statebench::engine::device::{Cpu, Device, DeviceChoice};
-use statebench::engine::kv_cache::KvStore;
-use statebench::engine::model::BatchItem;
 use statebench::engine::Engine;
 
 use super::{emit, ModelArgs};
@@ -199,26 +197,7 @@ struct LogitsOut {
 }
 
 fn logits<D: Device>(a: &LogitArgs, engine: &mut Engine<D>) -> Result<()> {
-    let mut cache = D::Cache::default();
-    let mut last = engine
-        .forward(&mut [BatchItem {
-            tokens: &a.tokens,
-            cache: &mut cache,
-        }])?
-        .remove(0);
-    let first = last.clone();
-    let mut greedy = Vec::new();
-    for _ in 0..a.greedy {
-        let t = statebench::engine::sampling::argmax(&last);
-        greedy.push(t);
-        last = engine
-            .forward(&mut [BatchItem {
-                tokens: &[t],
-                cache: &mut cache,
-            }])?
-            .remove(0);
-    }
-    debug_assert_eq!(cache.len(), a.tokens.len() + a.greedy);
+    let (first, greedy) = check::greedy_path(engine, &a.tokens, a.greedy)?;
     let out = LogitsOut {
         device: engine.model().device.info().name,
         last_logits: first,

@@ -482,28 +482,6 @@ fn split_prefill<D: Device>(engine: &Engine<D>) -> Result<(bool, String)> {
     ))
 }
 
-fn greedy_path<D: Device>(engine: &Engine<D>, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
-    let mut cache = D::Cache::default();
-    let mut logits = engine
-        .forward(&mut [BatchItem {
-            tokens: prompt,
-            cache: &mut cache,
-        }])?
-        .remove(0);
-    let mut out = Vec::with_capacity(n);
-    for _ in 0..n {
-        let t = statebench::engine::sampling::argmax(&logits);
-        out.push(t);
-        logits = engine
-            .forward(&mut [BatchItem {
-                tokens: &[t],
-                cache: &mut cache,
-            }])?
-            .remove(0);
-    }
-    Ok(out)
-}
-
 /// The device's greedy tokens against the CPU engine's on the same model.
 /// The device holds its weights as bf16; so does the CPU when the model's
 /// are bf16 (other formats are rounded on the device only, which the
@@ -515,10 +493,10 @@ fn greedy_against_cpu<D: Device>(
     n: usize,
 ) -> Result<(bool, String)> {
     let prompt = engine.encode("The three primary colours are")?;
-    let on_device = greedy_path(engine, &prompt, n)?;
+    let (_, on_device) = check::greedy_path(engine, &prompt, n)?;
     opts.prefill_chunk = statebench::engine::EngineOptions::DEFAULT_PREFILL_CHUNK;
     let cpu = Engine::load(spec, opts)?;
-    let on_cpu = greedy_path(&cpu, &prompt, n)?;
+    let (_, on_cpu) = check::greedy_path(&cpu, &prompt, n)?;
     let format = cpu.format().to_string();
     let diverge = on_device.iter().zip(&on_cpu).position(|(a, b)| a != b);
     Ok(match diverge {

@@ -385,6 +385,35 @@ fn token_hash(tokens: &[u32]) -> String {
     crate::hex(&Sha256::digest(bytes)[..8])
 }
 
+/// `prompt` prefilled in one pass on a cold cache, then `n` tokens
+/// decoded greedily one at a time (argmax on the host, ties to the lowest
+/// id): the prompt's last logits and the tokens.
+pub fn greedy_path<D: Device>(
+    engine: &crate::engine::Engine<D>,
+    prompt: &[u32],
+    n: usize,
+) -> Result<(Vec<f32>, Vec<u32>), BackendError> {
+    use crate::engine::model::BatchItem;
+    let mut cache = D::Cache::default();
+    let mut step = |tokens: &[u32]| {
+        engine
+            .forward(&mut [BatchItem {
+                tokens,
+                cache: &mut cache,
+            }])
+            .map(|mut rows| rows.remove(0))
+    };
+    let first = step(prompt)?;
+    let mut last = first.clone();
+    let mut tokens = Vec::with_capacity(n);
+    for _ in 0..n {
+        let t = crate::engine::sampling::argmax(&last);
+        tokens.push(t);
+        last = step(&[t])?;
+    }
+    Ok((first, tokens))
+}
+
 /// The invariance promise on `engine`'s device: one greedy request's
 /// tokens alone, in batches of each size in `batches` beside requests of
 /// other lengths (greedy and sampled), and with its prefix cached or cold.
