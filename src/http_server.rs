@@ -40,8 +40,8 @@ use crate::backend::shared::{Client, Conversation, Event};
 use crate::backend::{BackendError, ChatReply, ChatRequest, ModelIdentity, Progress, TokenLogprob};
 use crate::wire::{
     choice_seed, finish_reason, ChatCall, ChatChunk, ChatCompletion, ChatCompletionRequest,
-    ChoiceLogprobs, ChunkChoice, Completion, CompletionChoice, CompletionRequest, Delta,
-    EmbeddingRequest, EmbeddingResponse, ErrorBody, ErrorDetail, ModelCard, ModelList,
+    ChoiceLogprobs, ChunkChoice, Completion, CompletionChoice, CompletionChunk, CompletionRequest,
+    Delta, EmbeddingRequest, EmbeddingResponse, ErrorBody, ErrorDetail, ModelCard, ModelList,
     ToolCallDelta, WireError, WireUsage,
 };
 
@@ -659,7 +659,7 @@ fn now_secs() -> u64 {
 }
 
 /// The routes, for the start line and a 404.
-pub const ROUTES: &str = "POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, GET /v1/models, GET /v1/models/{id}, GET /health";
+pub const ROUTES: &str = "POST /v1/chat/completions, POST /v1/completions, POST /v1/embeddings, POST /tokenize, POST /detokenize, GET /v1/models, GET /v1/models/{id}, GET /health";
 
 fn route(rq: &HttpRequest, s: &Shared, stream: &TcpStream) -> Result<Answered, HttpError> {
     let path = rq.path.as_str();
@@ -701,6 +701,44 @@ fn route(rq: &HttpRequest, s: &Shared, stream: &TcpStream) -> Result<Answered, H
             let call = req.into_call().map_err(|e| HttpError::wire(&e))?;
             complete(call, s, stream)
         }
+        ("POST", "/tokenize") => {
+            let req: crate::wire::TokenizeRequest = serde_json::from_slice(&rq.body)
+                .map_err(|e| HttpError::wire(&WireError::json(e)))?;
+            let strs = req.return_token_strs;
+            let req = req.into_request().map_err(|e| HttpError::wire(&e))?;
+            let prompter = s
+                .client
+                .prompter()
+                .ok_or_else(|| HttpError::bad("this backend has no tokenizer"))?;
+            let field = if req.prompt_text.is_some() {
+                "prompt"
+            } else {
+                "messages"
+            };
+            let tokens = prompter
+                .tokens(&req)
+                .map_err(|e| backend_error(&e, field))?;
+            Ok(Answered::plain(json(&crate::wire::TokenizeResponse {
+                count: tokens.len(),
+                max_model_len: prompter.context().unwrap_or(0),
+                token_strs: strs.then(|| prompter.token_strs(&tokens)),
+                tokens,
+            })))
+        }
+        ("POST", "/detokenize") => {
+            let req: crate::wire::DetokenizeRequest = serde_json::from_slice(&rq.body)
+                .map_err(|e| HttpError::wire(&WireError::json(e)))?;
+            let prompter = s
+                .client
+                .prompter()
+                .ok_or_else(|| HttpError::bad("this backend has no tokenizer"))?;
+            let prompt = prompter
+                .text_with_special(&req.tokens)
+                .map_err(|e| backend_error(&e, "tokens"))?;
+            Ok(Answered::plain(json(&crate::wire::DetokenizeResponse {
+                prompt,
+            })))
+        }
         ("POST", "/v1/embeddings") => {
             let req: EmbeddingRequest = serde_json::from_slice(&rq.body)
                 .map_err(|e| HttpError::wire(&WireError::json(e)))?;
@@ -728,6 +766,8 @@ fn route(rq: &HttpRequest, s: &Shared, stream: &TcpStream) -> Result<Answered, H
             | "/v1/chat/completions"
             | "/v1/completions"
             | "/v1/embeddings"
+            | "/tokenize"
+            | "/detokenize"
             | "/health",
         ) => Err(HttpError::new(
             405,
@@ -844,7 +884,7 @@ fn chat(call: ChatCall, s: &Shared, stream: &TcpStream) -> Result<Answered, Http
             Event::Token(p) => {
                 let delta = c.token(p, &*prompter, &req.stop, calls, thinks);
                 if let Some((delta, logprobs)) = delta {
-                    sse.send(i, delta, logprobs, None)?;
+                    sse.send(i, delta, chat_logprobs(&logprobs), None)?;
                 }
             }
             Event::Done(Ok(reply)) => {
@@ -854,9 +894,9 @@ fn chat(call: ChatCall, s: &Shared, stream: &TcpStream) -> Result<Answered, Http
                 if delta.content.is_some()
                     || delta.reasoning_content.is_some()
                     || !delta.tool_calls.is_empty()
-                    || logprobs.is_some()
+                    || !logprobs.is_empty()
                 {
-                    sse.send(i, delta, logprobs, None)?;
+                    sse.send(i, delta, chat_logprobs(&logprobs), None)?;
                 }
                 sse.send(
                     i,
@@ -913,29 +953,26 @@ fn complete(
             });
         }
     }
+    let id = s.fresh_id("cmpl-");
+    let created = now_secs();
+    if let Some(options) = &call.stream {
+        return complete_streaming(&call, reqs, options, s, stream, (id, created, seed));
+    }
     let replies = run(s, reqs.clone(), stream, "prompt", false, &mut |_, _| Ok(()))?;
     let choices = replies
         .iter()
         .zip(&reqs)
         .enumerate()
         .map(|(i, (reply, req))| {
-            let echo = call.echo.then(|| req.prompt_text.as_deref().unwrap_or(""));
-            CompletionChoice::new(i, reply, echo)
+            let echo = call.echo.then(|| echo_text(req, &reply.prompt, s));
+            CompletionChoice::new(i, reply, echo.as_deref())
         })
         .collect();
-    let id = s.fresh_id("cmpl-");
-    let mut usage = WireUsage::of(&replies);
-    // Each prompt counted once.
-    usage.prompt_tokens = replies
-        .iter()
-        .step_by(call.n)
-        .map(|r| r.usage.prompt_tokens as u64)
-        .sum();
-    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+    let usage = completion_usage(&replies, call.n);
     let body = Completion {
         id: id.clone(),
         object: "text_completion".into(),
-        created: now_secs(),
+        created,
         model: s.name.clone(),
         choices,
         usage: usage.clone(),
@@ -946,6 +983,133 @@ fn complete(
         id,
         usage: Some(usage),
     })
+}
+
+/// The usage of a completions call: each prompt counted once, not once
+/// per choice.
+fn completion_usage(replies: &[ChatReply], n: usize) -> WireUsage {
+    let mut usage = WireUsage::of(replies);
+    usage.prompt_tokens = replies
+        .iter()
+        .step_by(n.max(1))
+        .map(|r| r.usage.prompt_tokens as u64)
+        .sum();
+    usage.total_tokens = usage.prompt_tokens + usage.completion_tokens;
+    usage
+}
+
+/// The prompt as `echo` writes it: the text as sent, or a prompt of token
+/// ids as its tokens' text (their bytes, when the reply scored them).
+fn echo_text(req: &ChatRequest, scored: &[crate::backend::PromptToken], s: &Shared) -> String {
+    if let Some(text) = &req.prompt_text {
+        return text.clone();
+    }
+    if !scored.is_empty() {
+        let bytes: Vec<u8> = scored.iter().flat_map(|t| t.bytes.clone()).collect();
+        return String::from_utf8_lossy(&bytes).into_owned();
+    }
+    let ids = req.prompt_ids.as_deref().unwrap_or(&[]);
+    s.client
+        .prompter()
+        .and_then(|p| p.text(ids).ok())
+        .unwrap_or_default()
+}
+
+/// `POST /v1/completions` with `stream: true`: a `text_completion` chunk
+/// per settled piece of text, then one with the finish reason, per choice.
+fn complete_streaming(
+    call: &crate::wire::CompletionCall,
+    reqs: Vec<ChatRequest>,
+    options: &crate::wire::StreamOptions,
+    s: &Shared,
+    stream: &TcpStream,
+    (id, created, seed): (String, u64, u64),
+) -> Result<Answered, HttpError> {
+    let prompter = s
+        .client
+        .prompter()
+        .cloned()
+        .ok_or_else(|| HttpError::bad("this backend cannot stream"))?;
+    let chunk = |index: usize, text: String, logprobs, finish_reason| CompletionChunk {
+        id: id.clone(),
+        object: "text_completion".into(),
+        created,
+        model: s.name.clone(),
+        choices: vec![CompletionChoice {
+            text,
+            index: index as u32,
+            logprobs,
+            finish_reason,
+        }],
+        usage: None,
+        seed: Some(seed),
+    };
+    let n = reqs.len();
+    let mut head = false;
+    let mut choices: Vec<Streaming> = (0..n).map(|_| Streaming::default()).collect();
+    // Each choice's character count so far: its tokens' text offsets.
+    let mut offsets: Vec<usize> = vec![0; n];
+    let stops: Vec<Vec<String>> = reqs.iter().map(|r| r.stop.clone()).collect();
+    let echoes: Vec<Option<String>> = reqs
+        .iter()
+        .map(|r| call.echo.then(|| echo_text(r, &[], s)))
+        .collect();
+    let result = run(s, reqs, stream, "prompt", true, &mut |i, event| {
+        if !head {
+            sse_head(stream)?;
+            head = true;
+            for (j, echo) in echoes.iter().enumerate() {
+                if let Some(text) = echo {
+                    offsets[j] = text.chars().count();
+                    sse_data(stream, &json(&chunk(j, text.clone(), None, None)))?;
+                }
+            }
+        }
+        let c = &mut choices[i];
+        let (text, logprobs, finish) = match event {
+            Event::Token(p) => match c.token(p, &*prompter, &stops[i], false, false) {
+                Some((delta, lp)) => (delta.content.unwrap_or_default(), lp, None),
+                None => return Ok(()),
+            },
+            Event::Done(Ok(reply)) => {
+                let (delta, lp) = c.finish(reply);
+                let finish = Some(finish_reason(reply).to_string());
+                (delta.content.unwrap_or_default(), lp, finish)
+            }
+            Event::Done(Err(_)) => return Ok(()),
+        };
+        let logprobs = (!logprobs.is_empty())
+            .then(|| crate::wire::CompletionLogprobs::of_tokens(&logprobs, offsets[i]));
+        offsets[i] += text.chars().count();
+        sse_data(stream, &json(&chunk(i, text, logprobs, finish)))
+    });
+    match result {
+        Ok(replies) => {
+            let usage = completion_usage(&replies, call.n);
+            if options.include_usage {
+                let mut last = chunk(0, String::new(), None, None);
+                last.choices.clear();
+                last.usage = Some(usage.clone());
+                sse_data(stream, &json(&last)).map_err(|_| HttpError::gone())?;
+            }
+            sse_data(stream, "[DONE]").map_err(|_| HttpError::gone())?;
+            Ok(Answered {
+                body: None,
+                id,
+                usage: Some(usage),
+            })
+        }
+        Err(e) if head && e.status != 499 => {
+            // The status line is out; the error goes down the stream.
+            let _ = sse_data(stream, &e.body());
+            Ok(Answered {
+                body: None,
+                id,
+                usage: None,
+            })
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// How often a running request asks whether its client is still there.
@@ -1038,6 +1202,19 @@ fn run(
     Ok(replies.into_iter().flatten().collect())
 }
 
+/// One server-sent event.
+fn sse_data(mut w: &TcpStream, data: &str) -> std::io::Result<()> {
+    w.write_all(format!("data: {data}\n\n").as_bytes())?;
+    w.flush()
+}
+
+/// The status line of an event stream.
+fn sse_head(mut w: &TcpStream) -> std::io::Result<()> {
+    w.write_all(
+        b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
+    )
+}
+
 /// Server-sent events of one streamed reply.
 struct Sse<'a> {
     stream: &'a TcpStream,
@@ -1049,17 +1226,12 @@ struct Sse<'a> {
 
 impl Sse<'_> {
     fn data(&mut self, data: &str) -> std::io::Result<()> {
-        let mut w = self.stream;
-        w.write_all(format!("data: {data}\n\n").as_bytes())?;
-        w.flush()
+        sse_data(self.stream, data)
     }
 
     /// The status line and each choice's opening chunk (its role).
     fn open(&mut self, n: usize) -> std::io::Result<()> {
-        let mut w = self.stream;
-        w.write_all(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\nConnection: close\r\n\r\n",
-        )?;
+        sse_head(self.stream)?;
         self.head = true;
         for i in 0..n {
             let delta = Delta {
@@ -1111,7 +1283,7 @@ impl Streaming {
         stop: &[String],
         calls: bool,
         thinks: bool,
-    ) -> Option<(Delta, Option<ChoiceLogprobs>)> {
+    ) -> Option<(Delta, Vec<TokenLogprob>)> {
         self.ids.push(p.token);
         self.logprobs.extend(p.logprob.clone());
         let text = prompter.text(&self.ids).ok()?;
@@ -1134,7 +1306,7 @@ impl Streaming {
 
     /// The rest of the reply once it is done: content not yet sent, the
     /// reasoning if it was not, the tool calls.
-    fn finish(&mut self, reply: &ChatReply) -> (Delta, Option<ChoiceLogprobs>) {
+    fn finish(&mut self, reply: &ChatReply) -> (Delta, Vec<TokenLogprob>) {
         let rest = reply
             .content
             .strip_prefix(self.sent.as_str())
@@ -1151,18 +1323,20 @@ impl Streaming {
         (delta, logprobs)
     }
 
-    fn take_logprobs(&mut self, all: Option<&[TokenLogprob]>) -> Option<ChoiceLogprobs> {
+    fn take_logprobs(&mut self, all: Option<&[TokenLogprob]>) -> Vec<TokenLogprob> {
         let list = match all {
             Some(all) => all.get(self.logprobs_sent..).unwrap_or(&[]).to_vec(),
             None => std::mem::take(&mut self.logprobs),
         };
         self.logprobs.clear();
-        if list.is_empty() {
-            return None;
-        }
         self.logprobs_sent += list.len();
-        Some(ChoiceLogprobs::from_tokens(&list))
+        list
     }
+}
+
+/// A chat chunk's log-probabilities, none for an empty list.
+fn chat_logprobs(list: &[TokenLogprob]) -> Option<ChoiceLogprobs> {
+    (!list.is_empty()).then(|| ChoiceLogprobs::from_tokens(list))
 }
 
 /// The reasoning and the content of a reply so far that no later token can
@@ -1241,10 +1415,12 @@ fn backend_error(e: &BackendError, prompt_field: &'static str) -> HttpError {
             param: Some("max_tokens"),
             ..HttpError::bad(msg)
         },
-        BackendError::Constraint { field, .. } => HttpError {
-            param: Some(field),
-            ..HttpError::bad(msg)
-        },
+        BackendError::Constraint { field, .. } | BackendError::BadField { field, .. } => {
+            HttpError {
+                param: Some(field),
+                ..HttpError::bad(msg)
+            }
+        }
         BackendError::BadRequest(_) | BackendError::Template(_) | BackendError::Tokenizer(_) => {
             HttpError::bad(msg)
         }

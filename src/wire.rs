@@ -8,8 +8,8 @@
 use serde::{Deserialize, Serialize};
 
 use crate::backend::{
-    ChatReply, ChatRequest, Constraint, Embeddings, Finish, Message, Role, TokenLogprob, Tool,
-    ToolCall, Usage, MAX_TOP_LOGPROBS,
+    Candidate, ChatReply, ChatRequest, Constraint, Embeddings, Finish, Message, PromptToken, Role,
+    Sampling, TokenLogprob, Tool, ToolCall, Usage, MAX_TOP_LOGPROBS,
 };
 
 /// Why a body was refused, in one line for a 400, or why a reply could not
@@ -30,14 +30,16 @@ pub enum WireError {
     ToolChoice(String),
     #[error("response_format {0}")]
     ResponseFormat(String),
-    #[error("prompt must be a string or a list of strings")]
-    Prompt,
     #[error(
-        "echo with logprobs (the prompt's log-probabilities) is not supported; send one of them"
+        "prompt must be a string, a list of strings, a list of token ids or a list of such lists"
     )]
-    Echo,
-    #[error("stream: true is supported on /v1/chat/completions only")]
-    Stream,
+    Prompt,
+    #[error("logprobs must be from 0 to {MAX_TOP_LOGPROBS}, got {0}")]
+    Logprobs(u64),
+    #[error("max_tokens 0 scores the prompt only: it needs echo: true with logprobs")]
+    ScoreOnly,
+    #[error("{1}")]
+    Param(&'static str, String),
     #[error("messages is empty")]
     NoMessages,
     #[error("messages[{0}].role '{1}' is not supported (system, user, assistant, tool)")]
@@ -75,8 +77,9 @@ impl WireError {
             WireError::ToolChoice(_) => "tool_choice",
             WireError::ResponseFormat(_) => "response_format",
             WireError::Prompt => "prompt",
-            WireError::Echo => "echo",
-            WireError::Stream => "stream",
+            WireError::Logprobs(_) => "logprobs",
+            WireError::ScoreOnly => "max_tokens",
+            WireError::Param(name, _) => name,
             WireError::NoMessages
             | WireError::Role(..)
             | WireError::NoRole(_)
@@ -163,6 +166,159 @@ pub struct ChatCompletionRequest {
     pub logprobs: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub top_logprobs: Option<u64>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// The sampling parameters of the chat and completions APIs (OpenAI's and
+/// vLLM's), as sent: each is read into [`Sampling`] or refused naming
+/// itself, never ignored.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SamplingFields {
+    /// Token id (a string) to a bias from -100 to 100.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub logit_bias: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<serde_json::Value>,
+    /// -1 (or 0) keeps every token, as vLLM has it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub frequency_penalty: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub presence_penalty: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<serde_json::Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_tokens: Option<serde_json::Value>,
+    /// Choices sampled to return the best: only 1 (or n) is served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub best_of: Option<serde_json::Value>,
+    /// Text after the completion (insertion): not served.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub suffix: Option<serde_json::Value>,
+}
+
+impl SamplingFields {
+    /// The fields of a request's sampling, for a served model.
+    pub fn from_sampling(s: &Sampling) -> Self {
+        use serde_json::json;
+        let map: serde_json::Map<String, serde_json::Value> = s
+            .logit_bias
+            .iter()
+            .map(|(t, b)| (t.to_string(), json!(b)))
+            .collect();
+        SamplingFields {
+            logit_bias: (!map.is_empty()).then_some(serde_json::Value::Object(map)),
+            top_p: s.top_p.map(|v| json!(v)),
+            top_k: s.top_k.map(|v| json!(v)),
+            min_p: s.min_p.map(|v| json!(v)),
+            frequency_penalty: (s.frequency_penalty != 0.0).then(|| json!(s.frequency_penalty)),
+            presence_penalty: (s.presence_penalty != 0.0).then(|| json!(s.presence_penalty)),
+            repetition_penalty: s.repetition_penalty.map(|v| json!(v)),
+            min_tokens: (s.min_tokens > 0).then(|| json!(s.min_tokens)),
+            best_of: None,
+            suffix: None,
+        }
+    }
+
+    /// The sampling these fields ask for, or the first refused, by name.
+    pub fn into_sampling(self, max_tokens: usize, n: u64) -> Result<Sampling, WireError> {
+        use serde_json::Value;
+        let bad = |name: &'static str, why: String| WireError::Param(name, why);
+        let number = |name: &'static str, v: Option<Value>| -> Result<Option<f32>, WireError> {
+            match v {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Number(x)) => Ok(x.as_f64().map(|x| x as f32)),
+                Some(other) => Err(bad(name, format!("{name} must be a number, got {other}"))),
+            }
+        };
+        let count = |name: &'static str, v: Option<Value>| -> Result<Option<i64>, WireError> {
+            match v {
+                None | Some(Value::Null) => Ok(None),
+                Some(Value::Number(x)) if x.as_i64().is_some() => Ok(x.as_i64()),
+                Some(other) => Err(bad(name, format!("{name} must be an integer, got {other}"))),
+            }
+        };
+        let mut logit_bias = Vec::new();
+        match self.logit_bias {
+            None | Some(Value::Null) => {}
+            Some(Value::Object(m)) => {
+                for (k, v) in m {
+                    let t: u32 = k.trim().parse().map_err(|_| {
+                        bad(
+                            "logit_bias",
+                            format!("logit_bias keys must be token ids, got '{k}'"),
+                        )
+                    })?;
+                    let b = v.as_f64().ok_or_else(|| {
+                        bad(
+                            "logit_bias",
+                            format!("logit_bias for token {t} must be a number, got {v}"),
+                        )
+                    })?;
+                    logit_bias.push((t, b as f32));
+                }
+                // One order whatever the body's.
+                logit_bias.sort_by_key(|&(t, _)| t);
+            }
+            Some(other) => {
+                return Err(bad(
+                    "logit_bias",
+                    format!("logit_bias must be an object of token id to bias, got {other}"),
+                ))
+            }
+        }
+        let top_k = match count("top_k", self.top_k)? {
+            None | Some(-1) | Some(0) => None,
+            Some(k) if k > 0 => Some(k as usize),
+            Some(k) => {
+                return Err(bad(
+                    "top_k",
+                    format!("top_k must be -1 (all) or at least 1, got {k}"),
+                ))
+            }
+        };
+        let min_tokens = match count("min_tokens", self.min_tokens)? {
+            None => 0,
+            Some(k) if k >= 0 => k as usize,
+            Some(k) => {
+                return Err(bad(
+                    "min_tokens",
+                    format!("min_tokens must be at least 0, got {k}"),
+                ))
+            }
+        };
+        match count("best_of", self.best_of)? {
+            None => {}
+            Some(b) if b == 1 || b == n as i64 => {}
+            Some(b) => {
+                return Err(bad(
+                    "best_of",
+                    format!("best_of {b} is not supported (only 1, or equal to n)"),
+                ))
+            }
+        }
+        match self.suffix {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s.is_empty() => {}
+            Some(_) => return Err(bad("suffix", "suffix (insertion) is not supported".into())),
+        }
+        let s = Sampling {
+            logit_bias,
+            top_p: number("top_p", self.top_p)?,
+            top_k,
+            min_p: number("min_p", self.min_p)?,
+            frequency_penalty: number("frequency_penalty", self.frequency_penalty)?.unwrap_or(0.0),
+            presence_penalty: number("presence_penalty", self.presence_penalty)?.unwrap_or(0.0),
+            repetition_penalty: number("repetition_penalty", self.repetition_penalty)?,
+            min_tokens,
+        };
+        s.check(max_tokens).map_err(|(name, why)| bad(name, why))?;
+        Ok(s)
+    }
 }
 
 /// `stream_options`.
@@ -336,6 +492,7 @@ impl ChatCompletionRequest {
             }),
             tool_choice,
             response_format,
+            sampling: SamplingFields::from_sampling(&req.sampling),
             ..Default::default()
         }
     }
@@ -373,6 +530,7 @@ impl ChatCompletionRequest {
         }
         let temperature = temperature(self.temperature)?;
         let seed = seed(self.seed.as_ref())?;
+        let sampling = self.sampling.into_sampling(max_tokens, n)?;
         let req = ChatRequest {
             messages,
             max_tokens,
@@ -388,6 +546,9 @@ impl ChatCompletionRequest {
             logprobs,
             constraint,
             prompt_text: None,
+            prompt_ids: None,
+            prompt_logprobs: None,
+            sampling,
         };
         Ok(ChatCall {
             req,
@@ -836,6 +997,7 @@ impl ChatCompletion {
             usage,
             tokens: Vec::new(),
             logprobs: Vec::new(),
+            prompt: Vec::new(),
         })
     }
 }
@@ -1065,7 +1227,8 @@ pub struct ModelCard {
 pub struct CompletionRequest {
     #[serde(default)]
     pub model: String,
-    /// A string, or a list of strings (a choice set per prompt).
+    /// A string, a list of strings, a list of token ids, or a list of such
+    /// lists: one prompt each.
     pub prompt: serde_json::Value,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_tokens: Option<u64>,
@@ -1077,14 +1240,26 @@ pub struct CompletionRequest {
     pub stop: Stop,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub n: Option<u64>,
-    /// The `k` most likely tokens' log-probabilities per generated token.
+    /// The `k` most likely tokens' log-probabilities per token.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub logprobs: Option<u64>,
-    /// The prompt written before the completion.
+    /// The prompt written before the completion; with `logprobs`, the
+    /// prompt's tokens scored too.
     #[serde(default)]
     pub echo: bool,
     #[serde(default)]
     pub stream: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stream_options: Option<StreamOptions>,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// One completions prompt as sent.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PromptInput {
+    Text(String),
+    Ids(Vec<u32>),
 }
 
 /// What one completions body asks for: a request per prompt.
@@ -1095,56 +1270,85 @@ pub struct CompletionCall {
     pub n: usize,
     pub echo: bool,
     pub seeded: bool,
+    /// `Some` when the reply streams.
+    pub stream: Option<StreamOptions>,
+}
+
+/// The prompts of a completions body.
+fn prompts(v: serde_json::Value) -> Result<Vec<PromptInput>, WireError> {
+    use serde_json::Value;
+    let id = |v: &Value| {
+        v.as_u64()
+            .and_then(|t| u32::try_from(t).ok())
+            .ok_or(WireError::Prompt)
+    };
+    let ids = |a: &[Value]| a.iter().map(id).collect::<Result<Vec<u32>, _>>();
+    match v {
+        Value::String(s) => Ok(vec![PromptInput::Text(s)]),
+        Value::Array(a) if a.is_empty() => Err(WireError::Prompt),
+        Value::Array(a) if a.iter().all(Value::is_number) => Ok(vec![PromptInput::Ids(ids(&a)?)]),
+        Value::Array(a) => a
+            .into_iter()
+            .map(|p| match p {
+                Value::String(s) => Ok(PromptInput::Text(s)),
+                Value::Array(t) if !t.is_empty() => Ok(PromptInput::Ids(ids(&t)?)),
+                _ => Err(WireError::Prompt),
+            })
+            .collect(),
+        _ => Err(WireError::Prompt),
+    }
 }
 
 impl CompletionRequest {
     pub fn into_call(self) -> Result<CompletionCall, WireError> {
-        if self.stream {
-            return Err(WireError::Stream);
-        }
         let n = self.n.unwrap_or(1);
         if !(1..=MAX_N).contains(&n) {
             return Err(WireError::N(n));
         }
-        let prompts: Vec<String> = match self.prompt {
-            serde_json::Value::String(s) => vec![s],
-            serde_json::Value::Array(a) if !a.is_empty() => a
-                .into_iter()
-                .map(|p| match p {
-                    serde_json::Value::String(s) => Ok(s),
-                    _ => Err(WireError::Prompt),
-                })
-                .collect::<Result<_, _>>()?,
-            _ => return Err(WireError::Prompt),
-        };
+        let prompts = prompts(self.prompt)?;
         if prompts.len() as u64 * n > MAX_N {
             return Err(WireError::N(prompts.len() as u64 * n));
         }
-        let k = self.logprobs.map(|k| k as usize);
-        if let Some(k) = k.filter(|&k| k > MAX_TOP_LOGPROBS) {
-            return Err(WireError::TopLogprobs(k as u64));
+        if let Some(k) = self.logprobs.filter(|&k| k > MAX_TOP_LOGPROBS as u64) {
+            return Err(WireError::Logprobs(k));
         }
-        if self.echo && k.is_some() {
-            return Err(WireError::Echo);
+        let k = self.logprobs.map(|k| k as usize);
+        let scores_prompt = self.echo && k.is_some();
+        if self.stream && scores_prompt {
+            return Err(WireError::Param(
+                "stream",
+                "stream: true with echo and logprobs is not supported; score the prompt without streaming".into(),
+            ));
         }
         let max_tokens = self
             .max_tokens
             .map_or(DEFAULT_COMPLETION_TOKENS, |n| n as usize);
-        if max_tokens == 0 {
-            return Err(WireError::NoTokens);
+        // Zero tokens only scores: there must be something to score.
+        if max_tokens == 0 && !scores_prompt {
+            return Err(WireError::ScoreOnly);
         }
         let temperature = temperature(self.temperature)?;
         let seed = seed(self.seed.as_ref())?;
+        let sampling = self.sampling.into_sampling(max_tokens, n)?;
         let stop = self.stop.into_vec();
         let reqs = prompts
             .into_iter()
-            .map(|p| ChatRequest {
-                stop: stop.clone(),
-                temperature,
-                seed: seed.unwrap_or(0),
-                logprobs: k,
-                prompt_text: Some(p),
-                ..ChatRequest::greedy(Vec::new(), max_tokens)
+            .map(|p| {
+                let (prompt_text, prompt_ids) = match p {
+                    PromptInput::Text(t) => (Some(t), None),
+                    PromptInput::Ids(ids) => (None, Some(ids)),
+                };
+                ChatRequest {
+                    stop: stop.clone(),
+                    temperature,
+                    seed: seed.unwrap_or(0),
+                    logprobs: k.filter(|_| max_tokens > 0),
+                    prompt_text,
+                    prompt_ids,
+                    prompt_logprobs: k.filter(|_| scores_prompt),
+                    sampling: sampling.clone(),
+                    ..ChatRequest::greedy(Vec::new(), max_tokens)
+                }
             })
             .collect();
         Ok(CompletionCall {
@@ -1152,6 +1356,7 @@ impl CompletionRequest {
             n: n as usize,
             echo: self.echo,
             seeded: seed.is_some(),
+            stream: self.stream.then(|| self.stream_options.unwrap_or_default()),
         })
     }
 }
@@ -1169,6 +1374,20 @@ pub struct Completion {
     pub seed: Option<u64>,
 }
 
+/// One chunk of a streamed `text_completion`; the last, with no choices,
+/// carries the usage when `stream_options.include_usage` asks.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct CompletionChunk {
+    pub id: String,
+    pub object: String,
+    pub created: u64,
+    pub model: String,
+    pub choices: Vec<CompletionChoice>,
+    pub usage: Option<WireUsage>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub seed: Option<u64>,
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CompletionChoice {
     pub text: String,
@@ -1177,39 +1396,90 @@ pub struct CompletionChoice {
     pub finish_reason: Option<String>,
 }
 
-/// The completions API's log-probabilities: parallel lists per token.
+/// The completions API's log-probabilities: parallel lists per token, the
+/// echoed prompt's first (its first token has none: nothing comes before it).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct CompletionLogprobs {
     pub tokens: Vec<String>,
-    pub token_logprobs: Vec<f32>,
-    pub top_logprobs: Vec<serde_json::Map<String, serde_json::Value>>,
+    pub token_logprobs: Vec<Option<f32>>,
+    pub top_logprobs: Vec<Option<serde_json::Map<String, serde_json::Value>>>,
     /// Each token's character offset in `text`.
     pub text_offset: Vec<usize>,
 }
 
+impl CompletionLogprobs {
+    fn push(
+        &mut self,
+        bytes: &[u8],
+        logprob: Option<f32>,
+        top: Option<&[Candidate]>,
+        offset: &mut usize,
+    ) {
+        let text = String::from_utf8_lossy(bytes).into_owned();
+        self.text_offset.push(*offset);
+        *offset += text.chars().count();
+        self.tokens.push(text);
+        self.token_logprobs.push(logprob);
+        self.top_logprobs.push(top.map(|top| {
+            top.iter()
+                .map(|c| {
+                    let key = String::from_utf8_lossy(&c.bytes).into_owned();
+                    (key, serde_json::json!(c.logprob))
+                })
+                .collect()
+        }));
+    }
+
+    /// Generated tokens' entries, the first at character `offset`.
+    pub fn of_tokens(tokens: &[TokenLogprob], mut offset: usize) -> Self {
+        let mut lp = CompletionLogprobs::default();
+        for t in tokens {
+            lp.push(
+                &t.chosen.bytes,
+                Some(t.chosen.logprob),
+                Some(&t.top),
+                &mut offset,
+            );
+        }
+        lp
+    }
+
+    /// The prompt's entries (`echo`), from character 0.
+    pub fn of_prompt(prompt: &[PromptToken]) -> Self {
+        let mut lp = CompletionLogprobs::default();
+        let mut offset = 0;
+        for t in prompt {
+            let top = t.logprob.map(|_| &t.top[..]);
+            lp.push(&t.bytes, t.logprob, top, &mut offset);
+        }
+        lp
+    }
+
+    /// These entries followed by `more`'s.
+    pub fn extend(&mut self, more: CompletionLogprobs) {
+        self.tokens.extend(more.tokens);
+        self.token_logprobs.extend(more.token_logprobs);
+        self.top_logprobs.extend(more.top_logprobs);
+        self.text_offset.extend(more.text_offset);
+    }
+}
+
 impl CompletionChoice {
-    /// Choice `index` for a reply; `echo` is the prompt written before it.
+    /// Choice `index` for a reply; `echo` is the prompt written before it
+    /// (its tokens scored too when the reply holds their scores).
     pub fn new(index: usize, reply: &ChatReply, echo: Option<&str>) -> Self {
         let head = echo.unwrap_or("");
-        let logprobs = (!reply.logprobs.is_empty()).then(|| {
-            let mut lp = CompletionLogprobs::default();
-            let mut offset = head.chars().count();
-            for t in &reply.logprobs {
-                let text = String::from_utf8_lossy(&t.chosen.bytes).into_owned();
-                lp.text_offset.push(offset);
-                offset += text.chars().count();
-                lp.tokens.push(text);
-                lp.token_logprobs.push(t.chosen.logprob);
-                lp.top_logprobs.push(
-                    t.top
-                        .iter()
-                        .map(|c| {
-                            let key = String::from_utf8_lossy(&c.bytes).into_owned();
-                            (key, serde_json::json!(c.logprob))
-                        })
-                        .collect(),
-                );
-            }
+        let scored = echo.is_some() && !reply.prompt.is_empty();
+        let logprobs = (scored || !reply.logprobs.is_empty()).then(|| {
+            let mut lp = if scored {
+                CompletionLogprobs::of_prompt(&reply.prompt)
+            } else {
+                CompletionLogprobs::default()
+            };
+            lp.extend(CompletionLogprobs::of_tokens(
+                &reply.logprobs,
+                head.chars().count(),
+            ));
             lp
         });
         CompletionChoice {
@@ -1219,4 +1489,80 @@ impl CompletionChoice {
             finish_reason: Some(finish_reason(reply).into()),
         }
     }
+}
+
+/// `POST /tokenize` body (vLLM's): a text prompt, or messages rendered by
+/// the chat template.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TokenizeRequest {
+    #[serde(default)]
+    pub model: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub messages: Option<Vec<WireMessage>>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub tools: Vec<Tool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chat_template_kwargs: Option<TemplateKwargs>,
+    /// Each token's vocabulary string beside its id.
+    #[serde(default)]
+    pub return_token_strs: bool,
+}
+
+impl TokenizeRequest {
+    /// The request whose prompt the tokens are.
+    pub fn into_request(self) -> Result<ChatRequest, WireError> {
+        match (self.prompt, self.messages) {
+            (Some(text), None) => Ok(ChatRequest {
+                prompt_text: Some(text),
+                ..ChatRequest::greedy(Vec::new(), 1)
+            }),
+            (None, Some(messages)) => {
+                if messages.is_empty() {
+                    return Err(WireError::NoMessages);
+                }
+                let messages = messages
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, m)| m.into_message(i))
+                    .collect::<Result<Vec<_>, _>>()?;
+                Ok(ChatRequest {
+                    tools: self.tools,
+                    thinking: self
+                        .chat_template_kwargs
+                        .and_then(|k| k.enable_thinking)
+                        .unwrap_or(true),
+                    ..ChatRequest::greedy(messages, 1)
+                })
+            }
+            _ => Err(WireError::Param(
+                "prompt",
+                "send one of prompt (a string) and messages".into(),
+            )),
+        }
+    }
+}
+
+/// `POST /tokenize` reply.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct TokenizeResponse {
+    pub count: usize,
+    pub max_model_len: usize,
+    pub tokens: Vec<u32>,
+    pub token_strs: Option<Vec<String>>,
+}
+
+/// `POST /detokenize` body.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DetokenizeRequest {
+    #[serde(default)]
+    pub model: String,
+    pub tokens: Vec<u32>,
+}
+
+/// `POST /detokenize` reply: the text, special tokens kept.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct DetokenizeResponse {
+    pub prompt: String,
 }

@@ -665,3 +665,237 @@ fn serve_round_trip_on_the_emulated_cuda_device() {
     let (_, second) = post(&server.url, &body);
     assert_eq!(second["choices"][0]["message"]["content"], json!(content));
 }
+
+/// POSTs a body to `path`; returns (status, the body's text).
+fn post_text(url: &str, path: &str, body: &Value) -> (u16, String) {
+    let mut resp = agent()
+        .post(format!("{url}{path}"))
+        .header("Content-Type", "application/json")
+        .send(body.to_string())
+        .expect("server answers");
+    let status = resp.status().as_u16();
+    (
+        status,
+        resp.body_mut().read_to_string().expect("body reads"),
+    )
+}
+
+/// POSTs a body to `path`; returns (status, parsed JSON body).
+fn post_json(url: &str, path: &str, body: &Value) -> (u16, Value) {
+    let (status, text) = post_text(url, path, body);
+    let v = serde_json::from_str(&text).unwrap_or_else(|e| panic!("not JSON ({e}): {text}"));
+    (status, v)
+}
+
+/// The data lines of an event stream, `[DONE]` last.
+fn events(text: &str) -> Vec<Value> {
+    let data: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .collect();
+    assert_eq!(data.last(), Some(&"[DONE]"), "{text}");
+    data[..data.len() - 1]
+        .iter()
+        .map(|d| serde_json::from_str(d).expect("event is JSON"))
+        .collect()
+}
+
+#[test]
+fn completions_score_prompts_take_token_ids_and_stream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ServeProc::start(&tiny_model(tmp.path()));
+    let url = &server.url;
+    let text = "the quick brown fox jumps over the lazy dog and then it runs away into the woods";
+    let (s, tok) = post_json(url, "/tokenize", &json!({"prompt": text}));
+    assert_eq!(s, 200, "{tok}");
+    let ids: Vec<u64> = serde_json::from_value(tok["tokens"].clone()).unwrap();
+    assert_eq!(tok["count"], ids.len());
+    assert_eq!(tok["max_model_len"], 4096);
+    let (s, de) = post_json(url, "/detokenize", &json!({"tokens": ids}));
+    assert_eq!(s, 200, "{de}");
+    assert_eq!(de["prompt"], text);
+
+    // Scoring only: every prompt token, the first without a score.
+    let score = |prompt: Value| {
+        let body = json!({"prompt": prompt, "echo": true, "logprobs": 2, "max_tokens": 0});
+        let (s, v) = post_json(url, "/v1/completions", &body);
+        assert_eq!(s, 200, "{v}");
+        v
+    };
+    let v = score(json!(text));
+    let c = &v["choices"][0];
+    assert_eq!(c["text"], text);
+    assert_eq!(c["finish_reason"], "length");
+    let lp = &c["logprobs"];
+    assert_eq!(lp["tokens"].as_array().unwrap().len(), ids.len());
+    assert!(lp["token_logprobs"][0].is_null() && lp["top_logprobs"][0].is_null());
+    let scores = lp["token_logprobs"].as_array().unwrap();
+    for (i, x) in scores.iter().enumerate().skip(1) {
+        let x = x.as_f64().unwrap();
+        assert!(x <= 0.0, "{x}");
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert!(!top.is_empty() && top.len() <= 2, "{top:?}");
+        let best = top
+            .values()
+            .map(|v| v.as_f64().unwrap())
+            .fold(f64::MIN, f64::max);
+        assert!(x <= best, "token {i}: {x} above the best {best}");
+    }
+    let offsets: Vec<usize> = serde_json::from_value(lp["text_offset"].clone()).unwrap();
+    let joined: String = lp["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(joined, text);
+    assert!(offsets.windows(2).all(|w| w[0] < w[1]) && offsets[0] == 0);
+    // The same tokens as ids give the same bits; a prefix scores its part.
+    let by_ids = score(json!(ids));
+    assert_eq!(by_ids["choices"][0]["logprobs"], *lp);
+    let prefix = score(json!(ids[..9]));
+    assert_eq!(
+        prefix["choices"][0]["logprobs"]["token_logprobs"],
+        json!(scores[..9])
+    );
+    // Several prompts (token lists) at once, in order, the same bits as alone.
+    let (s, many) = post_json(
+        url,
+        "/v1/completions",
+        &json!({"prompt": [ids[..9], ids], "echo": true, "logprobs": 2, "max_tokens": 0}),
+    );
+    assert_eq!(s, 200, "{many}");
+    assert_eq!(
+        many["choices"][0]["logprobs"],
+        prefix["choices"][0]["logprobs"]
+    );
+    assert_eq!(many["choices"][1]["logprobs"], *lp);
+    // Under load: the same scores while other requests decode.
+    let busy: Vec<_> = (0..3)
+        .map(|i| {
+            let url = url.clone();
+            std::thread::spawn(move || {
+                let body =
+                    json!({"prompt": format!("load {i}"), "max_tokens": 40, "temperature": 0});
+                post_json(&url, "/v1/completions", &body)
+            })
+        })
+        .collect();
+    assert_eq!(score(json!(ids))["choices"][0]["logprobs"], *lp);
+    for b in busy {
+        assert_eq!(b.join().unwrap().0, 200);
+    }
+    // lm-eval's loglikelihood request: echo, logprobs 1, one generated token.
+    let (s, ll) = post_json(
+        url,
+        "/v1/completions",
+        &json!({"prompt": ids, "echo": true, "logprobs": 1, "max_tokens": 1, "temperature": 0}),
+    );
+    assert_eq!(s, 200, "{ll}");
+    let l = &ll["choices"][0]["logprobs"];
+    assert_eq!(l["tokens"].as_array().unwrap().len(), ids.len() + 1);
+    assert_eq!(l["token_logprobs"][ids.len() - 1], scores[ids.len() - 1]);
+
+    // Generation from ids equals generation from the text.
+    let gen = |prompt: Value, stream: bool| json!({"prompt": prompt, "max_tokens": 20, "temperature": 0, "stream": stream});
+    let (s, a) = post_json(url, "/v1/completions", &gen(json!(text), false));
+    assert_eq!(s, 200, "{a}");
+    let (_, b) = post_json(url, "/v1/completions", &gen(json!(ids), false));
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"]);
+    // Streamed: the pieces add up to the same text, the last names the finish.
+    let (s, raw) = post_text(url, "/v1/completions", &gen(json!(text), true));
+    assert_eq!(s, 200, "{raw}");
+    let ev = events(&raw);
+    let streamed: String = ev
+        .iter()
+        .map(|e| e["choices"][0]["text"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(streamed, a["choices"][0]["text"].as_str().unwrap());
+    assert!(ev.iter().all(|e| e["object"] == "text_completion"));
+    assert_eq!(
+        ev.last().unwrap()["choices"][0]["finish_reason"],
+        a["choices"][0]["finish_reason"]
+    );
+    // With echo the prompt comes first.
+    let mut body = gen(json!(text), true);
+    body["echo"] = json!(true);
+    let (_, raw) = post_text(url, "/v1/completions", &body);
+    assert_eq!(events(&raw)[0]["choices"][0]["text"], text);
+
+    // Refused, naming the field, before any 200.
+    for (body, param) in [
+        (json!({"prompt": text, "max_tokens": 0}), "max_tokens"),
+        (json!({"prompt": text, "logprobs": 21}), "logprobs"),
+        (json!({"prompt": [1, -2]}), "prompt"),
+        (json!({"prompt": [[1], "x", 3]}), "prompt"),
+        (json!({"prompt": [1_000_000]}), "prompt"),
+        (
+            json!({"prompt": text, "stream": true, "echo": true, "logprobs": 1}),
+            "stream",
+        ),
+        (json!({"prompt": text, "top_p": -5}), "top_p"),
+        (
+            json!({"prompt": text, "frequency_penalty": 1e9}),
+            "frequency_penalty",
+        ),
+        (
+            json!({"prompt": text, "presence_penalty": "x"}),
+            "presence_penalty",
+        ),
+        (json!({"prompt": text, "top_k": 0.5}), "top_k"),
+        (json!({"prompt": text, "min_p": 2}), "min_p"),
+        (
+            json!({"prompt": text, "repetition_penalty": 0}),
+            "repetition_penalty",
+        ),
+        (json!({"prompt": text, "min_tokens": 99}), "min_tokens"),
+        (
+            json!({"prompt": text, "logit_bias": {"x": 1}}),
+            "logit_bias",
+        ),
+        (
+            json!({"prompt": text, "logit_bias": {"5": -101}}),
+            "logit_bias",
+        ),
+        (json!({"prompt": text, "best_of": 3}), "best_of"),
+        (json!({"prompt": text, "suffix": "end"}), "suffix"),
+    ] {
+        let (s, v) = post_json(url, "/v1/completions", &body);
+        assert_eq!(s, 400, "{body}: {v}");
+        one_line_error(&v);
+        assert_eq!(v["error"]["param"], param, "{body}: {v}");
+    }
+    let (s, v) = post_json(
+        url,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "top_p": 7}),
+    );
+    assert_eq!((s, &v["error"]["param"]), (400, &json!("top_p")), "{v}");
+    // Honoured on chat too: a bias of 100 on one token makes it the reply.
+    let (s, tok) = post_json(url, "/tokenize", &json!({"prompt": "fox"}));
+    assert_eq!(s, 200);
+    let fox = tok["tokens"][0].as_u64().unwrap();
+    let (s, v) = post_json(
+        url,
+        "/v1/chat/completions",
+        &json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3,
+                "temperature": 0, "logit_bias": {fox.to_string(): 100}}),
+    );
+    assert_eq!(s, 200, "{v}");
+    let (_, one) = post_json(url, "/detokenize", &json!({"tokens": [fox]}));
+    let piece = one["prompt"].as_str().unwrap();
+    assert_eq!(
+        v["choices"][0]["message"]["content"],
+        piece.repeat(3).trim(),
+        "{v}"
+    );
+    // Chat messages tokenize to the prompt the chat counts.
+    let msgs = json!([{"role": "user", "content": "hello there"}]);
+    let (_, t) = post_json(url, "/tokenize", &json!({"messages": msgs}));
+    let (_, c) = post_json(
+        url,
+        "/v1/chat/completions",
+        &json!({"messages": msgs, "max_tokens": 2, "chat_template_kwargs": {"enable_thinking": true}}),
+    );
+    assert_eq!(t["count"], c["usage"]["prompt_tokens"], "{t} {c}");
+}

@@ -77,6 +77,7 @@ fn reply(text: &str, calls: &[(&str, &str)]) -> ChatReply {
             })
             .collect(),
         logprobs: Vec::new(),
+        prompt: Vec::new(),
     }
 }
 

@@ -107,6 +107,143 @@ pub struct ChatRequest {
     /// (text completions).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub prompt_text: Option<String>,
+    /// A prompt given as token ids, in place of text or messages (text
+    /// completions from a client that tokenizes itself).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_ids: Option<Vec<u32>>,
+    /// `Some(k)`: every prompt token's log-probability given the tokens
+    /// before it and the `k` most likely tokens' there, in
+    /// [`ChatReply::prompt`]. Such a request prefills its whole prompt
+    /// (no cached prefix: the logits of cached positions are not kept).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<usize>,
+    /// What shapes the choice beyond temperature.
+    #[serde(default, skip_serializing_if = "Sampling::is_plain")]
+    pub sampling: Sampling,
+}
+
+/// Adjustments of a request's next-token choice beyond temperature, the
+/// OpenAI and vLLM sampling parameters. Applied to each step's logits in
+/// this order: `logit_bias`, `repetition_penalty` (over prompt and reply),
+/// `frequency_penalty` and `presence_penalty` (over the reply),
+/// `min_tokens` (stop tokens masked); then, when sampling (temperature
+/// above 0), `top_k`, `top_p` and `min_p` cut the candidates. Reported
+/// log-probabilities stay the model's own (the logits before all of this).
+#[derive(Debug, Clone, PartialEq, Default, serde::Serialize, serde::Deserialize)]
+pub struct Sampling {
+    /// Added to these tokens' logits, each from -100 to 100.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Keep the fewest most likely tokens whose probabilities sum to at least this, in (0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_p: Option<f32>,
+    /// Keep the `k` most likely tokens, `k` at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub top_k: Option<usize>,
+    /// Keep tokens at least this fraction as likely as the most likely, in [0, 1].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub min_p: Option<f32>,
+    /// Subtracted from a token's logit once per time the reply holds it, from -2 to 2.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub frequency_penalty: f32,
+    /// Subtracted from a token's logit once the reply holds it, from -2 to 2.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub presence_penalty: f32,
+    /// A seen token's positive logit divided by it, a negative one
+    /// multiplied (vLLM's and the CTRL paper's rule), above 0 up to 10.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub repetition_penalty: Option<f32>,
+    /// Tokens generated before a stop token or stop string may end the reply.
+    #[serde(default, skip_serializing_if = "is_zero_count")]
+    pub min_tokens: usize,
+}
+
+fn is_zero(v: &f32) -> bool {
+    *v == 0.0
+}
+
+fn is_zero_count(v: &usize) -> bool {
+    *v == 0
+}
+
+/// Largest `|bias|` of `logit_bias` (OpenAI's bound).
+pub const MAX_LOGIT_BIAS: f32 = 100.0;
+
+/// Largest repetition penalty accepted: past it every seen token is as good as banned.
+pub const MAX_REPETITION_PENALTY: f32 = 10.0;
+
+impl Sampling {
+    /// Nothing beyond temperature.
+    pub fn is_plain(&self) -> bool {
+        *self == Sampling::default()
+    }
+
+    /// Whether the step's logits change before the choice (so a greedy
+    /// request cannot take the device's argmax).
+    pub fn adjusts_logits(&self) -> bool {
+        !self.logit_bias.is_empty()
+            || self.frequency_penalty != 0.0
+            || self.presence_penalty != 0.0
+            || self.repetition_penalty.is_some_and(|r| r != 1.0)
+            || self.min_tokens > 0
+    }
+
+    /// The first parameter out of range, by its wire name, and why.
+    pub fn check(&self, max_tokens: usize) -> Result<(), (&'static str, String)> {
+        let within = |v: f32, lo: f32, hi: f32| v.is_finite() && v >= lo && v <= hi;
+        if let Some((t, b)) = self
+            .logit_bias
+            .iter()
+            .find(|(_, b)| !within(*b, -MAX_LOGIT_BIAS, MAX_LOGIT_BIAS))
+        {
+            return Err((
+                "logit_bias",
+                format!("logit_bias for token {t} must be from -100 to 100, got {b}"),
+            ));
+        }
+        if let Some(p) = self
+            .top_p
+            .filter(|&p| !(p.is_finite() && p > 0.0 && p <= 1.0))
+        {
+            return Err((
+                "top_p",
+                format!("top_p must be above 0 and at most 1, got {p}"),
+            ));
+        }
+        if self.top_k == Some(0) {
+            return Err(("top_k", "top_k must be at least 1 (or -1 for all)".into()));
+        }
+        if let Some(p) = self.min_p.filter(|&p| !within(p, 0.0, 1.0)) {
+            return Err(("min_p", format!("min_p must be from 0 to 1, got {p}")));
+        }
+        for (name, v) in [
+            ("frequency_penalty", self.frequency_penalty),
+            ("presence_penalty", self.presence_penalty),
+        ] {
+            if !within(v, -2.0, 2.0) {
+                return Err((name, format!("{name} must be from -2 to 2, got {v}")));
+            }
+        }
+        if let Some(r) = self
+            .repetition_penalty
+            .filter(|&r| !(r.is_finite() && r > 0.0 && r <= MAX_REPETITION_PENALTY))
+        {
+            return Err((
+                "repetition_penalty",
+                format!("repetition_penalty must be above 0 and at most {MAX_REPETITION_PENALTY}, got {r}"),
+            ));
+        }
+        if self.min_tokens > max_tokens {
+            return Err((
+                "min_tokens",
+                format!(
+                    "min_tokens ({}) must be at most max_tokens ({max_tokens})",
+                    self.min_tokens
+                ),
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// Most alternatives a token's log-probabilities list (OpenAI's bound).
@@ -145,6 +282,18 @@ pub struct TokenLogprob {
     pub top: Vec<Candidate>,
 }
 
+/// One prompt token with its log-probability given the tokens before it
+/// (none for the first) and the most likely tokens there, most likely
+/// first.
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PromptToken {
+    pub id: u32,
+    pub bytes: Vec<u8>,
+    pub logprob: Option<f32>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub top: Vec<Candidate>,
+}
+
 /// A token a running request generated in the last step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Progress {
@@ -158,15 +307,23 @@ impl ChatRequest {
     /// Rejects requests no backend can serve: no messages, a zero budget, a
     /// temperature that is negative or not a number.
     pub fn validate(&self) -> Result<(), BackendError> {
-        if self.max_tokens == 0 {
+        // Zero tokens is scoring only: it needs the prompt's log-probabilities.
+        if self.max_tokens == 0 && self.prompt_logprobs.is_none() {
             return Err(BackendError::BadRequest(
-                "max_tokens must be at least 1".into(),
+                "max_tokens must be at least 1 (0 only when scoring the prompt)".into(),
             ));
         }
-        if self.messages.is_empty() && self.prompt_text.is_none() {
+        if self.messages.is_empty() && self.prompt_text.is_none() && self.prompt_ids.is_none() {
             return Err(BackendError::BadRequest("no messages".into()));
         }
-        if self.logprobs.is_some_and(|k| k > MAX_TOP_LOGPROBS) {
+        if let Err((field, why)) = self.sampling.check(self.max_tokens) {
+            return Err(BackendError::BadField { field, why });
+        }
+        if self
+            .logprobs
+            .or(self.prompt_logprobs)
+            .is_some_and(|k| k > MAX_TOP_LOGPROBS)
+        {
             return Err(BackendError::BadRequest(format!(
                 "at most {MAX_TOP_LOGPROBS} top log-probabilities per token"
             )));
@@ -193,6 +350,9 @@ impl ChatRequest {
             logprobs: None,
             constraint: None,
             prompt_text: None,
+            prompt_ids: None,
+            prompt_logprobs: None,
+            sampling: Sampling::default(),
         }
     }
 }
@@ -259,6 +419,10 @@ pub struct ChatReply {
     /// Per generated token (the stop token excluded), when asked.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub logprobs: Vec<TokenLogprob>,
+    /// Per prompt token, when the request asked for the prompt's
+    /// log-probabilities.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub prompt: Vec<PromptToken>,
 }
 
 /// What model a backend serves, for run manifests.
@@ -381,6 +545,10 @@ pub enum BackendError {
     /// A request asked for something malformed.
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// One request field is malformed or out of range (named as the wire
+    /// format names it).
+    #[error("bad request: {why}")]
+    BadField { field: &'static str, why: String },
     /// A `Constraint` that cannot be compiled (a schema that is not valid
     /// JSON Schema, a tool that was not offered).
     #[error("{field}: {cause}")]
@@ -447,6 +615,18 @@ pub trait Prompt: Send + Sync {
     }
     /// The tokens an embedding of `text` reads.
     fn embedding_tokens(&self, text: &str) -> Result<Vec<u32>, BackendError>;
+    /// The model's context length, when known.
+    fn context(&self) -> Option<usize> {
+        None
+    }
+    /// Token ids as text with special tokens kept (`/detokenize`).
+    fn text_with_special(&self, ids: &[u32]) -> Result<String, BackendError> {
+        self.text(ids)
+    }
+    /// Each token's own string, as the vocabulary spells it.
+    fn token_strs(&self, ids: &[u32]) -> Vec<String> {
+        ids.iter().map(|t| t.to_string()).collect()
+    }
 }
 
 /// Requests that finished during one `step`, each with its reply or error.

@@ -30,7 +30,7 @@ use std::sync::Arc;
 use crate::backend::{
     l2_normalize, split_thinking, split_tool_calls, Backend, BackendError, Candidate, ChatReply,
     ChatRequest, Constraint, Embeddings, Finished, Message, ModelIdentity, Progress, Prompt,
-    RequestId, SessionId, TokenLogprob, Usage,
+    PromptToken, RequestId, SessionId, TokenLogprob, Usage,
 };
 use constrain::{Grammars, TokenBytes};
 use device::{Cpu, Device, DeviceChoice, Next};
@@ -432,6 +432,10 @@ impl<D: Device> Engine<D> {
             .iter()
             .map(|s| self.logprob(s))
             .collect();
+        let prompt = match d.req.prompt_logprobs {
+            Some(_) => self.prompt_tokens(&d.prompt, &d.prompt_scores),
+            None => Vec::new(),
+        };
         Ok(ChatReply {
             content,
             reasoning,
@@ -446,7 +450,27 @@ impl<D: Device> Engine<D> {
             },
             tokens: d.generated,
             logprobs,
+            prompt,
         })
+    }
+
+    /// The prompt's tokens with their scores: none for the first, then one
+    /// per later token.
+    fn prompt_tokens(&self, prompt: &[u32], scores: &[Scored]) -> Vec<PromptToken> {
+        let bytes = self.token_bytes();
+        prompt
+            .iter()
+            .enumerate()
+            .map(|(i, &id)| {
+                let scored = i.checked_sub(1).and_then(|j| scores.get(j));
+                PromptToken {
+                    id,
+                    bytes: bytes.of(id).to_vec(),
+                    logprob: scored.map(|s| s.logprob),
+                    top: scored.map_or_else(Vec::new, |s| self.logprob(s).top),
+                }
+            })
+            .collect()
     }
 }
 
@@ -529,10 +553,10 @@ impl<D: Device> Backend for Engine<D> {
         let outputs = match self.scheduler.schedule() {
             Some(mut b) => self
                 .pool
-                .install(|| self.model.step(&mut b.items, &b.greedy)),
+                .install(|| self.model.step_rows(&mut b.items, &b.greedy, &b.every_row)),
             None => return Ok(Vec::new()),
         };
-        let outputs = match outputs {
+        let (outputs, rows) = match outputs {
             Ok(o) => o,
             // The step failed (the device, or non-finite values): every
             // request in it ends with the error, and their sessions start over.
@@ -557,7 +581,9 @@ impl<D: Device> Backend for Engine<D> {
                     .any(|s| !s.is_empty() && text.contains(s.as_str()))
             })
         };
-        let done = self.scheduler.update(&outputs, started.elapsed(), &stopped);
+        let done = self
+            .scheduler
+            .update(&outputs, &rows, started.elapsed(), &stopped);
         Ok(done.into_iter().map(|d| (d.id, self.reply(d))).collect())
     }
 

@@ -193,6 +193,9 @@ pub struct Model<D: Device> {
     pub rope: D::Rope,
 }
 
+/// The logits of an item's fed positions before its last, one row each.
+pub type EarlierRows = Vec<Vec<f32>>;
+
 /// One item of a ragged batch: new tokens for one sequence and its cache.
 pub struct BatchItem<'a, C = KvCache> {
     /// Tokens to append, at positions `cache.len()..`.
@@ -226,24 +229,49 @@ impl<D: Device> Model<D> {
         items: &mut [BatchItem<'_, D::Cache>],
         greedy: &[bool],
     ) -> Result<Vec<Next>, BackendError> {
+        Ok(self.step_rows(items, greedy, &[])?.0)
+    }
+
+    /// As [`Self::step`]; for each item marked in `every_row` also the
+    /// logits of the positions before its last, on the host (empty for the
+    /// others). Those items must not be greedy.
+    pub fn step_rows(
+        &self,
+        items: &mut [BatchItem<'_, D::Cache>],
+        greedy: &[bool],
+        every_row: &[bool],
+    ) -> Result<(Vec<Next>, Vec<EarlierRows>), BackendError> {
         self.within_context(items)?;
         let mut bad_layer = None;
-        let Some(logits) = self.last_logits_checked(items, Some(&mut bad_layer)) else {
-            return Ok(Vec::new());
+        let n = items.len();
+        let Some((logits, spans)) = self.logits_of(items, every_row, Some(&mut bad_layer)) else {
+            return Ok((Vec::new(), Vec::new()));
         };
+        let mut extra = vec![Vec::new(); n];
         let out: Vec<Next> = if greedy.iter().all(|g| *g) {
             let picks = self.device.argmax(&logits);
             picks.into_iter().map(Next::Argmax).collect()
         } else {
-            let rows = self.device.to_host(logits);
+            let mut rows = self.device.to_host(logits);
+            // The first n rows are each item's last; the rest each marked
+            // item's earlier ones, in its order.
+            let earlier = rows.split_off(n);
+            let mut earlier = earlier.into_iter();
+            for (i, count) in spans.into_iter().enumerate() {
+                extra[i] = earlier.by_ref().take(count).collect();
+            }
             rows.into_iter().map(Next::Logits).collect()
         };
         self.device.sync()?;
+        let finite_rows = extra
+            .iter()
+            .flatten()
+            .all(|l| l.iter().all(|v| v.is_finite()));
         let finite = |n: &Next| match n {
             Next::Argmax(t) => *t != NON_FINITE,
             Next::Logits(l) => l.iter().all(|v| v.is_finite()),
         };
-        if !out.iter().all(finite) {
+        if !(out.iter().all(finite) && finite_rows) {
             return Err(BackendError::NonFinite {
                 place: match bad_layer {
                     Some(l) => format!("first in the output of layer {l}"),
@@ -251,7 +279,7 @@ impl<D: Device> Model<D> {
                 },
             });
         }
-        Ok(out)
+        Ok((out, extra))
     }
 
     /// Every item's positions inside the context: the RoPE table and a
@@ -287,9 +315,21 @@ impl<D: Device> Model<D> {
         items: &mut [BatchItem<'_, D::Cache>],
         bad_layer: Option<&mut Option<usize>>,
     ) -> Option<D::Act> {
-        let last = self.last_hidden(items, bad_layer)?; // items × hidden
+        Some(self.logits_of(items, &[], bad_layer)?.0)
+    }
+
+    /// The logits of each item's last token (`items × vocab`, on the
+    /// device), followed by those of every earlier fed position of the
+    /// items marked in `every_row`; with how many earlier rows each item has.
+    fn logits_of(
+        &self,
+        items: &mut [BatchItem<'_, D::Cache>],
+        every_row: &[bool],
+        bad_layer: Option<&mut Option<usize>>,
+    ) -> Option<(D::Act, Vec<usize>)> {
+        let (h, spans) = self.hidden_rows(items, every_row, bad_layer)?; // rows × hidden
         let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        Some(self.device.logits(head, &last)) // items × vocab
+        Some((self.device.logits(head, &h), spans)) // rows × vocab
     }
 
     /// Runs the batch; returns each item's last hidden state after the final
@@ -324,8 +364,21 @@ impl<D: Device> Model<D> {
     fn last_hidden(
         &self,
         items: &mut [BatchItem<'_, D::Cache>],
-        mut bad_layer: Option<&mut Option<usize>>,
+        bad_layer: Option<&mut Option<usize>>,
     ) -> Option<D::Act> {
+        Some(self.hidden_rows(items, &[], bad_layer)?.0)
+    }
+
+    /// As [`Self::last_hidden`], followed by the rows of every earlier fed
+    /// position of the items marked in `every_row`; with how many earlier
+    /// rows each item has. Rows are gathered, never recomputed: a position's
+    /// state is the same whichever rows come out.
+    fn hidden_rows(
+        &self,
+        items: &mut [BatchItem<'_, D::Cache>],
+        every_row: &[bool],
+        mut bad_layer: Option<&mut Option<usize>>,
+    ) -> Option<(D::Act, Vec<usize>)> {
         let (c, dev) = (&self.cfg, &self.device);
         let rows = BatchRows::new(items.iter().map(|it| (it.cache.len(), it.tokens.len())));
         if rows.is_empty() {
@@ -355,8 +408,20 @@ impl<D: Device> Model<D> {
         for it in step.items.iter_mut() {
             it.cache.advance(it.tokens.len());
         }
-        let last = dev.gather(&x, &rows.last_of_each()); // items × hidden
-        Some(dev.rms_norm(&last, &self.norm, c.rms_eps))
+        let mut pick = rows.last_of_each();
+        let mut earlier = Vec::with_capacity(rows.spans.len());
+        for (i, span) in rows.spans.iter().enumerate() {
+            let marked = every_row.get(i).copied().unwrap_or(false);
+            let before = if marked {
+                span.start..span.end - 1
+            } else {
+                0..0
+            };
+            earlier.push(before.len());
+            pick.extend(before);
+        }
+        let picked = dev.gather(&x, &pick); // (items + earlier) × hidden
+        Some((dev.rms_norm(&picked, &self.norm, c.rms_eps), earlier))
     }
 
     /// Caps the context (and the RoPE table) at `max` positions.

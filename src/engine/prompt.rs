@@ -174,8 +174,57 @@ impl Prompt for Prompter {
         self.template.thinks()
     }
 
+    fn context(&self) -> Option<usize> {
+        Some(self.context)
+    }
+
+    fn text_with_special(&self, ids: &[u32]) -> Result<String, BackendError> {
+        if let Some(&t) = ids.iter().find(|&&t| t as usize >= self.vocab) {
+            return Err(BackendError::BadField {
+                field: "tokens",
+                why: format!("token id {t} is outside the model's {} tokens", self.vocab),
+            });
+        }
+        self.tokenizer
+            .decode(ids, false)
+            .map_err(|e| BackendError::Tokenizer(e.to_string()))
+    }
+
+    fn token_strs(&self, ids: &[u32]) -> Vec<String> {
+        ids.iter()
+            .map(|&t| self.tokenizer.id_to_token(t).unwrap_or_default())
+            .collect()
+    }
+
     fn tokens(&self, req: &ChatRequest) -> Result<Vec<u32>, BackendError> {
         req.validate()?;
+        if let Some(&(t, _)) = req
+            .sampling
+            .logit_bias
+            .iter()
+            .find(|(t, _)| *t as usize >= self.vocab)
+        {
+            return Err(BackendError::BadField {
+                field: "logit_bias",
+                why: format!(
+                    "logit_bias names token {t}, outside the model's {} tokens",
+                    self.vocab
+                ),
+            });
+        }
+        if let Some(ids) = &req.prompt_ids {
+            if let Some(&t) = ids.iter().find(|&&t| t as usize >= self.vocab) {
+                return Err(BackendError::BadField {
+                    field: "prompt",
+                    why: format!(
+                        "prompt token id {t} is outside the model's {} tokens",
+                        self.vocab
+                    ),
+                });
+            }
+            self.check(ids)?;
+            return Ok(ids.clone());
+        }
         if let Some(text) = &req.prompt_text {
             self.overflow_early(text, req.max_tokens)?;
             let prompt = self.encode(text)?;

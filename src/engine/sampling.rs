@@ -1,6 +1,8 @@
 //! Token choice: greedy with ties to the lowest id, or seeded sampling from a
 //! per-request generator so a request's tokens never depend on its batch.
 
+use crate::backend::Sampling;
+
 /// A request's own random number generator (SplitMix64).
 #[derive(Debug, Clone)]
 pub struct Rng(u64);
@@ -43,18 +45,15 @@ pub fn is_greedy(temperature: f32) -> bool {
     temperature <= 0.0 || !temperature.is_finite()
 }
 
-/// Samples from `softmax(logits / temperature)`; greedy when temperature is 0.
-pub fn sample(logits: &[f32], temperature: f32, rng: &mut Rng) -> u32 {
-    if is_greedy(temperature) {
-        return argmax(logits);
-    }
+/// `exp((logit - max) / temperature)` per token, 0 for NaN: the
+/// unnormalized probabilities sampling draws from (the best token's is 1).
+fn weights(logits: &[f32], temperature: f32) -> Vec<f64> {
     let max = logits
         .iter()
         .copied()
         .filter(|v| !v.is_nan())
         .fold(f32::NEG_INFINITY, f32::max);
-    // Sequential sums in f64, in token order: fixed, batch-independent.
-    let weights: Vec<f64> = logits
+    logits
         .iter()
         .map(|&v| {
             if v.is_nan() {
@@ -63,7 +62,16 @@ pub fn sample(logits: &[f32], temperature: f32, rng: &mut Rng) -> u32 {
                 (((v - max) / temperature) as f64).exp()
             }
         })
-        .collect();
+        .collect()
+}
+
+/// Samples from `softmax(logits / temperature)`; greedy when temperature is 0.
+pub fn sample(logits: &[f32], temperature: f32, rng: &mut Rng) -> u32 {
+    if is_greedy(temperature) {
+        return argmax(logits);
+    }
+    // Sequential sums in f64, in token order: fixed, batch-independent.
+    let weights = weights(logits, temperature);
     let total: f64 = weights.iter().sum();
     let mut target = rng.next_f64() * total;
     for (i, w) in weights.iter().enumerate() {
@@ -73,6 +81,110 @@ pub fn sample(logits: &[f32], temperature: f32, rng: &mut Rng) -> u32 {
         target -= w;
     }
     argmax(logits)
+}
+
+/// The logits a request chooses from: the model's, adjusted as its
+/// [`Sampling`] says. `context` is the prompt and the reply so far, `reply`
+/// the reply's tokens; `stop_ids` are masked while the reply is shorter
+/// than `min_tokens`. In place; each step's adjustments depend on the
+/// request alone.
+pub fn adjust(logits: &mut [f32], s: &Sampling, prompt: &[u32], reply: &[u32], stop_ids: &[u32]) {
+    for &(t, b) in &s.logit_bias {
+        if let Some(v) = logits.get_mut(t as usize) {
+            *v += b;
+        }
+    }
+    if let Some(r) = s.repetition_penalty.filter(|&r| r != 1.0) {
+        let mut seen = vec![false; logits.len()];
+        for &t in prompt.iter().chain(reply) {
+            if let Some(slot) = seen.get_mut(t as usize) {
+                if !*slot {
+                    *slot = true;
+                    let v = &mut logits[t as usize];
+                    *v = if *v > 0.0 { *v / r } else { *v * r };
+                }
+            }
+        }
+    }
+    if s.frequency_penalty != 0.0 || s.presence_penalty != 0.0 {
+        let mut counts: std::collections::BTreeMap<u32, u32> = Default::default();
+        for &t in reply {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (t, n) in counts {
+            if let Some(v) = logits.get_mut(t as usize) {
+                *v -= s.frequency_penalty * n as f32 + s.presence_penalty;
+            }
+        }
+    }
+    if reply.len() < s.min_tokens {
+        for &t in stop_ids {
+            if let Some(v) = logits.get_mut(t as usize) {
+                *v = f32::NEG_INFINITY;
+            }
+        }
+    }
+}
+
+/// Samples as [`sample`] does, from the candidates `top_k`, `top_p` and
+/// `min_p` keep (greedy ignores them: the best token is always kept).
+pub fn sample_cut(logits: &[f32], temperature: f32, s: &Sampling, rng: &mut Rng) -> u32 {
+    if is_greedy(temperature) || (s.top_k.is_none() && s.top_p.is_none() && s.min_p.is_none()) {
+        return sample(logits, temperature, rng);
+    }
+    let mut weights = weights(logits, temperature);
+    // Most likely first, ties to the lower id: a fixed order for the cuts.
+    let mut order: Vec<u32> = (0..weights.len() as u32)
+        .filter(|&i| weights[i as usize] > 0.0)
+        .collect();
+    order.sort_by(|&a, &b| {
+        weights[b as usize]
+            .total_cmp(&weights[a as usize])
+            .then(a.cmp(&b))
+    });
+    let mut keep = order.len();
+    if let Some(k) = s.top_k {
+        keep = keep.min(k.max(1));
+    }
+    if let Some(p) = s.top_p {
+        let total: f64 = order.iter().map(|&i| weights[i as usize]).sum();
+        let mut sum = 0.0;
+        let mut n = 0;
+        for &i in &order[..keep] {
+            sum += weights[i as usize];
+            n += 1;
+            if sum >= f64::from(p) * total {
+                break;
+            }
+        }
+        keep = n.max(1);
+    }
+    if let Some(m) = s.min_p {
+        // The best token's weight is 1: exp(0).
+        let n = order[..keep]
+            .iter()
+            .take_while(|&&i| weights[i as usize] >= f64::from(m))
+            .count();
+        keep = n.max(1);
+    }
+    let mut kept = vec![false; weights.len()];
+    for &i in &order[..keep.min(order.len())] {
+        kept[i as usize] = true;
+    }
+    for (w, k) in weights.iter_mut().zip(&kept) {
+        if !k {
+            *w = 0.0;
+        }
+    }
+    let total: f64 = weights.iter().sum();
+    let mut target = rng.next_f64() * total;
+    for (i, w) in weights.iter().enumerate() {
+        if *w > 0.0 && target < *w {
+            return i as u32;
+        }
+        target -= w;
+    }
+    order.first().copied().unwrap_or_else(|| argmax(logits))
 }
 
 /// `token`'s log-probability under `softmax(logits)` and the `k` most
@@ -143,6 +255,54 @@ mod tests {
             .map(|t| f64::from(score(&l, t, 0).logprob).exp())
             .sum();
         assert!((p - 1.0).abs() < 1e-6);
+    }
+
+    #[test]
+    fn adjustments_follow_the_parameters() {
+        let s = Sampling {
+            logit_bias: vec![(0, -100.0), (3, 2.0)],
+            repetition_penalty: Some(2.0),
+            frequency_penalty: 0.5,
+            presence_penalty: 0.25,
+            min_tokens: 2,
+            ..Sampling::default()
+        };
+        let mut l = vec![1.0, 2.0, -1.0, 0.0, 4.0];
+        // Token 1 seen in the prompt; token 2 twice in the reply; 4 is the stop.
+        adjust(&mut l, &s, &[1], &[2, 2], &[4]);
+        assert_eq!(l, vec![-99.0, 1.0, -2.0 - 1.25, 2.0, 4.0]);
+        let mut l = vec![0.0; 5];
+        adjust(&mut l, &s, &[], &[1], &[4]);
+        assert_eq!(l[4], f32::NEG_INFINITY);
+    }
+
+    #[test]
+    fn cuts_keep_the_most_likely() {
+        let logits = [3.0, 2.0, 1.0, 0.0];
+        let one = |s: &Sampling| {
+            let mut rng = Rng::new(7);
+            (0..200)
+                .map(|_| sample_cut(&logits, 1.0, s, &mut rng))
+                .max()
+                .unwrap()
+        };
+        let k2 = Sampling {
+            top_k: Some(2),
+            ..Sampling::default()
+        };
+        assert_eq!(one(&k2), 1);
+        let p = Sampling {
+            top_p: Some(0.01),
+            ..Sampling::default()
+        };
+        assert_eq!(one(&p), 0);
+        let m = Sampling {
+            min_p: Some(0.3),
+            ..Sampling::default()
+        };
+        // exp(-1) ≈ 0.37 stays, exp(-2) ≈ 0.14 goes.
+        assert_eq!(one(&m), 1);
+        assert_eq!(one(&Sampling::default()), 3);
     }
 
     #[test]

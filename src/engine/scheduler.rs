@@ -87,6 +87,8 @@ struct Running<C> {
     generated: Vec<u32>,
     /// One per generated token, when the request asked.
     scores: Vec<Scored>,
+    /// One per prompt token after the first, when the request asked.
+    prompt_scores: Vec<Scored>,
     filter: Option<Box<dyn TokenFilter>>,
     /// Why the filter failed, which ends the request.
     failed: Option<String>,
@@ -99,13 +101,23 @@ struct Running<C> {
 /// then chosen as its temperature says; scored under the unmasked logits
 /// when it asked for log-probabilities.
 fn choose<C>(r: &mut Running<C>, logits: &[f32], stop_ids: &[u32]) -> (u32, Option<Scored>) {
+    let adjusted;
+    let from = if r.req.sampling.adjusts_logits() {
+        let mut l = logits.to_vec();
+        sampling::adjust(&mut l, &r.req.sampling, &r.prompt, &r.generated, stop_ids);
+        adjusted = l;
+        &adjusted[..]
+    } else {
+        logits
+    };
+    let (temperature, cut) = (r.req.temperature, &r.req.sampling);
     let t = match &mut r.filter {
-        None => sampling::sample(logits, r.req.temperature, &mut r.rng),
+        None => sampling::sample_cut(from, temperature, cut, &mut r.rng),
         Some(f) => {
-            let mut masked = logits.to_vec();
+            let mut masked = from.to_vec();
             let t = f
                 .mask(&mut masked)
-                .map(|()| sampling::sample(&masked, r.req.temperature, &mut r.rng))
+                .map(|()| sampling::sample_cut(&masked, temperature, cut, &mut r.rng))
                 .and_then(|t| {
                     // A stop token ends the reply; the grammar allowed it.
                     if !stop_ids.contains(&t) {
@@ -138,6 +150,10 @@ pub struct Done {
     pub generated: Vec<u32>,
     /// One per generated token, when the request asked for log-probabilities.
     pub scores: Vec<Scored>,
+    /// The prompt's tokens and, when the request asked, one score per
+    /// prompt token after the first.
+    pub prompt: Vec<u32>,
+    pub prompt_scores: Vec<Scored>,
     pub finish: Finish,
     pub prefill_secs: f64,
     pub decode_secs: f64,
@@ -150,7 +166,15 @@ pub struct Done {
 pub struct Batch<'a, C> {
     pub items: Vec<BatchItem<'a, C>>,
     pub greedy: Vec<bool>,
+    /// Items that need the logits of every position they feed, not only
+    /// the last (their prompt is being scored).
+    pub every_row: Vec<bool>,
 }
+
+/// Prompt tokens a scored request feeds per step, at most: each position's
+/// logits come to the host (`rows × vocab` floats), and the kernels make
+/// the chunking invisible.
+pub const SCORE_CHUNK: usize = 64;
 
 /// Sessions, queue and running batch of one engine.
 pub struct Scheduler<C: KvStore> {
@@ -351,10 +375,16 @@ impl<C: KvStore> Scheduler<C> {
             let mut tokens = std::mem::take(&mut session.tokens);
             let mut cache = std::mem::take(&mut session.cache);
             // Reuse the longest common prefix, but always recompute the last
-            // prompt token: its logits choose the first reply token.
-            let lcp = common_prefix(&tokens, &p.prompt)
-                .min(p.prompt.len() - 1)
-                .min(cache.len());
+            // prompt token: its logits choose the first reply token. A
+            // scored prompt recomputes every position: cached ones have no
+            // logits kept.
+            let lcp = if p.req.prompt_logprobs.is_some() {
+                0
+            } else {
+                common_prefix(&tokens, &p.prompt)
+                    .min(p.prompt.len() - 1)
+                    .min(cache.len())
+            };
             cache.truncate(lcp);
             tokens.truncate(lcp);
             self.running.push(Running {
@@ -368,6 +398,7 @@ impl<C: KvStore> Scheduler<C> {
                 cache,
                 generated: Vec::new(),
                 scores: Vec::new(),
+                prompt_scores: Vec::new(),
                 filter: p.filter,
                 failed: None,
                 rng: Rng::new(p.req.seed),
@@ -386,7 +417,9 @@ impl<C: KvStore> Scheduler<C> {
         if self.running.is_empty() {
             return None;
         }
-        // A filtered or scored request needs its logits on the host.
+        // A filtered, adjusted or scored request needs its logits on the host.
+        let scoring = |r: &Running<C>| r.req.prompt_logprobs.is_some() && r.generated.is_empty();
+        let every_row: Vec<bool> = self.running.iter().map(scoring).collect();
         let greedy = self
             .running
             .iter()
@@ -394,13 +427,17 @@ impl<C: KvStore> Scheduler<C> {
                 sampling::is_greedy(r.req.temperature)
                     && r.filter.is_none()
                     && r.req.logprobs.is_none()
+                    && !r.req.sampling.adjusts_logits()
+                    && !scoring(r)
             })
             .collect();
         let chunk = self.limits.prefill_chunk;
         let items = self
             .running
             .iter_mut()
-            .map(|r| {
+            .zip(&every_row)
+            .map(|(r, &every)| {
+                let chunk = if every { chunk.min(SCORE_CHUNK) } else { chunk };
                 r.fed = r.feed.len().min(chunk);
                 BatchItem {
                     tokens: &r.feed[..r.fed],
@@ -408,30 +445,52 @@ impl<C: KvStore> Scheduler<C> {
                 }
             })
             .collect();
-        Some(Batch { items, greedy })
+        Some(Batch {
+            items,
+            greedy,
+            every_row,
+        })
     }
 
     /// Takes the outputs of the batch [`Self::schedule`] returned (one per
-    /// running request, in its order) and the step's wall time; samples each
-    /// request's next token and returns the finished requests, in id order.
-    /// `stopped` says whether generated ids contain one of the stop strings.
+    /// running request, in its order; `rows` the logits of the positions
+    /// before each `every_row` item's last) and the step's wall time;
+    /// samples each request's next token and returns the finished requests,
+    /// in id order. `stopped` says whether generated ids contain one of the
+    /// stop strings.
     pub fn update(
         &mut self,
         outputs: &[Next],
+        rows: &[Vec<Vec<f32>>],
         took: Duration,
         stopped: &dyn Fn(&[u32], &[String]) -> bool,
     ) -> Vec<Done> {
         let secs = took.as_secs_f64();
         self.stepped.clear();
-        for (r, out) in self.running.iter_mut().zip(outputs) {
+        let no_rows = Vec::new();
+        for (i, (r, out)) in self.running.iter_mut().zip(outputs).enumerate() {
             if r.generated.is_empty() {
                 r.prefill_secs += secs;
             } else {
                 r.decode_secs += secs;
             }
+            let start = r.tokens.len();
             r.tokens.extend(r.feed.drain(..r.fed));
-            if !r.feed.is_empty() {
-                // Mid-prompt: this chunk's logits choose nothing.
+            if let Some(k) = r.req.prompt_logprobs.filter(|_| r.generated.is_empty()) {
+                // Position p's logits score prompt token p + 1.
+                let last = match out {
+                    Next::Logits(l) => Some(l),
+                    Next::Argmax(_) => None,
+                };
+                let fed_rows = rows.get(i).unwrap_or(&no_rows).iter().chain(last);
+                for (p, l) in (start..).zip(fed_rows) {
+                    if let Some(&next) = r.prompt.get(p + 1) {
+                        r.prompt_scores.push(sampling::score(l, next, k));
+                    }
+                }
+            }
+            if !r.feed.is_empty() || r.req.max_tokens == 0 {
+                // Mid-prompt, or scoring only: these logits choose nothing.
                 continue;
             }
             let (t, scored) = match out {
@@ -466,6 +525,8 @@ impl<C: KvStore> Scheduler<C> {
                 cached_tokens: r.cached,
                 generated: r.generated,
                 scores: r.scores,
+                prompt: r.prompt,
+                prompt_scores: r.prompt_scores,
                 failed: r.failed,
                 finish,
                 prefill_secs: r.prefill_secs,
@@ -504,11 +565,17 @@ impl<C: KvStore> Scheduler<C> {
         r: &Running<C>,
         stopped: &dyn Fn(&[u32], &[String]) -> bool,
     ) -> Option<Finish> {
+        if r.req.max_tokens == 0 && r.feed.is_empty() {
+            return Some(Finish::Length);
+        }
         let last = *r.generated.last()?;
         if self.is_stop_id(last) || r.failed.is_some() {
             return Some(Finish::Stop);
         }
-        if !r.req.stop.is_empty() && stopped(&r.generated, &r.req.stop) {
+        if !r.req.stop.is_empty()
+            && r.generated.len() >= r.req.sampling.min_tokens
+            && stopped(&r.generated, &r.req.stop)
+        {
             return Some(Finish::Stop);
         }
         if r.generated.len() >= r.req.max_tokens

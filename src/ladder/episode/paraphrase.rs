@@ -142,6 +142,9 @@ fn rewrite_family(
                 logprobs: None,
                 constraint: None,
                 prompt_text: None,
+                prompt_ids: None,
+                prompt_logprobs: None,
+                sampling: Default::default(),
             };
             let reply = session.chat(req).map_err(backend)?;
             if let Some(c) = clean(&reply.content) {

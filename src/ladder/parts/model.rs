@@ -73,6 +73,9 @@ fn call(
             logprobs: None,
             constraint: None,
             prompt_text: None,
+            prompt_ids: None,
+            prompt_logprobs: None,
+            sampling: Default::default(),
         };
         match session.chat(req) {
             Ok(r) => {
