@@ -467,3 +467,37 @@ fn stop_strings_and_length_end_replies() {
     assert_eq!(short.finish, Finish::Length);
     assert_eq!(short.usage.completion_tokens, 3);
 }
+
+#[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
+fn exported_tokenizer_encodes_as_the_engine_does() {
+    let engine = load(&default_model());
+    let dir = tempfile::tempdir().unwrap();
+    let files = engine.export_tokenizer(dir.path()).expect("exports");
+    assert_eq!(files.len(), 3);
+    let exported =
+        tokenizers::Tokenizer::from_file(dir.path().join("tokenizer.json")).expect("loads");
+    let cases = fixture("tokenizer_cases.json");
+    for c in cases["cases"].as_array().expect("cases") {
+        let text = c["text"].as_str().expect("text");
+        let want: Vec<u32> = serde_json::from_value(c["ids"].clone()).expect("ids");
+        for special in [false, true] {
+            let got = exported.encode(text, special).expect("encode");
+            assert_eq!(
+                got.get_ids(),
+                &want[..],
+                "text {text:?}, add_special_tokens {special}"
+            );
+        }
+    }
+    let config: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("tokenizer_config.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(config["chat_template"], engine.template_source());
+    assert_eq!(config["eos_token"], "<|im_end|>");
+    assert_eq!(config["model_max_length"], engine.model().cfg.context);
+}

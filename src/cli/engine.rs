@@ -11,6 +11,30 @@ use super::ModelArgs;
 pub enum ModelCommand {
     /// Fetch the default model (runs models/fetch.sh).
     Fetch,
+    /// Write the model's tokenizer as a Hugging Face tokenizer directory
+    /// (tokenizer.json, tokenizer_config.json with the chat template), for
+    /// clients such as lm-eval that tokenize themselves.
+    Tokenizer(TokenizerArgs),
+}
+
+/// `statebench model tokenizer`.
+#[derive(Args, Debug)]
+pub struct TokenizerArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// The directory to write (created if missing).
+    #[arg(long)]
+    pub out: std::path::PathBuf,
+}
+
+/// Writes the tokenizer directory and names its files.
+pub fn tokenizer(args: TokenizerArgs) -> Result<()> {
+    let (spec, opts) = args.model.spec_and_options()?;
+    let engine = statebench::engine::Engine::load(&spec, opts)?;
+    for f in engine.export_tokenizer(&args.out)? {
+        println!("{}", f.display());
+    }
+    Ok(())
 }
 
 /// `statebench generate`.
@@ -95,5 +119,6 @@ pub fn model(c: ModelCommand) -> Result<()> {
             println!("{}", super::fetch_default_model()?.display());
             Ok(())
         }
+        ModelCommand::Tokenizer(a) => tokenizer(a),
     }
 }

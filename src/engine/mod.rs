@@ -318,6 +318,52 @@ impl<D: Device> Engine<D> {
         &self.prompter.template
     }
 
+    /// Writes the model's tokenizer as a Hugging Face tokenizer directory
+    /// (`tokenizer.json`, `tokenizer_config.json` with the chat template,
+    /// `special_tokens_map.json`) that encodes as [`Self::encode`] does, so a
+    /// client can count and tokenize for a GGUF-only model. Returns the
+    /// files written.
+    pub fn export_tokenizer(&self, dir: &std::path::Path) -> Result<Vec<PathBuf>, BackendError> {
+        let io = |p: &std::path::Path, source: std::io::Error| BackendError::Io {
+            path: p.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(|e| io(dir, e))?;
+        let tok = &self.prompter.tokenizer;
+        let name = |id: Option<u32>| id.and_then(|t| tok.id_to_token(t));
+        // The reply's end is the first stop token; padding the plain end of text.
+        let eos = name(self.scheduler.stop_ids().first().copied());
+        let pad = name(tok.token_to_id("<|endoftext|>")).or_else(|| eos.clone());
+        let json_path = dir.join("tokenizer.json");
+        tok.save(&json_path, false)
+            .map_err(|e| BackendError::Tokenizer(format!("{}: {e}", json_path.display())))?;
+        let specials = serde_json::json!({ "eos_token": eos, "pad_token": pad });
+        let config = serde_json::json!({
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            "chat_template": self.template_source,
+            "eos_token": eos,
+            "pad_token": pad,
+            "bos_token": null,
+            "add_bos_token": false,
+            "add_prefix_space": false,
+            "clean_up_tokenization_spaces": false,
+            "split_special_tokens": false,
+            "errors": "replace",
+            "model_max_length": self.model.cfg.context,
+        });
+        let mut written = vec![json_path];
+        for (file, v) in [
+            ("tokenizer_config.json", config),
+            ("special_tokens_map.json", specials),
+        ] {
+            let p = dir.join(file);
+            let text = serde_json::to_string_pretty(&v).expect("JSON values serialize");
+            std::fs::write(&p, text).map_err(|e| io(&p, e))?;
+            written.push(p);
+        }
+        Ok(written)
+    }
+
     /// Tokenizes text; special tokens written in the text are recognised.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, BackendError> {
         self.prompter.encode(text)

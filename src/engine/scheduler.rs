@@ -274,6 +274,11 @@ impl<C: KvStore> Scheduler<C> {
         Ok(id)
     }
 
+    /// The token ids that end a reply, the template's turn end first.
+    pub fn stop_ids(&self) -> &[u32] {
+        &self.limits.stop_ids
+    }
+
     /// Whether a token id ends a reply.
     pub fn is_stop_id(&self, t: u32) -> bool {
         self.limits.stop_ids.contains(&t)
