@@ -876,7 +876,9 @@ fn chat(call: ChatCall, s: &Shared, stream: &TcpStream) -> Result<Answered, Http
     let calls =
         !req.tools.is_empty() && req.constraint != Some(crate::backend::Constraint::NoToolCalls);
     let result = run(s, reqs, stream, "messages", true, &mut |i, event| {
-        if !sse.head {
+        // A request refused at its start (a schema that cannot be decoded)
+        // is answered as an error, not as a stream that fails.
+        if !sse.head && !matches!(event, Event::Done(Err(_))) {
             sse.open(n)?;
         }
         let c = &mut choices[i];
@@ -1055,7 +1057,7 @@ fn complete_streaming(
         .map(|r| call.echo.then(|| echo_text(r, &[], s)))
         .collect();
     let result = run(s, reqs, stream, "prompt", true, &mut |i, event| {
-        if !head {
+        if !head && !matches!(event, Event::Done(Err(_))) {
             sse_head(stream)?;
             head = true;
             for (j, echo) in echoes.iter().enumerate() {

@@ -266,3 +266,51 @@ fn out_of_range_sampling_is_refused_in_one_line() {
         assert!(line.contains(needle), "{line}");
     }
 }
+
+#[test]
+fn a_constrained_number_ends_though_the_model_wants_more_digits() {
+    use statebench::backend::Constraint;
+    let mut engine = load(&tiny());
+    let one = engine.encode("1").unwrap()[0];
+    let req = ChatRequest {
+        prompt_ids: Some(prompt()[..20].to_vec()),
+        constraint: Some(Constraint::JsonSchema(
+            serde_json::json!({"type": "number"}),
+        )),
+        // The model would write "1" for ever.
+        sampling: Sampling {
+            logit_bias: vec![(one, 60.0)],
+            ..Sampling::default()
+        },
+        ..ChatRequest::greedy(Vec::new(), 400)
+    };
+    let reply = run_alone(&mut engine, req);
+    assert_eq!(
+        reply.finish,
+        statebench::backend::Finish::Stop,
+        "{}",
+        reply.content
+    );
+    let n: f64 = reply
+        .content
+        .trim()
+        .parse()
+        .unwrap_or_else(|e| panic!("{e}: {}", reply.content));
+    assert!(n > 0.0);
+    let longest = reply
+        .content
+        .split(|c: char| !c.is_ascii_digit())
+        .map(str::len)
+        .max()
+        .unwrap();
+    assert!(
+        longest <= statebench::engine::constrain::MAX_DIGIT_RUN + 8,
+        "{}",
+        reply.content
+    );
+    assert!(
+        longest >= statebench::engine::constrain::MAX_DIGIT_RUN,
+        "{}",
+        reply.content
+    );
+}

@@ -899,3 +899,60 @@ fn completions_score_prompts_take_token_ids_and_stream() {
     );
     assert_eq!(t["count"], c["usage"]["prompt_tokens"], "{t} {c}");
 }
+
+#[test]
+fn hostile_schemas_are_refused_naming_their_field_before_any_stream() {
+    let tmp = tempfile::tempdir().unwrap();
+    let server = ServeProc::start(&tiny_model(tmp.path()));
+    let url = &server.url;
+    let with_schema = |schema: Value, stream: bool| {
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 30, "stream": stream,
+               "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}})
+    };
+    for (schema, needle) in [
+        (
+            json!({"$ref": "#"}),
+            "no reply can satisfy the schema (NoExtensionBias)",
+        ),
+        (
+            json!({"type": "object", "properties": {"a": {"type": "string", "pattern": "(abc"}}}),
+            "regex parse error: (abc ^ error: unclosed group",
+        ),
+        (
+            json!({"type": "object", "properties": {"n": {"type": "integer", "minimum": 1e308, "maximum": 1e308}}, "required": ["n"]}),
+            "integer bound minimum = 1e+308 is outside the 64-bit integers",
+        ),
+    ] {
+        for stream in [false, true] {
+            let (s, text) = post_text(
+                url,
+                "/v1/chat/completions",
+                &with_schema(schema.clone(), stream),
+            );
+            assert_eq!(s, 400, "{schema} stream={stream}: {text}");
+            let v: Value = serde_json::from_str(&text).unwrap();
+            let m = one_line_error(&v);
+            assert!(m.contains(needle) && !m.contains("<state>"), "{m}");
+            assert_eq!(v["error"]["param"], "response_format", "{v}");
+        }
+    }
+    // A tool's parameters with `$defs` references, as pydantic writes them:
+    // the call's arguments follow the referenced schema.
+    let tool = json!({"type": "function", "function": {"name": "f", "parameters": {
+        "$defs": {"P": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["x"], "additionalProperties": false}},
+        "type": "object", "properties": {"p": {"$ref": "#/$defs/P"}}, "required": ["p"], "additionalProperties": false}}});
+    let body = json!({"messages": [{"role": "user", "content": "call f"}], "max_tokens": 200,
+                      "temperature": 0, "tools": [tool], "tool_choice": "required"});
+    let (s, v) = post_json(url, "/v1/chat/completions", &body);
+    assert_eq!(s, 200, "{v}");
+    let calls = v["choices"][0]["message"]["tool_calls"]
+        .as_array()
+        .unwrap_or_else(|| panic!("{v}"));
+    assert!(!calls.is_empty(), "{v}");
+    for c in calls {
+        let args: Value =
+            serde_json::from_str(c["function"]["arguments"].as_str().unwrap()).unwrap();
+        let x = args["p"]["x"].as_i64().unwrap_or_else(|| panic!("{args}"));
+        assert!((0..=9).contains(&x), "{args}");
+    }
+}

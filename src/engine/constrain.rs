@@ -85,6 +85,7 @@ fn byte_table() -> [char; 256] {
 /// The vocabulary indexed once per model for the grammars.
 pub struct Grammars {
     factory: ParserFactory,
+    digits: Arc<Digits>,
     /// `<tool_call>` as one token, when the vocabulary has it.
     tool_call_token: Option<u32>,
 }
@@ -117,6 +118,7 @@ impl Grammars {
         factory.quiet();
         Ok(Grammars {
             factory,
+            digits: Arc::new(Digits::new(tokens)),
             tool_call_token,
         })
     }
@@ -135,10 +137,16 @@ impl Grammars {
                 "response_format",
                 TopLevelGrammar::from_json_schema(compact(serde_json::json!({"type": "object"}))),
             ),
-            Constraint::JsonSchema(schema) => (
-                "response_format",
-                TopLevelGrammar::from_json_schema(compact(schema.clone())),
-            ),
+            Constraint::JsonSchema(schema) => {
+                integer_bounds_fit(schema).map_err(|cause| BackendError::Constraint {
+                    field: "response_format",
+                    cause,
+                })?;
+                (
+                    "response_format",
+                    TopLevelGrammar::from_json_schema(compact(schema.clone())),
+                )
+            }
             Constraint::ToolCalls(name) => ("tool_choice", tool_grammar(name.as_deref(), tools)?),
         };
         let parser = self
@@ -148,19 +156,129 @@ impl Grammars {
                 field,
                 cause: first_line(&e.to_string()),
             })?;
-        let matcher = Matcher::new(Ok(parser));
+        let mut matcher = Matcher::new(Ok(parser));
         if let Some(e) = matcher.get_error() {
             return Err(BackendError::Constraint {
                 field,
                 cause: first_line(&e),
             });
         }
-        Ok(Box::new(Grammar(matcher)))
+        // Some schemas (a `$ref` that recurses without consuming input) fail
+        // only when the first mask is computed: compute it now, so the
+        // request is refused before any reply (or stream) starts.
+        if let Err(e) = matcher.compute_mask_or_eos() {
+            return Err(BackendError::Constraint {
+                field,
+                cause: format!(
+                    "no reply can satisfy the schema ({}); a $ref that refers to itself without a property in between is one cause",
+                    // The parser's state dump follows the reason.
+                    first_line(&e.to_string()).split(" <state>").next().unwrap_or("")
+                ),
+            });
+        }
+        Ok(Box::new(Grammar {
+            matcher,
+            digits: self.digits.clone(),
+            run: 0,
+        }))
     }
 }
 
+/// A cause in one line: its lines trimmed and joined (a regex parse error
+/// puts the pattern and the fault on lines of their own).
 fn first_line(s: &str) -> String {
-    s.lines().next().unwrap_or("").trim().to_string()
+    s.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+/// Refuses integer bounds a 64-bit integer cannot hold (`minimum: 1e308`
+/// on an integer): the grammar cannot keep a reply inside them.
+fn integer_bounds_fit(schema: &serde_json::Value) -> Result<(), String> {
+    use serde_json::Value;
+    match schema {
+        Value::Object(o) => {
+            let integer = match o.get("type") {
+                Some(Value::String(t)) => t == "integer",
+                Some(Value::Array(ts)) => ts.iter().any(|t| t == "integer"),
+                _ => false,
+            };
+            if integer {
+                for key in ["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"] {
+                    if let Some(Value::Number(n)) = o.get(key) {
+                        if n.as_i64().is_none() && n.as_u64().is_none() {
+                            let fits = n.as_f64().is_some_and(|f| {
+                                f.fract() == 0.0 && f >= i64::MIN as f64 && f < i64::MAX as f64
+                            });
+                            if !fits {
+                                return Err(format!(
+                                    "integer bound {key} = {n} is outside the 64-bit integers"
+                                ));
+                            }
+                        }
+                    }
+                }
+            }
+            o.values().try_for_each(integer_bounds_fit)
+        }
+        Value::Array(a) => a.iter().try_for_each(integer_bounds_fit),
+        _ => Ok(()),
+    }
+}
+
+/// A tool's parameter schema moved under the call grammar's root: its
+/// `$defs` (or `definitions`) join the root's as `t{i}.NAME`, and its `$ref`s
+/// are rewritten to match (`#` itself, the tool's whole schema, becomes
+/// `#/$defs/t{i}`), so references resolve as they do in `response_format`.
+fn hoist_defs(
+    i: usize,
+    mut params: serde_json::Value,
+    root: &mut serde_json::Map<String, serde_json::Value>,
+) -> serde_json::Value {
+    use serde_json::Value;
+    let prefix = format!("t{i}.");
+    fn rewrite(v: &mut Value, prefix: &str, whole: &str) {
+        match v {
+            Value::Object(o) => {
+                if let Some(Value::String(r)) = o.get_mut("$ref") {
+                    if r == "#" {
+                        *r = whole.to_string();
+                    } else if let Some(rest) = r
+                        .strip_prefix("#/$defs/")
+                        .or_else(|| r.strip_prefix("#/definitions/"))
+                    {
+                        *r = format!("#/$defs/{prefix}{rest}");
+                    }
+                }
+                o.values_mut().for_each(|v| rewrite(v, prefix, whole));
+            }
+            Value::Array(a) => a.iter_mut().for_each(|v| rewrite(v, prefix, whole)),
+            _ => {}
+        }
+    }
+    let whole = format!("#/$defs/t{i}");
+    let mut defs = serde_json::Map::new();
+    if let Value::Object(o) = &mut params {
+        for key in ["$defs", "definitions"] {
+            if let Some(Value::Object(d)) = o.remove(key) {
+                defs.extend(d);
+            }
+        }
+    }
+    let recursive = params.to_string().contains("\"$ref\":\"#\"");
+    rewrite(&mut params, &prefix, &whole);
+    for (name, mut d) in defs {
+        rewrite(&mut d, &prefix, &whole);
+        root.insert(format!("{prefix}{name}"), d);
+    }
+    if recursive {
+        root.insert(format!("t{i}"), params);
+        serde_json::json!({"$ref": whole})
+    } else {
+        params
+    }
 }
 
 /// JSON written as `json.dumps` writes it (`", "` and `": "`, no other
@@ -197,11 +315,12 @@ fn tool_grammar(name: Option<&str>, tools: &[Tool]) -> Result<TopLevelGrammar, B
             },
         });
     }
-    let call = |t: &Tool| {
+    let mut defs = serde_json::Map::new();
+    let mut call = |i: usize, t: &Tool| {
         let params = if t.function.parameters.is_null() {
             serde_json::json!({"type": "object"})
         } else {
-            t.function.parameters.clone()
+            hoist_defs(i, t.function.parameters.clone(), &mut defs)
         };
         serde_json::json!({
             "type": "object",
@@ -210,10 +329,21 @@ fn tool_grammar(name: Option<&str>, tools: &[Tool]) -> Result<TopLevelGrammar, B
             "additionalProperties": false,
         })
     };
-    let body = match offered.as_slice() {
-        [one] => call(one),
-        many => serde_json::json!({"anyOf": many.iter().map(|t| call(t)).collect::<Vec<_>>()}),
+    let mut body = match offered.as_slice() {
+        [one] => call(0, one),
+        many => {
+            serde_json::json!({"anyOf": many.iter().enumerate().map(|(i, t)| call(i, t)).collect::<Vec<_>>()})
+        }
     };
+    for t in &offered {
+        integer_bounds_fit(&t.function.parameters).map_err(|cause| BackendError::Constraint {
+            field: "tools",
+            cause: format!("function '{}': {cause}", t.function.name),
+        })?;
+    }
+    if !defs.is_empty() {
+        body["$defs"] = serde_json::Value::Object(defs);
+    }
     let repeat = if name.is_some() {
         ""
     } else {
@@ -225,17 +355,64 @@ fn tool_grammar(name: Option<&str>, tools: &[Tool]) -> Result<TopLevelGrammar, B
     )))
 }
 
-/// A grammar's token mask.
-struct Grammar(Matcher);
+/// Most digits in a row a constrained reply may write. JSON Schema puts no
+/// length on a number, and a model can write digits until its budget runs
+/// out (a float field that never ends); 24 holds any 64-bit integer and
+/// any double's significant digits. After that many, tokens that begin with
+/// a digit are masked while the grammar allows anything else (a string of
+/// more digits that a pattern demands is still written).
+pub const MAX_DIGIT_RUN: usize = 24;
+
+/// Each token's digits: whether it begins with one, whether it is all
+/// digits, and how many it ends with.
+struct Digits {
+    leads: Vec<bool>,
+    all: Vec<bool>,
+    trailing: Vec<usize>,
+}
+
+impl Digits {
+    fn new(tokens: &TokenBytes) -> Self {
+        let is_digit = |b: &u8| b.is_ascii_digit();
+        Digits {
+            leads: tokens
+                .bytes
+                .iter()
+                .map(|b| b.first().is_some_and(is_digit))
+                .collect(),
+            all: tokens
+                .bytes
+                .iter()
+                .map(|b| !b.is_empty() && b.iter().all(is_digit))
+                .collect(),
+            trailing: tokens
+                .bytes
+                .iter()
+                .map(|b| b.iter().rev().take_while(|c| is_digit(c)).count())
+                .collect(),
+        }
+    }
+}
+
+/// A grammar's token mask, and the digits written in a row so far.
+struct Grammar {
+    matcher: Matcher,
+    digits: Arc<Digits>,
+    run: usize,
+}
 
 impl TokenFilter for Grammar {
     fn mask(&mut self, logits: &mut [f32]) -> Result<(), String> {
         let allowed = self
-            .0
+            .matcher
             .compute_mask_or_eos()
             .map_err(|e| format!("constrained decoding: {}", first_line(&e.to_string())))?;
+        let leads = &self.digits.leads;
+        let cut = self.run >= MAX_DIGIT_RUN
+            && (0..logits.len())
+                .any(|t| allowed.is_allowed(t as u32) && !leads.get(t).copied().unwrap_or(false));
         for (t, l) in logits.iter_mut().enumerate() {
-            if !allowed.is_allowed(t as u32) {
+            if !allowed.is_allowed(t as u32) || (cut && leads.get(t).copied().unwrap_or(false)) {
                 *l = f32::NEG_INFINITY;
             }
         }
@@ -243,7 +420,13 @@ impl TokenFilter for Grammar {
     }
 
     fn accept(&mut self, token: u32) -> Result<(), String> {
-        self.0
+        let t = token as usize;
+        if self.digits.all.get(t).copied().unwrap_or(false) {
+            self.run += self.digits.trailing[t];
+        } else {
+            self.run = self.digits.trailing.get(t).copied().unwrap_or(0);
+        }
+        self.matcher
             .consume_token(token)
             .map_err(|e| format!("constrained decoding: {}", first_line(&e.to_string())))
     }
