@@ -70,6 +70,79 @@ pub struct EngineBench {
     pub mean_warm_secs: f64,
 }
 
+/// A short request beside a long prompt's prefill: how long it takes
+/// alone, and beside the prefill at each per-step prefill size while it
+/// decodes.
+#[derive(Debug, Clone)]
+pub struct Interleave {
+    pub long_tokens: usize,
+    pub short_tokens: usize,
+    pub short_alone_secs: f64,
+    /// (prefill tokens per step while another decodes, the short request's
+    /// seconds, the long prompt's seconds)
+    pub beside: Vec<(usize, f64, f64)>,
+}
+
+/// Submits a long prompt, steps it once, then submits a short request and
+/// steps both to the end, once per chunk size in `chunks` (restored to
+/// `restore` after).
+pub fn interleave<D: Device>(
+    engine: &mut Engine<D>,
+    long_tokens: usize,
+    chunks: &[usize],
+    restore: usize,
+) -> Result<Interleave, BackendError> {
+    const SHORT_TOKENS: usize = 16;
+    let mut long = engine.encode(&filler(long_tokens * 2, 5))?;
+    long.truncate(long_tokens);
+    let short_prompt = |salt: usize| ChatRequest {
+        prompt_text: Some(filler(24, salt)),
+        ..ChatRequest::greedy(Vec::new(), SHORT_TOKENS)
+    };
+    let t = Instant::now();
+    let s = engine.open_session();
+    engine.chat(s, short_prompt(1))?;
+    engine.close_session(s);
+    let short_alone_secs = t.elapsed().as_secs_f64();
+    let mut beside = Vec::new();
+    for &chunk in chunks {
+        engine.set_mixed_prefill_chunk(chunk);
+        let (ls, ss) = (engine.open_session(), engine.open_session());
+        let started = Instant::now();
+        let long_id = engine.submit(
+            ls,
+            ChatRequest {
+                prompt_ids: Some(long.clone()),
+                ..ChatRequest::greedy(Vec::new(), 1)
+            },
+        )?;
+        engine.step()?;
+        let short_started = Instant::now();
+        let short_id = engine.submit(ss, short_prompt(2))?;
+        let (mut short_secs, mut long_secs) = (None, None);
+        while engine.has_pending() {
+            for (id, r) in engine.step()? {
+                r?;
+                if id == short_id {
+                    short_secs = Some(short_started.elapsed().as_secs_f64());
+                } else if id == long_id {
+                    long_secs = Some(started.elapsed().as_secs_f64());
+                }
+            }
+        }
+        engine.close_session(ls);
+        engine.close_session(ss);
+        beside.push((chunk, short_secs.unwrap_or(0.0), long_secs.unwrap_or(0.0)));
+    }
+    engine.set_mixed_prefill_chunk(restore);
+    Ok(Interleave {
+        long_tokens: long.len(),
+        short_tokens: SHORT_TOKENS,
+        short_alone_secs,
+        beside,
+    })
+}
+
 /// Deterministic filler text for benchmarks.
 fn filler(words: usize, salt: usize) -> String {
     const W: [&str; 12] = [

@@ -36,6 +36,11 @@ pub struct BenchArgs {
     /// Reply tokens per turn of the growing conversation.
     #[arg(long, default_value_t = 16)]
     pub turn_tokens: usize,
+    /// Also measure a 16-token request beside a prefill of this many prompt
+    /// tokens, with the whole prefill chunk per step and with
+    /// --mixed-prefill-chunk (0: not measured).
+    #[arg(long, default_value_t = 0)]
+    pub interleave_tokens: usize,
     /// Instead of the engine figures: run one small live cell batched (every
     /// episode-arm live at once) and again one episode-arm at a time, and
     /// report episodes per hour per arm and the share of prompt tokens served
@@ -140,6 +145,21 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
         "  mean per turn with reuse over all {} turns: {:.2}s",
         a.turns, b.mean_warm_secs
     );
+    if a.interleave_tokens > 0 {
+        let whole = usize::try_from(a.model.prefill_chunk).unwrap_or(usize::MAX);
+        let mixed = usize::try_from(a.model.mixed_prefill_chunk).unwrap_or(usize::MAX);
+        let i = bench::interleave(engine, a.interleave_tokens, &[whole, mixed], mixed)?;
+        println!(
+            "interleaved: a {}-token reply alone {:.2}s; beside a {}-token prefill:",
+            i.short_tokens, i.short_alone_secs, i.long_tokens
+        );
+        for (chunk, short, long) in &i.beside {
+            println!(
+                "  {chunk:>4} prompt tokens per step while it decodes: the reply {short:.2}s ({:.1}x alone), the long prompt {long:.2}s",
+                short / i.short_alone_secs
+            );
+        }
+    }
     Ok(())
 }
 

@@ -103,6 +103,10 @@ pub struct ModelArgs {
     /// depend on it.
     #[arg(long, default_value_t = EngineOptions::DEFAULT_PREFILL_CHUNK as u64, value_parser = clap::value_parser!(u64).range(1..))]
     pub prefill_chunk: u64,
+    /// Prompt tokens a request prefills per step while others decode (their
+    /// tokens wait for each step); results do not depend on it.
+    #[arg(long, default_value_t = EngineOptions::DEFAULT_MIXED_PREFILL_CHUNK as u64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub mixed_prefill_chunk: u64,
     /// How Q4_0, Q5_0, Q4_K and Q6_K weights are held in memory: widened
     /// once at load (faster from a few rows a batch up) or at the file's own
     /// bits (its size in memory, faster at batch 1). Results are
@@ -130,6 +134,7 @@ impl ModelArgs {
             kv_budget_bytes: gib(self.kv_budget_gib),
             special_tokens_in_content: self.special_tokens_in_content,
             prefill_chunk: usize::try_from(self.prefill_chunk).unwrap_or(usize::MAX),
+            mixed_prefill_chunk: usize::try_from(self.mixed_prefill_chunk).unwrap_or(usize::MAX),
             weights: self.weights,
             quantize: self.quantize,
             ..EngineOptions::default()

@@ -63,6 +63,11 @@ pub struct EngineOptions {
     /// decoding and a cancelled request stops within one chunk. The
     /// kernels make the split invisible in the results.
     pub prefill_chunk: usize,
+    /// Prompt tokens a request feeds per step while other requests decode:
+    /// each of their tokens waits for the step, so a long prompt beside
+    /// them goes in smaller pieces (vLLM's chunked prefill under a token
+    /// budget). Invisible in the results, as `prefill_chunk` is.
+    pub mixed_prefill_chunk: usize,
     /// How quantized weights are held in memory (results are the same).
     pub weights: WeightLayout,
     /// Float weights quantized at load (results change: its own arithmetic).
@@ -110,6 +115,8 @@ impl EngineOptions {
     pub const DEFAULT_KV_BUDGET_GIB: f64 = 8.0;
     /// Prompt tokens per request per step when none are given.
     pub const DEFAULT_PREFILL_CHUNK: usize = 512;
+    /// Default of [`Self::mixed_prefill_chunk`].
+    pub const DEFAULT_MIXED_PREFILL_CHUNK: usize = 64;
 }
 
 impl Default for EngineOptions {
@@ -120,6 +127,7 @@ impl Default for EngineOptions {
             max_context: None,
             special_tokens_in_content: false,
             prefill_chunk: Self::DEFAULT_PREFILL_CHUNK,
+            mixed_prefill_chunk: Self::DEFAULT_MIXED_PREFILL_CHUNK,
             weights: WeightLayout::default(),
             quantize: None,
         }
@@ -233,6 +241,7 @@ impl<D: Device> Engine<D> {
             context: cfg.context,
             stop_ids,
             prefill_chunk: opts.prefill_chunk.max(1),
+            mixed_chunk: opts.mixed_prefill_chunk.max(1),
         });
         let prompter = Prompter::new(
             loaded.tokenizer,
@@ -362,6 +371,11 @@ impl<D: Device> Engine<D> {
             written.push(p);
         }
         Ok(written)
+    }
+
+    /// Sets [`EngineOptions::mixed_prefill_chunk`] (benchmarks compare two).
+    pub fn set_mixed_prefill_chunk(&mut self, n: usize) {
+        self.scheduler.set_mixed_chunk(n.max(1));
     }
 
     /// Tokenizes text; special tokens written in the text are recognised.

@@ -31,6 +31,8 @@ pub struct Limits {
     pub stop_ids: Vec<u32>,
     /// Prompt tokens a request feeds per step, at most.
     pub prefill_chunk: usize,
+    /// The same while another request decodes.
+    pub mixed_chunk: usize,
 }
 
 /// A conversation's cached tokens and their KV entries.
@@ -274,6 +276,11 @@ impl<C: KvStore> Scheduler<C> {
         Ok(id)
     }
 
+    /// Sets [`Limits::mixed_chunk`].
+    pub fn set_mixed_chunk(&mut self, n: usize) {
+        self.limits.mixed_chunk = n;
+    }
+
     /// The token ids that end a reply, the template's turn end first.
     pub fn stop_ids(&self) -> &[u32] {
         &self.limits.stop_ids
@@ -436,7 +443,13 @@ impl<C: KvStore> Scheduler<C> {
                     && !scoring(r)
             })
             .collect();
-        let chunk = self.limits.prefill_chunk;
+        // Requests that decode wait for the whole step: keep it short.
+        let decoding = self.running.iter().any(|r| !r.generated.is_empty());
+        let chunk = if decoding {
+            self.limits.prefill_chunk.min(self.limits.mixed_chunk)
+        } else {
+            self.limits.prefill_chunk
+        };
         let items = self
             .running
             .iter_mut()
