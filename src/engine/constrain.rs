@@ -239,12 +239,15 @@ fn hoist_defs(
 ) -> serde_json::Value {
     use serde_json::Value;
     let prefix = format!("t{i}.");
-    fn rewrite(v: &mut Value, prefix: &str, whole: &str) {
+    /// Rewrites the refs; whether one was `#` (the tool's whole schema).
+    fn rewrite(v: &mut Value, prefix: &str, whole: &str) -> bool {
+        let mut to_whole = false;
         match v {
             Value::Object(o) => {
                 if let Some(Value::String(r)) = o.get_mut("$ref") {
                     if r == "#" {
                         *r = whole.to_string();
+                        to_whole = true;
                     } else if let Some(rest) = r
                         .strip_prefix("#/$defs/")
                         .or_else(|| r.strip_prefix("#/definitions/"))
@@ -252,11 +255,18 @@ fn hoist_defs(
                         *r = format!("#/$defs/{prefix}{rest}");
                     }
                 }
-                o.values_mut().for_each(|v| rewrite(v, prefix, whole));
+                for v in o.values_mut() {
+                    to_whole |= rewrite(v, prefix, whole);
+                }
             }
-            Value::Array(a) => a.iter_mut().for_each(|v| rewrite(v, prefix, whole)),
+            Value::Array(a) => {
+                for v in a {
+                    to_whole |= rewrite(v, prefix, whole);
+                }
+            }
             _ => {}
         }
+        to_whole
     }
     let whole = format!("#/$defs/t{i}");
     let mut defs = serde_json::Map::new();
@@ -267,10 +277,9 @@ fn hoist_defs(
             }
         }
     }
-    let recursive = params.to_string().contains("\"$ref\":\"#\"");
-    rewrite(&mut params, &prefix, &whole);
+    let mut recursive = rewrite(&mut params, &prefix, &whole);
     for (name, mut d) in defs {
-        rewrite(&mut d, &prefix, &whole);
+        recursive |= rewrite(&mut d, &prefix, &whole);
         root.insert(format!("{prefix}{name}"), d);
     }
     if recursive {

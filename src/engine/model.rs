@@ -305,17 +305,7 @@ impl<D: Device> Model<D> {
     /// The forward pass up to the output head: `items × vocab` logits of
     /// each item's last token, on the device. None for an empty batch.
     fn last_logits(&self, items: &mut [BatchItem<'_, D::Cache>]) -> Option<D::Act> {
-        self.last_logits_checked(items, None)
-    }
-
-    /// As [`Self::last_logits`]; with `bad_layer`, also the first layer
-    /// whose output holds a non-finite value (where the device can tell).
-    fn last_logits_checked(
-        &self,
-        items: &mut [BatchItem<'_, D::Cache>],
-        bad_layer: Option<&mut Option<usize>>,
-    ) -> Option<D::Act> {
-        Some(self.logits_of(items, &[], bad_layer)?.0)
+        Some(self.logits_of(items, &[], None)?.0)
     }
 
     /// The logits of each item's last token (`items × vocab`, on the

@@ -179,12 +179,7 @@ impl Prompt for Prompter {
     }
 
     fn text_with_special(&self, ids: &[u32]) -> Result<String, BackendError> {
-        if let Some(&t) = ids.iter().find(|&&t| t as usize >= self.vocab) {
-            return Err(BackendError::BadField {
-                field: "tokens",
-                why: format!("token id {t} is outside the model's {} tokens", self.vocab),
-            });
-        }
+        self.in_vocab("tokens", "token id", ids.iter().copied())?;
         self.tokenizer
             .decode(ids, false)
             .map_err(|e| BackendError::Tokenizer(e.to_string()))
@@ -198,30 +193,10 @@ impl Prompt for Prompter {
 
     fn tokens(&self, req: &ChatRequest) -> Result<Vec<u32>, BackendError> {
         req.validate()?;
-        if let Some(&(t, _)) = req
-            .sampling
-            .logit_bias
-            .iter()
-            .find(|(t, _)| *t as usize >= self.vocab)
-        {
-            return Err(BackendError::BadField {
-                field: "logit_bias",
-                why: format!(
-                    "logit_bias names token {t}, outside the model's {} tokens",
-                    self.vocab
-                ),
-            });
-        }
+        let biased = req.sampling.logit_bias.iter().map(|&(t, _)| t);
+        self.in_vocab("logit_bias", "logit_bias token", biased)?;
         if let Some(ids) = &req.prompt_ids {
-            if let Some(&t) = ids.iter().find(|&&t| t as usize >= self.vocab) {
-                return Err(BackendError::BadField {
-                    field: "prompt",
-                    why: format!(
-                        "prompt token id {t} is outside the model's {} tokens",
-                        self.vocab
-                    ),
-                });
-            }
+            self.in_vocab("prompt", "prompt token id", ids.iter().copied())?;
             self.check(ids)?;
             return Ok(ids.clone());
         }
@@ -248,6 +223,23 @@ impl Prompt for Prompter {
 }
 
 impl Prompter {
+    /// Refuses, naming the request's `field`, a client's token id outside
+    /// the vocabulary.
+    fn in_vocab(
+        &self,
+        field: &'static str,
+        what: &str,
+        mut ids: impl Iterator<Item = u32>,
+    ) -> Result<(), BackendError> {
+        match ids.find(|&t| t as usize >= self.vocab) {
+            Some(t) => Err(BackendError::BadField {
+                field,
+                why: format!("{what} {t} is outside the model's {} tokens", self.vocab),
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Every token id's bytes, for log-probabilities and grammars.
     pub fn token_bytes(&self) -> super::constrain::TokenBytes {
         super::constrain::TokenBytes::new(&self.tokenizer, self.vocab, &self.literal)

@@ -103,20 +103,22 @@ struct Running<C> {
 /// then chosen as its temperature says; scored under the unmasked logits
 /// when it asked for log-probabilities.
 fn choose<C>(r: &mut Running<C>, logits: &[f32], stop_ids: &[u32]) -> (u32, Option<Scored>) {
-    let adjusted;
-    let from = if r.req.sampling.adjusts_logits() {
+    // One copy of the row, only when something changes it.
+    let adjusted = (r.req.sampling.adjusts_logits() || r.filter.is_some()).then(|| {
         let mut l = logits.to_vec();
-        sampling::adjust(&mut l, &r.req.sampling, &r.prompt, &r.generated, stop_ids);
-        adjusted = l;
-        &adjusted[..]
-    } else {
-        logits
-    };
+        if r.req.sampling.adjusts_logits() {
+            sampling::adjust(&mut l, &r.req.sampling, &r.prompt, &r.generated, stop_ids);
+        }
+        l
+    });
     let (temperature, cut) = (r.req.temperature, &r.req.sampling);
-    let t = match &mut r.filter {
-        None => sampling::sample_cut(from, temperature, cut, &mut r.rng),
-        Some(f) => {
-            let mut masked = from.to_vec();
+    let t = match (&mut r.filter, adjusted) {
+        (None, adjusted) => {
+            let from = adjusted.as_deref().unwrap_or(logits);
+            sampling::sample_cut(from, temperature, cut, &mut r.rng)
+        }
+        (Some(f), adjusted) => {
+            let mut masked = adjusted.unwrap_or_else(|| logits.to_vec());
             let t = f
                 .mask(&mut masked)
                 .map(|()| sampling::sample_cut(&masked, temperature, cut, &mut r.rng))
