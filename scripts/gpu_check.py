@@ -54,7 +54,7 @@ WORK = Path(tempfile.mkdtemp(prefix="statebench-gpu-check-"))
 TINY = ROOT / "tests/fixtures/engine"
 
 # Tolerances and goals, stated once. The engine's activations are bf16
-# (statebench-cuda/2): on the emulator they move the tiny models' logits
+# (statebench-cuda/3): on the emulator they move the tiny models' logits
 # from transformers' f32 ones (matrices rounded to bf16) by up to 0.14; the
 # tight check is the Rust test against the same arithmetic on the host.
 LOGIT_TOL = 0.3  # max abs, engine vs transformers f32 on bf16-rounded weights

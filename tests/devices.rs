@@ -480,6 +480,104 @@ mod cuda {
         }
     }
 
+    /// Every matrix product gives each row the same bits at batches of 1,
+    /// 3, 16, 33 and 128 rows and inside a 300-row prefill (three row
+    /// tiles), whether its k-ranges are added in each block or over blocks
+    /// by `gemm_reduce`, for each epilogue: bf16, f32 logits, a biased
+    /// projection added to the residual stream, and SwiGLU (its gate and up
+    /// split along k) followed by the down projection added back. The
+    /// weights split along k into 4 and 2 ranges, and one not at all.
+    #[test]
+    #[cfg_attr(
+        not(has_cuda_emulator),
+        ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+    )]
+    fn cuda_products_are_the_same_bits_at_every_batch_and_either_way_of_adding_ranges() {
+        use statebench::engine::device::cuda::gemm_splits;
+        use statebench::engine::device::{Device, HostWeight};
+        use statebench::engine::model::{Linear, Mlp};
+        let dev = gpu();
+        let mut draw = bf16_draws(23);
+        let (hidden, inter, vocab) = (2048usize, 104usize, 150usize);
+        assert_eq!(gemm_splits(200, hidden), 4);
+        assert_eq!(gemm_splits(2 * inter, hidden), 4);
+        assert_eq!(gemm_splits(vocab, 1000), 2);
+        assert_eq!(gemm_splits(hidden, inter), 1);
+        let weight = |w: Vec<f32>, rows: usize, cols: usize| {
+            let m = statebench_kernels::Matrix::from_f32(rows, cols, w).expect("matrix");
+            dev.weight(HostWeight::Matrix(m)).expect("weight")
+        };
+        let proj = weight(draw(200 * hidden, 0.05), 200, hidden);
+        let head = weight(draw(vocab * 1000, 0.05), vocab, 1000);
+        let o = Linear {
+            w: weight(draw(hidden * hidden, 0.02), hidden, hidden),
+            b: Some(dev.vector(draw(hidden, 0.1)).expect("bias")),
+        };
+        let mlp = Mlp {
+            gate: Linear {
+                w: weight(draw(inter * hidden, 0.05), inter, hidden),
+                b: None,
+            },
+            up: Linear {
+                w: weight(draw(inter * hidden, 0.05), inter, hidden),
+                b: None,
+            },
+            down: Linear {
+                w: weight(draw(hidden * inter, 0.05), hidden, inter),
+                b: None,
+            },
+        };
+        let n = 300usize;
+        let (x, x1000, resid) = (
+            draw(n * hidden, 1.0),
+            draw(n * 1000, 1.0),
+            draw(n * hidden, 1.0),
+        );
+        let bits = |x: Vec<Vec<f32>>| -> Vec<Vec<u32>> {
+            x.iter()
+                .map(|r| r.iter().map(|f| f.to_bits()).collect())
+                .collect()
+        };
+        // The four products' rows for the first `rows` rows of the inputs.
+        let run = |rows: usize| -> Vec<Vec<Vec<u32>>> {
+            let xa = dev.act(hidden, x[..rows * hidden].to_vec());
+            let mut out = vec![
+                bits(dev.to_host(dev.matmul(&proj, &xa))),
+                bits(dev.to_host(dev.logits(&head, &dev.act(1000, x1000[..rows * 1000].to_vec())))),
+            ];
+            let mut r = dev.act(hidden, resid[..rows * hidden].to_vec());
+            dev.project_add(&o, &xa, &mut r);
+            out.push(bits(dev.to_host(r)));
+            let mut r = dev.act(hidden, resid[..rows * hidden].to_vec());
+            dev.mlp_add(&mlp, &xa, &mut r);
+            out.push(bits(dev.to_host(r)));
+            out
+        };
+        dev.set_gemm_in_block(Some(true));
+        let whole = run(n);
+        for mode in [Some(true), Some(false), None] {
+            dev.set_gemm_in_block(mode);
+            for rows in [1usize, 3, 16, 33, 128, n] {
+                for (i, (got, want)) in run(rows).iter().zip(&whole).enumerate() {
+                    assert_eq!(
+                        got.len(),
+                        rows,
+                        "product {i} at {rows} rows ({mode:?}): {:?}",
+                        dev.sync()
+                    );
+                    for (r, row) in got.iter().enumerate() {
+                        assert!(
+                            *row == want[r],
+                            "product {i}, row {r} of {rows} (in-block {mode:?}) differs from the same row of {n}"
+                        );
+                    }
+                }
+            }
+        }
+        dev.set_gemm_in_block(None);
+        dev.sync().expect("runs");
+    }
+
     /// The shallow pipelines (3-stage matrix product, single-buffered
     /// attention: what GPUs with 99 KiB blocks get) compute the same bits
     /// as the deep ones: products with fewer k-slices than stages, a k

@@ -358,7 +358,7 @@ fn live_cell_on_the_emulated_gpu_is_batch_invariant() {
     );
     let manifest = std::fs::read_to_string(batched.join("manifest.json")).unwrap();
     assert!(manifest.contains("cuda-emulated"), "{manifest}");
-    assert!(manifest.contains("statebench-cuda/2"), "{manifest}");
+    assert!(manifest.contains("statebench-cuda/3"), "{manifest}");
     assert_eq!(
         engine_common::stable_records(&batched),
         engine_common::stable_records(&alone),

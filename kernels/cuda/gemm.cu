@@ -4,18 +4,25 @@
 // The weight is mma's A operand (16 outputs a fragment) and the
 // activations its B operand (8 rows a fragment), so one decode row fills
 // a fragment's 8-wide side and wastes no weight bandwidth. A block
-// computes 64 outputs × 64 rows with 4 warps (2 × 2, each 32 × 32),
-// staging k in slices of 64 through shared memory with cp.async, 3 or 4
-// stages deep; fragments come by ldmatrix from XOR-swizzled rows (no bank
-// conflicts) into mma.sync m16n8k16 with f32 accumulators.
+// computes 128 outputs × 128 rows with 8 warps (2 × 4, each 64 outputs ×
+// 32 rows), staging k in slices of 64 through shared memory with cp.async,
+// 3 or 4 stages deep; fragments come by ldmatrix from XOR-swizzled rows
+// (no bank conflicts) into mma.sync m16n8k16 with f32 accumulators. The
+// tile is Hopper's size: each k-slice brings 32 KiB through L2 for 2.1
+// MFLOP, and the warps' fragments read 16 FLOP per shared-memory byte
+// (writes counted), where the 64 × 64 tile of 32 × 32 warps read 10.7.
 //
-// Invariance: every output is one accumulator's chain of mma steps over
-// k = 0, 16, 32, ... in order, whatever the number of rows, the tile a row
-// falls in or how many blocks launch. Rows past the batch are zero-filled
-// and their fragments skipped. A weight whose outputs alone would not fill
-// the GPU at one row is split along k into `splits` ranges fixed by its
-// shape (the host's `GemmSplit`): each range's sum goes to `partial`, and
-// gemm_reduce adds the ranges in order. Never atomics.
+// Invariance: k is cut into `splits` ranges fixed by the weight's shape
+// (the host's `gemm_splits`, never the batch); each output's sum over a
+// range is one accumulator's chain of mma steps over k = 0, 16, 32, ...
+// in order, and the ranges' sums are added in order, range 0 first. A
+// block either sums every range itself (`in_block`: a prefill, whose
+// tiles fill the GPU) or one range, blockIdx.z, into `partial`, added by
+// gemm_reduce in the same order (a decode step, whose few tiles would
+// leave multiprocessors idle). Both give the same bits, whatever the
+// number of rows, the tile a row falls in or how many blocks launch. Rows
+// past the batch are zero-filled and their fragments skipped. Never
+// atomics.
 //
 // Epilogues (applied once, to the final sum, then rounded once):
 //   EPI_BF16      y = bf16(acc + bias)
@@ -25,16 +32,19 @@
 // A weight of several segments (q, k and v) is one fused product; each
 // segment brings its own rows and bias.
 
-#define GEMM_BM 64
-#define GEMM_BN 64
+#define GEMM_BM 128
+#define GEMM_BN 128
 #define GEMM_BK 64
-// 4 stages where a block may take 64 KiB of shared memory, else 3 (the
+// 4 stages where a block may take 128 KiB of shared memory, else 3 (the
 // host defines it); the arithmetic is the same at every depth.
 #ifndef GEMM_STAGES
 #define GEMM_STAGES 4
 #endif
-#define GEMM_THREADS 128
+#define GEMM_THREADS 256
+// One operand's k-slice: BM (= BN) rows of BK.
 #define GEMM_TILE (GEMM_BM * GEMM_BK)
+// 16-byte chunks a thread copies of each operand's slice.
+#define GEMM_CHUNKS (GEMM_TILE / 8 / GEMM_THREADS)
 
 #define EPI_BF16 0
 #define EPI_F32 1
@@ -55,6 +65,7 @@ struct GemmParams {
     int ldy;
     int epilogue;
     int splits;
+    int in_block;           // 1: a block adds every range itself
 };
 static_assert(sizeof(GemmParams) == 112, "GemmParams differs from the host's");
 
@@ -113,28 +124,27 @@ __device__ __forceinline__ void gemm_store(const GemmParams& p, int r, int o, fl
     }
 }
 
-extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm(const GemmParams p) {
+extern "C" __global__ void __launch_bounds__(GEMM_THREADS, 1) gemm(const GemmParams p) {
     extern __shared__ __align__(16) bf16 gemm_smem[];
-    bf16* const a_s = gemm_smem;                          // STAGES × BM × BK
+    bf16* const a_s = gemm_smem;                            // STAGES × BM × BK
     bf16* const b_s = gemm_smem + GEMM_STAGES * GEMM_TILE;  // STAGES × BN × BK
     const int tid = threadIdx.x;
     const int lane = tid % 32;
-    const int warp_m = tid / 64;  // outputs warp_m·32 ..
-    const int warp_n = (tid / 32) % 2;  // rows warp_n·32 ..
+    const int warp_m = tid / 128;       // outputs warp_m·64 ..
+    const int warp_n = (tid / 32) % 4;  // rows warp_n·32 ..
     const int n0 = blockIdx.x * GEMM_BN;
     const int mb = blockIdx.y;
-    const int split = blockIdx.z;
     const bool swiglu = p.epilogue == EPI_SWIGLU;
     const int features = swiglu ? p.out / 2 : p.out;
     const int block_rows = min(GEMM_BN, p.rows - n0);
 
-    // This thread's four 16-byte chunks of each tile: tile row idx / 8,
-    // chunk idx % 8. Their source rows do not change along k.
-    const bf16* a_src[4];
-    const bf16* b_src[4];
-    bool a_ok[4], b_ok[4];
+    // This thread's 16-byte chunks of each slice: tile row idx / 8, chunk
+    // idx % 8. Their source rows do not change along k.
+    const bf16* a_src[GEMM_CHUNKS];
+    const bf16* b_src[GEMM_CHUNKS];
+    bool a_ok[GEMM_CHUNKS], b_ok[GEMM_CHUNKS];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
+    for (int i = 0; i < GEMM_CHUNKS; ++i) {
         const int idx = tid + GEMM_THREADS * i;
         const int row = idx / 8, chunk = idx % 8;
         // SwiGLU: tile rows alternate eight gate rows and the same eight
@@ -153,14 +163,17 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm(const GemmParams
         b_ok[i] = n0 + row < p.rows;
         b_src[i] = p.x + (b_ok[i] ? (size_t)(n0 + row) * p.k + chunk * 8 : 0);
     }
+    // The ranges this block adds, and the k-slices they span.
     const int k_tiles = (p.k + GEMM_BK - 1) / GEMM_BK;
-    const int kt0 = split * k_tiles / p.splits;
-    const int kt1 = (split + 1) * k_tiles / p.splits;
+    const int s_first = p.in_block ? 0 : (int)blockIdx.z;
+    const int s_last = p.in_block ? p.splits : (int)blockIdx.z + 1;
+    const int kt0 = s_first * k_tiles / p.splits;
+    const int kt1 = s_last * k_tiles / p.splits;
 
     auto load = [&](int kt, int stage) {
         const int kb = kt * GEMM_BK;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < GEMM_CHUNKS; ++i) {
             const int idx = tid + GEMM_THREADS * i;
             const int row = idx / 8, chunk = idx % 8;
             const bool in_k = kb + chunk * 8 < p.k;
@@ -171,13 +184,17 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm(const GemmParams
         }
     };
 
-    float acc[2][4][4];
+    // acc: the current range's chain; sum: the ranges before it, added.
+    float acc[4][4][4], sum[4][4][4];
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi)
+    for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni)
 #pragma unroll
-            for (int e = 0; e < 4; ++e) acc[mi][ni][e] = 0.0f;
+            for (int e = 0; e < 4; ++e) {
+                acc[mi][ni][e] = 0.0f;
+                sum[mi][ni][e] = 0.0f;
+            }
 
     // Warp-uniform: which of this warp's 8-row fragments hold batch rows.
     const int n_frags = min(4, max(0, (block_rows - warp_n * 32 + 7) / 8));
@@ -187,6 +204,8 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm(const GemmParams
         if (kt0 + s < kt1) load(kt0 + s, s);
         cp_async_commit();
     }
+    int range = s_first;
+    int range_end = (range + 1) * k_tiles / p.splits;
     for (int kt = kt0; kt < kt1; ++kt) {
         cp_async_wait<GEMM_STAGES - 2>();
         __syncthreads();
@@ -194,43 +213,64 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm(const GemmParams
         const int next = kt + GEMM_STAGES - 1;
         if (next < kt1) load(next, (next - kt0) % GEMM_STAGES);
         cp_async_commit();
-        if (n_frags == 0) continue;
-        const bf16* as = a_s + ((kt - kt0) % GEMM_STAGES) * GEMM_TILE;
-        const bf16* bs = b_s + ((kt - kt0) % GEMM_STAGES) * GEMM_TILE;
+        if (n_frags > 0) {
+            const bf16* as = a_s + ((kt - kt0) % GEMM_STAGES) * GEMM_TILE;
+            const bf16* bs = b_s + ((kt - kt0) % GEMM_STAGES) * GEMM_TILE;
 #pragma unroll
-        for (int kk = 0; kk < GEMM_BK / 16; ++kk) {
-            unsigned int a[2][4], b[4][2];
+            for (int kk = 0; kk < GEMM_BK / 16; ++kk) {
+                unsigned int a[4][4], b[4][2];
 #pragma unroll
-            for (int mi = 0; mi < 2; ++mi) {
-                const int row = warp_m * 32 + mi * 16 + (lane & 15);
-                ldmatrix_x4(a[mi], as + gemm_swizzle(row, kk * 2 + (lane >> 4)));
-            }
-#pragma unroll
-            for (int nj = 0; nj < 2; ++nj) {
-                if (nj * 2 < n_frags) {
-                    const int row = warp_n * 32 + nj * 16 + ((lane >> 4) << 3) + (lane & 7);
-                    unsigned int r[4];
-                    ldmatrix_x4(r, bs + gemm_swizzle(row, kk * 2 + ((lane >> 3) & 1)));
-                    b[nj * 2][0] = r[0];
-                    b[nj * 2][1] = r[1];
-                    b[nj * 2 + 1][0] = r[2];
-                    b[nj * 2 + 1][1] = r[3];
+                for (int mi = 0; mi < 4; ++mi) {
+                    const int row = warp_m * 64 + mi * 16 + (lane & 15);
+                    ldmatrix_x4(a[mi], as + gemm_swizzle(row, kk * 2 + (lane >> 4)));
                 }
-            }
 #pragma unroll
-            for (int mi = 0; mi < 2; ++mi)
+                for (int nj = 0; nj < 2; ++nj) {
+                    if (nj * 2 < n_frags) {
+                        const int row = warp_n * 32 + nj * 16 + ((lane >> 4) << 3) + (lane & 7);
+                        unsigned int r[4];
+                        ldmatrix_x4(r, bs + gemm_swizzle(row, kk * 2 + ((lane >> 3) & 1)));
+                        b[nj * 2][0] = r[0];
+                        b[nj * 2][1] = r[1];
+                        b[nj * 2 + 1][0] = r[2];
+                        b[nj * 2 + 1][1] = r[3];
+                    }
+                }
+#pragma unroll
+                for (int mi = 0; mi < 4; ++mi)
+#pragma unroll
+                    for (int ni = 0; ni < 4; ++ni)
+                        if (ni < n_frags) mma_bf16_16x8x16(acc[mi][ni], a[mi], b[ni], acc[mi][ni]);
+            }
+        }
+        if (kt + 1 == range_end) {
+            // The range is summed: the first is the sum so far as it is
+            // (a copy, as gemm_reduce takes it: 0 + x would turn -0 to +0),
+            // each later one added to it; its chain starts again at zero.
+#pragma unroll
+            for (int mi = 0; mi < 4; ++mi)
 #pragma unroll
                 for (int ni = 0; ni < 4; ++ni)
-                    if (ni < n_frags) mma_bf16_16x8x16(acc[mi][ni], a[mi], b[ni], acc[mi][ni]);
+#pragma unroll
+                    for (int e = 0; e < 4; ++e) {
+                        sum[mi][ni][e] = range == s_first ? acc[mi][ni][e]
+                                                          : sum[mi][ni][e] + acc[mi][ni][e];
+                        acc[mi][ni][e] = 0.0f;
+                    }
+            ++range;
+            range_end = (range + 1) * k_tiles / p.splits;
         }
     }
     cp_async_wait<0>();
+    // One range of several: its sum goes to `partial` for gemm_reduce.
+    const bool to_partial = !p.in_block && p.splits > 1;
+    const int split = blockIdx.z;
 
-    // Accumulator element e of fragment (mi, ni): tile row
-    // warp_m·32 + mi·16 + g + 8·(e / 2), batch row warp_n·32 + ni·8 + 2t + e % 2.
+    // Sum element e of fragment (mi, ni): tile row
+    // warp_m·64 + mi·16 + g + 8·(e / 2), batch row warp_n·32 + ni·8 + 2t + e % 2.
     const int g = lane / 4, t = lane % 4;
 #pragma unroll
-    for (int mi = 0; mi < 2; ++mi) {
+    for (int mi = 0; mi < 4; ++mi) {
 #pragma unroll
         for (int ni = 0; ni < 4; ++ni) {
             if (ni >= n_frags) continue;
@@ -238,12 +278,12 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm(const GemmParams
             for (int e = 0; e < 2; ++e) {
                 const int r = n0 + warp_n * 32 + ni * 8 + 2 * t + e;
                 if (r >= p.rows) continue;
-                const int trow = warp_m * 32 + mi * 16 + g;
-                const float lo = acc[mi][ni][e], hi = acc[mi][ni][2 + e];
+                const int trow = warp_m * 64 + mi * 16 + g;
+                const float lo = sum[mi][ni][e], hi = sum[mi][ni][2 + e];
                 if (swiglu) {
                     const int f = mb * (GEMM_BM / 2) + (trow >> 4) * 8 + (trow & 7);
                     if (f >= features) continue;
-                    if (p.splits > 1) {
+                    if (to_partial) {
                         float* part = p.partial + ((size_t)split * p.rows + r) * p.out;
                         part[f] = lo;
                         part[features + f] = hi;
@@ -257,7 +297,7 @@ extern "C" __global__ void __launch_bounds__(GEMM_THREADS) gemm(const GemmParams
                     const int o = mb * GEMM_BM + trow + 8 * h;
                     if (o >= p.out) continue;
                     const float v = h == 0 ? lo : hi;
-                    if (p.splits > 1) {
+                    if (to_partial) {
                         p.partial[((size_t)split * p.rows + r) * p.out + o] = v;
                     } else {
                         gemm_store(p, r, o, v);

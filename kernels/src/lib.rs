@@ -47,16 +47,17 @@ pub mod cuda {
 
     /// The per-element arithmetic of these kernels (GPU results are
     /// reproducible within one arithmetic; they need not equal the CPU's).
-    pub const ARITHMETIC: &str = "statebench-cuda/2: bf16 weights, activations and KV cache, \
+    pub const ARITHMETIC: &str = "statebench-cuda/3: bf16 weights, activations and KV cache, \
          f32 accumulation, each value rounded once by the kernel that writes it; \
-         matrix products by mma.sync m16n8k16, one chain over k per output (k split \
-         by the weight's shape alone, the ranges added in order); attention in chunks \
+         matrix products by mma.sync m16n8k16, one chain over k per output range (k \
+         split by the weight's shape alone into ranges sized for 132-block waves, \
+         the ranges' sums added in order); attention in chunks \
          of 256 positions by absolute position (online softmax over 64-position \
          sub-tiles, P in bf16), the chunks folded in order; 256-lane tree norms";
 
     /// The arithmetic of the same kernels run by the CUDA emulator: a run
     /// on it never resumes as a GPU run, nor the other way round.
-    pub const EMULATED_ARITHMETIC: &str = "statebench-cuda/2 on the CUDA emulator: \
+    pub const EMULATED_ARITHMETIC: &str = "statebench-cuda/3 on the CUDA emulator: \
          the same kernels compiled for the CPU; mma sums its 16 exact products and \
          the accumulator in double and rounds once; host libm for expf and the like; \
          fma only where written (no contraction)";

@@ -246,54 +246,71 @@ fn cell(a: BenchArgs) -> Result<()> {
     emit(&out)
 }
 
-/// The performance model's tables: one row a scenario, then each kernel of
-/// three of them.
+/// The performance model's tables: one row a scenario on each GPU, then
+/// each kernel of three H200 scenarios with what binds it.
 #[cfg(feature = "cuda")]
 fn gpu_model() -> String {
-    use statebench::engine::device::perf_model::{predict_scenario, scenarios, H200, QWEN3_8B};
-    let (shape, gpu) = (QWEN3_8B, H200);
-    let mut out = format!(
-        "Predicted, not measured: {} on an {} ({} SMs, {:.2} TB/s attained, {:.0} TFLOP/s of mma.sync bf16, {:.1} µs a graph node).\n\n",
-        shape.name,
-        gpu.name,
-        gpu.sms,
-        gpu.bandwidth / 1e12,
-        gpu.mma / 1e12,
-        gpu.launch * 1e6
-    );
-    out += "| scenario | predicted | step | bandwidth roofline |\n|---|---:|---:|---:|\n";
+    use statebench::engine::device::perf_model::{
+        predict_scenario, scenarios, Gpu, A100, H200, QWEN3_8B,
+    };
+    let shape = QWEN3_8B;
+    let header = |gpu: &Gpu| {
+        format!(
+            "Predicted, not measured: {} on an {} ({} SMs at {:.2} GHz; {:.2} of {:.2} TB/s of device memory attained; {:.0} TFLOP/s of mma.sync ({:.0}% of {:.0} dense bf16); {:.1} TB/s of shared memory; {:.0} TB/s of L2; {:.1} µs a graph node).\n\n",
+            shape.name,
+            gpu.name,
+            gpu.sms,
+            gpu.clock / 1e9,
+            gpu.bandwidth() / 1e12,
+            gpu.dram / 1e12,
+            gpu.mma() / 1e12,
+            gpu.mma_fraction * 100.0,
+            gpu.peak_bf16 / 1e12,
+            gpu.smem_bandwidth() / 1e12,
+            gpu.l2_bandwidth / 1e12,
+            gpu.launch * 1e6
+        )
+    };
     let all = scenarios();
-    for sc in &all {
-        let (secs, roof, _) = predict_scenario(&shape, &gpu, sc);
-        out += &format!(
-            "| {} | {:.0} tok/s | {:.2} ms | {:.0} tok/s |\n",
-            sc.name,
-            sc.tokens as f64 / secs,
-            secs * 1e3,
-            sc.tokens as f64 / roof
-        );
-    }
+    let summary = |gpu: &Gpu| {
+        let mut out = header(gpu);
+        out += "| scenario | predicted | step | bandwidth roofline |\n|---|---:|---:|---:|\n";
+        for sc in &all {
+            let (secs, roof, _) = predict_scenario(&shape, gpu, sc);
+            out += &format!(
+                "| {} | {:.0} tok/s | {:.2} ms | {:.0} tok/s |\n",
+                sc.name,
+                sc.tokens as f64 / secs,
+                secs * 1e3,
+                sc.tokens as f64 / roof
+            );
+        }
+        out
+    };
+    let mut out = summary(&H200);
     for sc in [&all[0], &all[3], &all[4]] {
-        let (secs, _, costs) = predict_scenario(&shape, &gpu, sc);
+        let (secs, _, costs) = predict_scenario(&shape, &H200, sc);
         out += &format!(
-            "\n{} ({:.2} ms):\n\n| kernel | launches | GB | TFLOP | blocks | ms | bound by |\n|---|---:|---:|---:|---:|---:|---|\n",
+            "\n{} ({:.2} ms):\n\n| kernel | launches | HBM GB | L2 GB | shared GB | TFLOP | blocks | ms | bound by |\n|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
             sc.name,
             secs * 1e3
         );
         for k in costs {
-            let mem = k.bytes / gpu.bandwidth;
-            let tc = k.flops / gpu.mma;
             out += &format!(
-                "| {} | {} | {:.3} | {:.2} | {} | {:.3} | {} |\n",
+                "| {} | {} | {:.3} | {:.3} | {:.3} | {:.2} | {} | {:.3} | {} |\n",
                 k.kernel.trim(),
                 k.launches,
                 k.bytes / 1e9,
+                k.l2_bytes / 1e9,
+                k.smem_bytes / 1e9,
                 k.flops / 1e12,
                 k.blocks,
                 k.secs * 1e3,
-                if tc > mem { "tensor cores" } else { "memory" }
+                k.bound.name()
             );
         }
     }
+    out += "\n";
+    out += &summary(&A100);
     out
 }

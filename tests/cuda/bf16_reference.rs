@@ -1,4 +1,4 @@
-//! What the CUDA engine's arithmetic (`statebench-cuda/2`) computes, written
+//! What the CUDA engine's arithmetic (`statebench-cuda/3`) computes, written
 //! plainly on the host: a Qwen2/Qwen3 forward pass over a safetensors
 //! checkpoint that rounds to bf16 exactly where the kernels write bf16 (the
 //! norms' outputs, every projection's output after its bias, the attention

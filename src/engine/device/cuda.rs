@@ -4,7 +4,7 @@
 //! time (a binary built with the feature runs, on the CPU, where neither
 //! exists).
 //!
-//! The arithmetic (`statebench-cuda/2`): bf16 weights (bf16 checkpoints as
+//! The arithmetic (`statebench-cuda/3`): bf16 weights (bf16 checkpoints as
 //! they are; f16, f32 and GGUF weights rounded once to nearest-even bf16
 //! at load), bf16 activations between kernels, each rounded once by the
 //! kernel that writes it, f32 accumulation, and a bf16 KV cache, paged:
@@ -456,10 +456,11 @@ struct Kernels {
 }
 
 /// The matrix product's tile (`gemm.cu`): outputs and rows per block, k
-/// per stage.
-pub const GEMM_BM: usize = 64;
-pub const GEMM_BN: usize = 64;
+/// per stage, and the threads of a block (8 warps of 64 × 32).
+pub const GEMM_BM: usize = 128;
+pub const GEMM_BN: usize = 128;
 pub const GEMM_BK: usize = 64;
+pub const GEMM_THREADS: usize = 256;
 
 /// How deep the kernels' copy pipelines are: stages of the matrix
 /// product's k-slices and of attention's K/V sub-tiles in shared memory.
@@ -472,13 +473,14 @@ pub struct Pipelines {
 }
 
 impl Pipelines {
-    /// For blocks of up to 163 KiB (sm_80) or 227 KiB (sm_90).
+    /// For blocks of up to 163 KiB (sm_80) or 227 KiB (sm_90): the
+    /// product's 128 KiB.
     pub const DEEP: Pipelines = Pipelines {
         gemm: 4,
         attention: 2,
     };
     /// For blocks of up to 99 KiB (sm_86, sm_89, sm_120: consumer and
-    /// workstation GPUs).
+    /// workstation GPUs): the product's 96 KiB.
     pub const SHALLOW: Pipelines = Pipelines {
         gemm: 3,
         attention: 1,
@@ -533,6 +535,7 @@ struct GemmParams {
     ldy: i32,
     epilogue: i32,
     splits: i32,
+    in_block: i32,
 }
 
 /// `attention.cu`'s `AttnParams`, field for field.
@@ -588,15 +591,40 @@ unsafe impl DeviceRepr for GemmParams {}
 unsafe impl DeviceRepr for AttnParams {}
 unsafe impl DeviceRepr for RopeParams {}
 
+/// The block slots of one wave the split rule fills: an H100's or H200's
+/// 132 multiprocessors, one product block each (its 256 threads take
+/// about 200 registers). A constant of the model, not of the device, so
+/// every GPU splits a weight alike; others only fill their waves less.
+pub const GEMM_WAVE: usize = 132;
+
 /// Splits along k of a product with a weight of `out` rows and `k`
-/// columns: enough blocks to fill a GPU at one activation row (256 with
-/// 64-row tiles), each split at least 16 k-slices (1,024 columns) long.
+/// columns: of 1 to `k / 512` (at most 16) ranges, the count that leaves
+/// the fewest slots idle when a decode step's blocks (one row tile, one
+/// block per range and output tile) run in waves of [`GEMM_WAVE`]: the
+/// least waves per unit of a block's work, the fewest splits on a tie.
 /// A function of the weight's shape alone, never of the batch: the order
 /// of every output's sum is fixed by the model.
 pub fn gemm_splits(out: usize, k: usize) -> usize {
     let m_blocks = out.div_ceil(GEMM_BM).max(1);
-    let k_tiles = k.div_ceil(GEMM_BK);
-    256usize.div_ceil(m_blocks).min(k_tiles / 16).max(1)
+    let most = (k.div_ceil(GEMM_BK) / 8).clamp(1, 16);
+    let waves = |s: usize| (m_blocks * s).div_ceil(GEMM_WAVE);
+    // waves(s) / s, compared without division.
+    (2..=most).fold(1, |best, s| {
+        if waves(s) * best < waves(best) * s {
+            s
+        } else {
+            best
+        }
+    })
+}
+
+/// Whether a product over `rows` rows sums its k-ranges in each block
+/// (else one range a block, added by `gemm_reduce`): in-block whenever the
+/// rows fill more than one tile, so a prefill's blocks fill the GPU
+/// without partial sums; a decode step's single row tile splits to fill
+/// it. The bits are the same either way.
+pub fn gemm_in_block(rows: usize, splits: usize) -> bool {
+    splits == 1 || rows > GEMM_BN
 }
 
 /// Free KV-cache blocks, shared by every sequence's cache.
@@ -870,6 +898,9 @@ pub struct Cuda {
     meta: Mutex<Vec<(Meta, Vec<i32>, u64)>>,
     /// Attention's chunk splits, when set (tests); else by the rule.
     attention_splits: AtomicUsize,
+    /// How products add their k-ranges, when set (tests): 1 in each
+    /// block, 2 over blocks; 0 by the rule.
+    gemm_in_block: AtomicUsize,
     /// The pass being recorded for a graph, if this pass is one.
     recording: Mutex<Option<Recording>>,
     /// Captured decode graphs, by bucket.
@@ -1140,6 +1171,7 @@ impl Cuda {
             arena: Mutex::new(Arena::new()),
             meta: Mutex::new(Vec::new()),
             attention_splits: AtomicUsize::new(0),
+            gemm_in_block: AtomicUsize::new(0),
             recording: Mutex::new(None),
             graphs: Mutex::new(std::collections::HashMap::new()),
             graphs_on: std::sync::atomic::AtomicBool::new(true),
@@ -1299,6 +1331,19 @@ impl Cuda {
     pub fn set_attention_splits(&self, n: Option<usize>) {
         self.attention_splits
             .store(n.unwrap_or(0), Ordering::Relaxed);
+    }
+
+    /// Makes matrix products add their k-ranges in each block (`Some(true)`),
+    /// over blocks and `gemm_reduce` (`Some(false)`), or by the rule
+    /// (`None`). The arithmetic is the same either way; the test that
+    /// proves it sets this.
+    pub fn set_gemm_in_block(&self, v: Option<bool>) {
+        let code = match v {
+            None => 0,
+            Some(true) => 1,
+            Some(false) => 2,
+        };
+        self.gemm_in_block.store(code, Ordering::Relaxed);
     }
 
     /// Whether decode passes run as CUDA graphs (on by default). A graph
@@ -1695,20 +1740,26 @@ impl Cuda {
         p.out = end as i32;
         let splits = gemm_splits(end, k);
         p.splits = splits as i32;
-        if splits > 1 {
+        // One range is always summed in its block.
+        let in_block = match self.gemm_in_block.load(Ordering::Relaxed) {
+            0 => gemm_in_block(x.rows, splits),
+            forced => forced == 1 || splits == 1,
+        };
+        p.in_block = i32::from(in_block);
+        if !in_block {
             p.partial = self.arena_alloc(splits * x.rows * end * 4)?.ptr;
         }
         let cfg = LaunchConfig {
             grid_dim: (
                 x.rows.div_ceil(GEMM_BN).max(1) as u32,
                 end.div_ceil(GEMM_BM) as u32,
-                splits as u32,
+                if in_block { 1 } else { splits as u32 },
             ),
-            block_dim: (128, 1, 1),
+            block_dim: (GEMM_THREADS as u32, 1, 1),
             shared_mem_bytes: self.pipes.gemm_smem() as u32,
         };
         self.launch_with(&self.k.gemm, cfg, &p)?;
-        if splits > 1 {
+        if !in_block {
             let features = if epi == Epilogue::SwiGlu {
                 end / 2
             } else {
@@ -2437,14 +2488,19 @@ mod tests {
 
     #[test]
     fn splits_depend_on_the_weight_alone() {
-        // Qwen3-8B: q/k/v fused, o, gate/up fused, down, lm_head.
-        assert_eq!(gemm_splits(6144, 4096), 3);
+        // Qwen3-8B: q/k/v fused (48 output tiles: 384 blocks, 2.9 waves
+        // of 132), o (128 blocks), gate/up fused (192 tiles: 384 blocks),
+        // down (128), lm_head (1,187 tiles, nine waves unsplit).
+        assert_eq!(gemm_splits(6144, 4096), 8);
         assert_eq!(gemm_splits(4096, 4096), 4);
-        assert_eq!(gemm_splits(24576, 4096), 1);
+        assert_eq!(gemm_splits(24576, 4096), 2);
         assert_eq!(gemm_splits(4096, 12288), 4);
         assert_eq!(gemm_splits(151_936, 4096), 1);
-        // Short k: never split below 16 slices.
-        assert_eq!(gemm_splits(64, 1023), 1);
-        assert_eq!(gemm_splits(48, 12_288), 12);
+        // Short k: never split below 8 slices, nor more than 16 ways.
+        assert_eq!(gemm_splits(64, 1023), 2);
+        assert_eq!(gemm_splits(64, 960), 1);
+        assert_eq!(gemm_splits(48, 12_288), 16);
+        // Decode steps split; anything past one row tile adds in the block.
+        assert!(!gemm_in_block(128, 8) && gemm_in_block(129, 8) && gemm_in_block(1, 1));
     }
 }

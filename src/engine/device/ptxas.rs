@@ -9,7 +9,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use super::cuda::{compile_with, Pipelines, KV_BLOCK};
+use super::cuda::{compile_with, Pipelines, GEMM_THREADS, KV_BLOCK};
 
 /// A GPU architecture the kernels are built for, with the limits of one
 /// multiprocessor that decide how many blocks it holds.
@@ -81,7 +81,7 @@ pub struct KernelUse {
 /// The threads and dynamic shared memory the host launches `kernel` with.
 pub fn launch_shape(kernel: &str, pipes: Pipelines) -> (u32, u32) {
     match kernel {
-        "gemm" => (128, pipes.gemm_smem() as u32),
+        "gemm" => (GEMM_THREADS as u32, pipes.gemm_smem() as u32),
         "rope_kv" => (128, 0),
         // One thread a dimension: 128 for the models that matter.
         "attention_merge" => (128, 0),
@@ -196,8 +196,10 @@ pub struct Budget {
 /// The budgets. The matrix product and attention are where the time goes:
 /// their registers leave room for the accumulators without spilling, and
 /// their shared memory for as many blocks as keep the copies in flight (the
-/// product: 2 to 3 a multiprocessor; attention at head dimension 128: 1 to
-/// 2 of 4 warps each, enough to keep a KV sub-tile loading while one is
+/// product: one block of 8 warps a multiprocessor, each thread holding a
+/// range's 64 accumulators and the 64 sums of the ranges before it, with 3
+/// or 4 k-slices of 32 KiB in flight; attention at head dimension 128: 1
+/// to 2 of 4 warps each, enough to keep a KV sub-tile loading while one is
 /// computed). The rest are small kernels.
 pub const BUDGETS: [Budget; 7] = [
     Budget {
@@ -207,8 +209,8 @@ pub const BUDGETS: [Budget; 7] = [
     },
     Budget {
         kernel: "gemm",
-        registers: 128,
-        blocks: [2, 2, 3],
+        registers: 240,
+        blocks: [1, 1, 1],
     },
     Budget {
         kernel: "attention_merge",
@@ -333,11 +335,15 @@ mod tests {
             (k.registers, k.spilled, k.stack, k.static_smem),
             (124, 16, 8, 1024)
         );
-        assert_eq!(k.dynamic_smem, 65_536);
-        // Registers: 128 a thread → 4096 a warp, 16 Ki a block: 4 blocks;
-        // shared memory: 228 KiB / (64 KiB dynamic + 1 static + 1 reserved): 3.
+        assert_eq!(k.dynamic_smem, 131_072);
+        // Registers: 128 a thread → 4096 a warp, 32 Ki a block of 8 warps:
+        // 2 blocks; shared memory: 228 KiB / (128 KiB dynamic + 1 static +
+        // 1 reserved): 1.
         k.blocks_per_sm = blocks_per_sm(&k, &TARGETS[2]);
-        assert_eq!(k.blocks_per_sm, 3);
+        assert_eq!(k.blocks_per_sm, 1);
+        k.dynamic_smem = 65_536;
+        assert_eq!(blocks_per_sm(&k, &TARGETS[2]), 2);
+        k.dynamic_smem = 131_072;
         assert_eq!(budget_of("attention_d128").registers, 240);
         assert_eq!(budget_of("attention_d64").registers, 200);
         assert_eq!(budget_of("gemm_reduce").registers, 64);
