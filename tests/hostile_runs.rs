@@ -6,11 +6,10 @@
 mod engine_common;
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use engine_common::*;
@@ -176,70 +175,6 @@ fn lines_written_twice_are_counted_once_and_the_count_reported() {
         text.contains("duplicate lines dropped") && text.contains(&doubled.to_string()),
         "{text}"
     );
-}
-
-/// An OpenAI-style endpoint that lists one model and answers every chat
-/// call with `reply` (status, body); counts the calls.
-struct FakeEndpoint {
-    url: String,
-    calls: Arc<AtomicUsize>,
-    stop: Arc<AtomicBool>,
-}
-
-impl FakeEndpoint {
-    fn start(status: u16, body: Vec<u8>) -> FakeEndpoint {
-        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let calls = Arc::new(AtomicUsize::new(0));
-        let stop = Arc::new(AtomicBool::new(false));
-        let (c, s) = (Arc::clone(&calls), Arc::clone(&stop));
-        std::thread::spawn(move || {
-            for conn in listener.incoming() {
-                if s.load(Ordering::SeqCst) {
-                    return;
-                }
-                let Ok(mut conn) = conn else { continue };
-                let mut r = BufReader::new(conn.try_clone().unwrap());
-                let mut first = String::new();
-                r.read_line(&mut first).ok();
-                let mut length = 0;
-                loop {
-                    let mut h = String::new();
-                    if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
-                        break;
-                    }
-                    if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
-                        length = v.trim().parse().unwrap_or(0);
-                    }
-                }
-                let mut body_in = vec![0; length];
-                r.read_exact(&mut body_in).ok();
-                let (code, out) = if first.starts_with("GET /v1/models") {
-                    (
-                        200,
-                        br#"{"object":"list","data":[{"id":"m","object":"model"}]}"#.to_vec(),
-                    )
-                } else {
-                    c.fetch_add(1, Ordering::SeqCst);
-                    (status, body.clone())
-                };
-                let head = format!(
-                    "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                    out.len()
-                );
-                conn.write_all(head.as_bytes()).ok();
-                conn.write_all(&out).ok();
-            }
-        });
-        FakeEndpoint { url, calls, stop }
-    }
-}
-
-impl Drop for FakeEndpoint {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::SeqCst);
-        let _ = TcpStream::connect(self.url.trim_start_matches("http://"));
-    }
 }
 
 // 2. Failed model calls are not agent behaviour.

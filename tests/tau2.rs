@@ -335,6 +335,45 @@ fn tool_calculate() {
 }
 
 #[test]
+fn calculate_bounds_a_hostile_expression_and_never_overflows() {
+    let mut db = fixture();
+    let calc = |db: &mut FlightDb, e: &str| {
+        call(db, "calculate", &json!({ "expression": e })).map_err(|e| error_text(&e))
+    };
+    let deep = "too many nested parentheses (<string>, line 1)";
+    // Nesting as deep as Python's parser allows still evaluates.
+    let ok = format!("{}1{}", "(".repeat(199), ")".repeat(199));
+    assert_eq!(calc(&mut db, &ok).unwrap(), "1.0");
+    // Far deeper (the stack of a recursive parser would overflow) is an
+    // error result, for parentheses, unary signs and power towers alike.
+    for e in [
+        format!("{}1{}", "(".repeat(20_000), ")".repeat(20_000)),
+        format!("{}1", "-".repeat(100_000)),
+        format!("{}2", "2**".repeat(50_000)),
+    ] {
+        assert_eq!(calc(&mut db, &e).unwrap_err(), format!("Error: {deep}"));
+    }
+    // i128's edges leave it for a float, as Python's integers never overflow.
+    let min = "(-170141183460469231731687303715884105727-1)";
+    assert_eq!(
+        calc(&mut db, &format!("{min}//-1")).unwrap(),
+        "1.7014118346046923e+38"
+    );
+    assert_eq!(
+        calc(&mut db, &format!("-{min}")).unwrap(),
+        "1.7014118346046923e+38"
+    );
+    assert_eq!(
+        calc(&mut db, &format!("{min}//7")).unwrap(),
+        "-2.4305883351495603e+37"
+    );
+    assert_eq!(
+        calc(&mut db, &format!("{min}*{min}")).unwrap(),
+        "2.894802230932905e+76"
+    );
+}
+
+#[test]
 fn tool_arguments_fail_as_python_calls_do() {
     let mut db = fixture();
     let e = call(&mut db, "get_user_details", &json!({})).unwrap_err();

@@ -356,6 +356,97 @@ fn the_gate_refuses_a_write_and_changes_nothing() {
     not(has_tau2_data),
     ignore = "the τ² airline data (../shared/tau2-airline) is absent"
 )]
+fn only_a_change_that_ran_unlocks_the_delay_certificate() {
+    // M61CQM: ethan_martin_2396's (silver) economy reservation for three,
+    // its second flight delayed. $50 a passenger is due once the
+    // reservation was changed; a change the arm held back is no change.
+    let reference = RuleSet::reference();
+    let call = |id: &str, name: &str, args: serde_json::Value| ToolCall {
+        id: id.into(),
+        name: name.into(),
+        arguments: args.to_string(),
+    };
+    let lookup = call(
+        "call_0",
+        "get_user_details",
+        json!({ "user_id": "ethan_martin_2396" }),
+    );
+    let bags = call(
+        "call_1",
+        "update_reservation_baggages",
+        json!({ "reservation_id": "M61CQM", "total_baggages": 3, "nonfree_baggages": 0, "payment_id": "credit_card_5447957" }),
+    );
+    let certificate = call(
+        "call_2",
+        "send_certificate",
+        json!({ "user_id": "ethan_martin_2396", "amount": 150 }),
+    );
+    let mut db = data().db.clone();
+    let mut history = vec![
+        Message::new(Role::System, prompts::agent_system(&data().policy)),
+        Message::new(Role::Assistant, prompts::GREETING),
+        Message::new(
+            Role::User,
+            "My flight on M61CQM is delayed; add a bag each for the three of us.",
+        ),
+        Message::calls("", vec![lookup.clone()]),
+    ];
+    let looked = tools::call(
+        &mut db,
+        &lookup.name,
+        &serde_json::from_str(&lookup.arguments).unwrap(),
+    )
+    .unwrap();
+    history.push(Message::tool_result(&lookup.id, looked));
+    // The bag change, unconfirmed: the gate holds it back.
+    history.push(Message::calls("", vec![bags.clone()]));
+    let held = dispatch(
+        Arm::Gate,
+        Some(&reference),
+        &reference,
+        &mut db,
+        &history,
+        &mut Noticed::default(),
+        &bags,
+    );
+    assert!(!held.record.executed, "{}", held.result);
+    assert!(prompts::held(&held.result));
+    let before = history.clone();
+    history.push(Message::tool_result(&bags.id, held.result));
+    history.push(Message::calls("", vec![certificate.clone()]));
+    let args: serde_json::Value = serde_json::from_str(&certificate.arguments).unwrap();
+    let v = reference.check(&db, &history, &certificate.name, &args);
+    assert!(
+        v.iter().any(|v| v.rule.name() == "certificate_eligibility"),
+        "a held change unlocked the certificate: {v:?}"
+    );
+
+    // The same change run (raw) unlocks it.
+    let mut history = before;
+    let ran = dispatch(
+        Arm::Raw,
+        None,
+        &reference,
+        &mut db,
+        &history,
+        &mut Noticed::default(),
+        &bags,
+    );
+    assert!(ran.record.executed && !ran.record.error, "{}", ran.result);
+    history.push(Message::tool_result(&bags.id, ran.result));
+    history.push(Message::calls("", vec![certificate.clone()]));
+    let v = reference.check(&db, &history, &certificate.name, &args);
+    assert!(
+        !v.iter().any(|v| v.rule.name() == "certificate_eligibility"),
+        "{v:?}"
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(has_tau2_data),
+    ignore = "the τ² airline data (../shared/tau2-airline) is absent"
+)]
 fn a_notice_warns_once_and_the_same_call_again_runs() {
     let reference = RuleSet::reference();
     let (history, call) = unconfirmed_cancel();

@@ -64,6 +64,7 @@ fn rec(task: &str, arm: Arm, trial: u32, reward: f64) -> EpisodeRecord {
         agent_turns: 3,
         secs: 2.0,
         error: None,
+        cut: Vec::new(),
     }
 }
 
@@ -283,6 +284,7 @@ fn compile_variance_counts_parses_and_fields_differing() {
         index,
         seed: index as u64,
         reply: "{}".into(),
+        reply_bytes: None,
         rules: differing.map(|_| RuleSet::reference()),
         error: differing.is_none().then(|| "expected a JSON object".into()),
         backend_error: None,
@@ -366,6 +368,116 @@ fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tau2-airline")
 }
 
+/// A copy of the airline data under `tmp`, to be spoiled.
+fn copy_data(tmp: &Path) -> PathBuf {
+    let data = tmp.join("airline");
+    std::fs::create_dir_all(&data).unwrap();
+    for e in std::fs::read_dir(data_dir()).unwrap() {
+        let e = e.unwrap();
+        if e.file_type().unwrap().is_file() {
+            let to = data.join(e.file_name());
+            std::fs::copy(e.path(), &to).unwrap();
+            let mut perm = std::fs::metadata(&to).unwrap().permissions();
+            #[allow(clippy::permissions_set_readonly_false)]
+            perm.set_readonly(false);
+            std::fs::set_permissions(&to, perm).unwrap();
+        }
+    }
+    data
+}
+
+/// Edits one JSON file of a data copy.
+fn edit_json(data: &Path, name: &str, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = data.join(name);
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut v);
+    std::fs::write(&path, v.to_string()).unwrap();
+}
+
+/// Hostile data directories: a policy too large to be a prompt, gold
+/// actions that name no tool or fail to replay, a reservation of a user the
+/// database lacks. Each refused in one line naming the file and what is
+/// wrong, before the run directory is made.
+#[test]
+#[cfg_attr(
+    not(has_tau2_data),
+    ignore = "needs the τ²-bench airline data at ../shared/tau2-airline"
+)]
+fn hostile_data_files_are_refused_in_one_line_naming_them() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = tmp.path().join("run");
+
+    let data = copy_data(&tmp.path().join("a"));
+    // 200 MB, sparse: refused from its size, never read.
+    std::fs::File::options()
+        .write(true)
+        .open(data.join("policy.md"))
+        .unwrap()
+        .set_len(200 << 20)
+        .unwrap();
+    let err = refused_run(&data, &out);
+    assert!(
+        err.contains("policy.md") && err.contains("above the 262144-byte cap for policy.md"),
+        "{err}"
+    );
+
+    let data = copy_data(&tmp.path().join("b"));
+    edit_json(&data, "tasks.json", |t| {
+        t[3]["evaluation_criteria"]["actions"][0]["name"] = "refund_everything".into();
+    });
+    let err = refused_run(&data, &out);
+    assert!(
+        err.contains("tasks.json")
+            && err.contains("names \"refund_everything\", which is not an airline tool"),
+        "{err}"
+    );
+
+    let data = copy_data(&tmp.path().join("c"));
+    let mut id = String::new();
+    edit_json(&data, "tasks.json", |t| {
+        let task = t
+            .as_array_mut()
+            .unwrap()
+            .iter_mut()
+            .find(|t| {
+                t["evaluation_criteria"]["actions"]
+                    .as_array()
+                    .is_some_and(|a| a.iter().any(|a| a["name"] == "cancel_reservation"))
+            })
+            .unwrap();
+        id = task["id"].as_str().unwrap().to_string();
+        let actions = task["evaluation_criteria"]["actions"]
+            .as_array_mut()
+            .unwrap();
+        let cancel = actions
+            .iter_mut()
+            .find(|a| a["name"] == "cancel_reservation")
+            .unwrap();
+        cancel["arguments"]["reservation_id"] = "NOSUCH".into();
+    });
+    let err = refused_run(&data, &out);
+    assert!(
+        err.contains(&format!("task {id}: gold action"))
+            && err.contains(
+                "(cancel_reservation) fails on the database: Error: Reservation NOSUCH not found"
+            ),
+        "{err}"
+    );
+
+    let data = copy_data(&tmp.path().join("d"));
+    edit_json(&data, "db.json", |db| {
+        db["reservations"]["M61CQM"]["user_id"] = "nobody_0000".into();
+    });
+    let err = refused_run(&data, &out);
+    assert!(
+        err.contains(
+            "db.json: reservation M61CQM names user nobody_0000, who is not in the database"
+        ),
+        "{err}"
+    );
+}
+
 /// A truncated `db.json` is refused in one line naming the file, before the
 /// run directory is made.
 #[test]
@@ -375,14 +487,7 @@ fn data_dir() -> PathBuf {
 )]
 fn a_truncated_database_is_refused_in_one_line_naming_it() {
     let tmp = tempfile::tempdir().unwrap();
-    let data = tmp.path().join("airline");
-    std::fs::create_dir(&data).unwrap();
-    for e in std::fs::read_dir(data_dir()).unwrap() {
-        let e = e.unwrap();
-        if e.file_type().unwrap().is_file() {
-            std::fs::copy(e.path(), data.join(e.file_name())).unwrap();
-        }
-    }
+    let data = copy_data(tmp.path());
     let db = std::fs::read(data.join("db.json")).unwrap();
     std::fs::write(data.join("db.json"), &db[..db.len() / 2]).unwrap();
     let err = refused_run(&data, &tmp.path().join("run"));

@@ -177,7 +177,18 @@ fn run_study(a: RunArgs) -> Result<()> {
     );
     drop(agent);
     drop(user);
-    emit(&Report::read(&a.out)?.text())
+    emit(&Report::read(&a.out)?.text())?;
+    // A run that left failed episodes is not done: a script that checks
+    // the exit status learns it, and the same command resumes them.
+    if summary.failed > 0 {
+        let finished = summary.ran + summary.already;
+        bail!(
+            "{} of {} episodes ended in a failed model call ({finished} finished); run the same command again to resume them",
+            summary.failed,
+            summary.planned
+        );
+    }
+    Ok(())
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]

@@ -301,26 +301,48 @@ pub struct Payment {
     pub amount: i64,
 }
 
-/// Most bytes a τ² data file may have (`db.json` is 7 MB): a wrong path
-/// to a huge file, or to a FIFO or device, is refused rather than read.
-pub const DATA_FILE_CAP: u64 = 256 << 20;
+/// Most bytes a τ² data file may have, by its name. Each is far above τ²'s
+/// own (`db.json` 7 MB, the task files 160 kB, `policy.md` 8 kB): a wrong
+/// path to a huge file, or to a FIFO or device, is refused rather than
+/// read, and the texts sent whole as prompts (the policy, the guidelines)
+/// stay within what a model's context can take at all.
+pub fn data_file_cap(name: &str) -> u64 {
+    match name {
+        "policy.md" | "simulation_guidelines.md" | "simulation_guidelines_tools.md" => 256 << 10,
+        "split_tasks.json" => 1 << 20,
+        "tasks.json" | "tasks_release.json" => 16 << 20,
+        _ => DATA_FILE_CAP,
+    }
+}
 
-/// A data file's text: a regular file of at most [`DATA_FILE_CAP`] bytes.
-/// Every file of the data directory is read through it.
+/// Most bytes of a data file [`data_file_cap`] does not name (`db.json`).
+pub const DATA_FILE_CAP: u64 = 64 << 20;
+
+/// A data file's text: a regular file within its [`data_file_cap`]. Every
+/// file of the data directory is read through it.
 pub fn read_data_file(path: &Path) -> std::io::Result<String> {
     use std::io::{Error, ErrorKind, Read};
-    if !std::fs::metadata(path)?.is_file() {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+    let cap = data_file_cap(name);
+    let meta = std::fs::metadata(path)?;
+    if !meta.is_file() {
         return Err(Error::new(ErrorKind::InvalidInput, "not a regular file"));
+    }
+    let too_big = || {
+        Error::new(
+            ErrorKind::InvalidData,
+            format!("{} bytes, above the {cap}-byte cap for {name}", meta.len()),
+        )
+    };
+    if meta.len() > cap {
+        return Err(too_big());
     }
     let mut text = String::new();
     std::fs::File::open(path)?
-        .take(DATA_FILE_CAP + 1)
+        .take(cap + 1)
         .read_to_string(&mut text)?;
-    if text.len() as u64 > DATA_FILE_CAP {
-        return Err(Error::new(
-            ErrorKind::InvalidData,
-            format!("larger than {DATA_FILE_CAP} bytes"),
-        ));
+    if text.len() as u64 > cap {
+        return Err(too_big());
     }
     Ok(text)
 }

@@ -24,8 +24,11 @@
 //! - `transfer_to_human_agents` is a tool like any other (it answers
 //!   "Transfer successful"); the conversation ends when the simulator, told
 //!   it is being transferred, says `###TRANSFER###`.
-//! - Episodes ended by the step or error limit, or by a failed model call,
-//!   get reward 0 unchecked (τ² grades only conversations a participant
+//! - A simulator reply made only of tool calls ends the episode as τ²'s
+//!   `user_error` (the airline's simulator has no tools; text beside calls
+//!   is kept and the calls dropped).
+//! - Episodes ended by the step or error limit, by a user error or by a
+//!   failed model call, get reward 0 unchecked (τ² grades only conversations a participant
 //!   ended; [`evaluate::evaluate_episode`]).
 //!
 //! The simulator sees the conversation with roles flipped: the agent's
@@ -418,6 +421,16 @@ impl<'d> Episode<'d> {
     fn take_user(&mut self, reply: ChatReply) {
         self.user_usage += reply.usage;
         let text = split_thinking(&reply.content).1;
+        if text.trim().is_empty() && !reply.tool_calls.is_empty() {
+            // The user has no tools: a reply of calls alone says nothing to
+            // the agent, and is not passed on as an empty message.
+            self.error = Some(format!(
+                "the user simulator replied with {} tool call(s) and no text",
+                reply.tool_calls.len()
+            ));
+            self.next = Err(Termination::UserError);
+            return;
+        }
         self.steps += 1;
         self.user.push(Message::new(Role::Assistant, text.clone()));
         self.next = match user_stop(&text) {
@@ -514,6 +527,7 @@ impl<'d> Episode<'d> {
             agent_turns: self.agent_turns,
             secs: self.started.elapsed().as_secs_f64(),
             error: self.error,
+            cut: Vec::new(),
         }
     }
 }

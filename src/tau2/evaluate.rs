@@ -85,12 +85,19 @@ pub fn db_matches(task: &Task, initial: &FlightDb, calls: &[CallRecord]) -> bool
     gold_db(task, initial).hash() == predicted.hash()
 }
 
-/// `initial` after the task's gold actions (failed ones change what they
-/// changed before failing, as in τ²).
+/// `initial` after the task's gold actions. A data directory whose gold
+/// actions fail to replay is refused when it is read (`task::check_gold`),
+/// so no error is dropped here.
 pub fn gold_db(task: &Task, initial: &FlightDb) -> FlightDb {
     let mut gold = initial.clone();
     for a in &task.criteria.actions {
-        let _ = tools::call(&mut gold, &a.name, &a.arguments);
+        let replayed = tools::call(&mut gold, &a.name, &a.arguments);
+        debug_assert!(
+            replayed.is_ok(),
+            "task {}: {} was checked at load",
+            task.id,
+            a.action_id
+        );
     }
     gold
 }

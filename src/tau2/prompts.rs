@@ -97,11 +97,22 @@ fn named(violations: &[Violation]) -> String {
         .join("; ")
 }
 
+/// How the `notice` and `gate` arms' results open: a tool result opening
+/// so is a write that did not run.
+const NOTICE_HEAD: &str = "NOTICE: ";
+const GATE_HEAD: &str = "REJECTED: ";
+
+/// Whether a tool result is an arm's refusal (the call did not run). No
+/// tool's own result opens so: they are JSON, plain values or `Error: …`.
+pub fn held(result: &str) -> bool {
+    result.starts_with(NOTICE_HEAD) || result.starts_with(GATE_HEAD)
+}
+
 /// The `notice` arm's result for a write the rules refuse: it did not run,
 /// and the same call again will.
 pub fn notice(tool: &str, violations: &[Violation]) -> String {
     format!(
-        "NOTICE: {tool} was NOT executed. The policy rules flag it: {}. \
+        "{NOTICE_HEAD}{tool} was NOT executed. The policy rules flag it: {}. \
          Nothing was changed. If you are certain the action is allowed, make \
          the same call again with identical arguments and it will be executed.",
         named(violations)
@@ -111,7 +122,7 @@ pub fn notice(tool: &str, violations: &[Violation]) -> String {
 /// The `gate` arm's result for a write the rules refuse.
 pub fn gate(tool: &str, violations: &[Violation]) -> String {
     format!(
-        "REJECTED: {tool} was NOT executed because it breaks the policy: {}. \
+        "{GATE_HEAD}{tool} was NOT executed because it breaks the policy: {}. \
          Nothing was changed.",
         named(violations)
     )

@@ -83,6 +83,10 @@ pub enum Termination {
     MaxSteps,
     /// Too many tool errors.
     TooManyErrors,
+    /// The user simulator's reply was not a message a user can send (τ²'s
+    /// `user_error`): tool calls and no text. The model's own doing, so a
+    /// finished episode, scored 0, not run again.
+    UserError,
     /// A model call failed (the episode is run again on resume).
     BackendError,
 }
@@ -123,9 +127,72 @@ pub struct EpisodeRecord {
     pub agent_turns: u32,
     pub secs: f64,
     /// The last failed model call's message, when `termination` is
-    /// `backend_error`.
+    /// `backend_error`; what the simulator sent, on `user_error`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// What [`EpisodeRecord::bounded`] cut to keep the line readable.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cut: Vec<Cut>,
+}
+
+/// One part of a record shortened when it was written: where (a path into
+/// the record, such as `messages[3].content` or `calls[0].arguments.name`)
+/// and how many bytes it had.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Cut {
+    pub at: String,
+    pub bytes: usize,
+}
+
+/// Most bytes a written episode line may take: half the run directory's
+/// line cap, so that every line its reader meets is one it reads.
+pub const RECORD_CAP: usize = crate::rundir::LINE_CAP / 2;
+
+/// Text caps tried in turn, longest first: each text of the record (a
+/// message, a call's argument string, an error) is cut to the first that
+/// brings the line under [`RECORD_CAP`]. A model's 400-token reply is far
+/// below the first; only hostile replies or data are ever cut.
+const TEXT_CAPS: [usize; 3] = [64 << 10, 4 << 10, 256];
+
+/// Messages kept from each end when even the shortest texts leave the line
+/// too long (a reply with thousands of calls).
+const ENDS_KEPT: usize = 16;
+
+fn cut_text(text: &mut String, cap: usize, at: impl FnOnce() -> String, cuts: &mut Vec<Cut>) {
+    if text.len() <= cap {
+        return;
+    }
+    cuts.push(Cut {
+        at: at(),
+        bytes: text.len(),
+    });
+    let mut end = cap;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    text.truncate(end);
+}
+
+/// Cuts every string in a JSON value (keys stay: they are the tool's).
+fn cut_value(v: &mut serde_json::Value, cap: usize, at: &str, cuts: &mut Vec<Cut>) {
+    match v {
+        serde_json::Value::String(s) => cut_text(s, cap, || at.to_string(), cuts),
+        serde_json::Value::Array(items) => {
+            for (i, x) in items.iter_mut().enumerate() {
+                cut_value(x, cap, &format!("{at}[{i}]"), cuts);
+            }
+        }
+        serde_json::Value::Object(map) => {
+            for (k, x) in map.iter_mut() {
+                cut_value(x, cap, &format!("{at}.{k}"), cuts);
+            }
+        }
+        _ => {}
+    }
+}
+
+fn line_len(r: &EpisodeRecord) -> usize {
+    serde_json::to_vec(r).map_or(usize::MAX, |v| v.len())
 }
 
 impl EpisodeRecord {
@@ -135,6 +202,91 @@ impl EpisodeRecord {
         self.calls
             .iter()
             .any(|c| c.write && c.executed && !c.error && !c.violates.is_empty())
+    }
+
+    /// The record as it is written: within [`RECORD_CAP`] bytes, each text
+    /// cut to the longest of [`TEXT_CAPS`] that fits, and as a last resort
+    /// the middle of the conversation left out; every cut listed in `cut`.
+    /// The reward was computed before, on the whole record; a re-score of a
+    /// cut record replays the cut arguments.
+    pub fn bounded(self) -> EpisodeRecord {
+        if line_len(&self) <= RECORD_CAP {
+            return self;
+        }
+        let shortened = |cap| {
+            let mut r = self.clone();
+            r.cut_texts(cap);
+            r
+        };
+        let mut r = shortened(TEXT_CAPS[0]);
+        for &cap in &TEXT_CAPS[1..] {
+            if line_len(&r) <= RECORD_CAP {
+                return r;
+            }
+            r = shortened(cap);
+        }
+        let n = r.messages.len();
+        if n > 2 * ENDS_KEPT {
+            let dropped: usize = r.messages[ENDS_KEPT..n - ENDS_KEPT]
+                .iter()
+                .map(|m| serde_json::to_vec(m).map_or(0, |v| v.len()))
+                .sum();
+            r.messages.drain(ENDS_KEPT..n - ENDS_KEPT);
+            r.cut.push(Cut {
+                at: format!("messages[{ENDS_KEPT}..{}]", n - ENDS_KEPT),
+                bytes: dropped,
+            });
+        }
+        if line_len(&r) > RECORD_CAP {
+            // Thousands of calls: keep the writes, which the evaluator
+            // replays, and say how many reads went.
+            let before = r.calls.len();
+            r.calls.retain(|c| c.write);
+            r.cut.push(Cut {
+                at: format!("calls (reads: {} of {before})", before - r.calls.len()),
+                bytes: 0,
+            });
+            r.messages.truncate(ENDS_KEPT);
+        }
+        r
+    }
+
+    fn cut_texts(&mut self, cap: usize) {
+        let cuts = &mut self.cut;
+        for (i, m) in self.messages.iter_mut().enumerate() {
+            cut_text(
+                &mut m.content,
+                cap,
+                || format!("messages[{i}].content"),
+                cuts,
+            );
+            for (j, c) in m.tool_calls.iter_mut().enumerate() {
+                cut_text(
+                    &mut c.arguments,
+                    cap,
+                    || format!("messages[{i}].tool_calls[{j}].arguments"),
+                    cuts,
+                );
+                cut_text(
+                    &mut c.name,
+                    cap,
+                    || format!("messages[{i}].tool_calls[{j}].name"),
+                    cuts,
+                );
+            }
+        }
+        for (i, c) in self.calls.iter_mut().enumerate() {
+            cut_value(
+                &mut c.arguments,
+                cap,
+                &format!("calls[{i}].arguments"),
+                cuts,
+            );
+            cut_text(&mut c.name, cap, || format!("calls[{i}].name"), cuts);
+        }
+        if let Some(e) = self.error.as_mut() {
+            cut_text(e, cap, || "error".into(), cuts);
+        }
     }
 
     pub fn key(&self) -> (String, Arm, u32) {

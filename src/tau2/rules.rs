@@ -298,7 +298,8 @@ pub struct Receipts {
     /// Reservation-id-shaped words the conversation mentions outside user
     /// lookups (calls, their results, both sides' texts).
     pub mentioned: BTreeSet<String>,
-    /// Reservations a write call of the agent changed without error.
+    /// Reservations a write call of the agent changed: it ran (no arm held
+    /// it back) and raised no error.
     pub changed: BTreeSet<String>,
 }
 
@@ -322,7 +323,10 @@ impl Receipts {
                     }
                 } else if let Some(id) = args.get("reservation_id").and_then(Value::as_str) {
                     r.mentioned.insert(id.to_string());
-                    let ok = result.is_some_and(|t| !t.starts_with("Error"));
+                    // Ran (a refusal by the arm is a result too) and did
+                    // not fail.
+                    let ok =
+                        result.is_some_and(|t| !t.starts_with("Error") && !super::prompts::held(t));
                     if ok && Write::from_name(&call.name).is_some() {
                         r.changed.insert(id.to_string());
                     }

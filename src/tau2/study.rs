@@ -133,13 +133,21 @@ pub fn data_hashes(data: &Tau2Data, task_file: TaskFile) -> BTreeMap<String, Str
 /// A τ² run's manifest: its configuration and the agent's model.
 pub type Manifest = rundir::Manifest<Tau2Config>;
 
+/// Most bytes of a compile's reply a record keeps (a rule set is a few
+/// kilobytes; the reply was parsed whole before it is cut).
+pub const COMPILE_REPLY_CAP: usize = 1 << 20;
+
 /// One seeded compile of the policy.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct CompileRecord {
     pub index: usize,
     pub seed: u64,
-    /// The model's reply as it came (thinking removed).
+    /// The model's reply as it came (thinking removed), its first
+    /// [`COMPILE_REPLY_CAP`] bytes.
     pub reply: String,
+    /// The reply's length, when it was longer than the cap and cut.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reply_bytes: Option<usize>,
     /// The parsed rule set, when the reply parsed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rules: Option<RuleSet>,
@@ -389,6 +397,7 @@ pub fn run(
     let log = Log::open(&epath, attempt, &hash)?;
     let (mut ran, mut failed) = (0, 0);
     let mut on_done = |r: EpisodeRecord| -> Result<(), DirError> {
+        let r = r.bounded();
         log.append([&r], true)?;
         match finished(&r) {
             true => ran += 1,
@@ -532,14 +541,24 @@ fn ask_compiles(
                     index,
                     seed,
                     reply: String::new(),
+                    reply_bytes: None,
                     rules: None,
                     error: None,
                     backend_error: Some(e),
                     agreement: None,
                     usage: Usage::default(),
                 },
-                Ok(reply) => {
+                Ok(mut reply) => {
                     let parsed = compile::parse(&reply.content);
+                    let reply_bytes = (reply.content.len() > COMPILE_REPLY_CAP).then(|| {
+                        let n = reply.content.len();
+                        let mut end = COMPILE_REPLY_CAP;
+                        while !reply.content.is_char_boundary(end) {
+                            end -= 1;
+                        }
+                        reply.content.truncate(end);
+                        n
+                    });
                     CompileRecord {
                         index,
                         seed,
@@ -551,6 +570,7 @@ fn ask_compiles(
                         rules: parsed.ok(),
                         backend_error: None,
                         reply: reply.content,
+                        reply_bytes,
                         usage: reply.usage,
                     }
                 }

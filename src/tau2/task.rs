@@ -24,6 +24,9 @@ pub enum DataError {
         #[source]
         source: serde_json::Error,
     },
+    /// Parsed, but its contents contradict themselves or the database.
+    #[error("{path}: {why}")]
+    Invalid { path: PathBuf, why: String },
 }
 
 /// Which task file of the data directory.
@@ -230,11 +233,21 @@ impl Tau2Data {
             sha256: BTreeMap::new(),
         };
         let raw: Vec<RawTask> = files.json(file.file_name())?;
+        let db: FlightDb = files.json("db.json")?;
+        let invalid = |name: &str, why: String| DataError::Invalid {
+            path: dir.join(name),
+            why,
+        };
+        check_references(&db).map_err(|why| invalid("db.json", why))?;
+        let tasks: Vec<Task> = raw.into_iter().map(Task::from).collect();
+        for task in &tasks {
+            check_gold(task, &db).map_err(|why| invalid(file.file_name(), why))?;
+        }
         Ok(Tau2Data {
             dir: dir.to_path_buf(),
             policy: files.text("policy.md")?,
-            db: files.json("db.json")?,
-            tasks: raw.into_iter().map(Task::from).collect(),
+            db,
+            tasks,
             split: files.json("split_tasks.json")?,
             guidelines: files.text("simulation_guidelines.md")?,
             sha256: files.sha256,
@@ -244,6 +257,98 @@ impl Tau2Data {
     pub fn task(&self, id: &str) -> Option<&Task> {
         self.tasks.iter().find(|t| t.id == id)
     }
+}
+
+/// Every id the database uses names a record it holds: a reservation's
+/// user and flights (on that date), a user's reservations (each theirs),
+/// and each record under its own id. A dangling id would fail a tool call
+/// in the middle of an episode, or, worse, be read as "not found".
+fn check_references(db: &FlightDb) -> Result<(), String> {
+    for (id, f) in &db.flights {
+        if *id != f.flight_number {
+            return Err(format!("flight {id} is filed as {}", f.flight_number));
+        }
+    }
+    for (id, r) in &db.reservations {
+        if *id != r.reservation_id {
+            return Err(format!("reservation {id} is filed as {}", r.reservation_id));
+        }
+        let Some(user) = db.users.get(&r.user_id) else {
+            return Err(format!(
+                "reservation {id} names user {}, who is not in the database",
+                r.user_id
+            ));
+        };
+        if !user.reservations.contains(id) {
+            return Err(format!(
+                "reservation {id} is not among user {}'s reservations",
+                r.user_id
+            ));
+        }
+        for seg in &r.flights {
+            let known = db
+                .flights
+                .get(&seg.flight_number)
+                .is_some_and(|f| f.dates.contains_key(&seg.date));
+            if !known {
+                return Err(format!(
+                    "reservation {id} names flight {} on {}, which the database does not hold",
+                    seg.flight_number, seg.date
+                ));
+            }
+        }
+    }
+    for (id, u) in &db.users {
+        if *id != u.user_id {
+            return Err(format!("user {id} is filed as {}", u.user_id));
+        }
+        for r in &u.reservations {
+            match db.reservations.get(r) {
+                None => {
+                    return Err(format!(
+                        "user {id} lists reservation {r}, which is not in the database"
+                    ))
+                }
+                Some(res) if res.user_id != *id => {
+                    return Err(format!(
+                        "user {id} lists reservation {r}, which is {}'s",
+                        res.user_id
+                    ))
+                }
+                Some(_) => {}
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A task's gold actions name the airline's tools and replay without error
+/// on the database: the gold database every episode of the task is scored
+/// against is then the one its actions describe.
+fn check_gold(task: &Task, db: &FlightDb) -> Result<(), String> {
+    let actions = &task.criteria.actions;
+    if let Some(a) = actions.iter().find(|a| !tools::is_tool(&a.name)) {
+        return Err(format!(
+            "task {}: gold action {} names {:?}, which is not an airline tool",
+            task.id, a.action_id, a.name
+        ));
+    }
+    if !task.has_gold_write() {
+        return Ok(());
+    }
+    let mut gold = db.clone();
+    for a in actions {
+        if let Err(e) = tools::call(&mut gold, &a.name, &a.arguments) {
+            return Err(format!(
+                "task {}: gold action {} ({}) fails on the database: {}",
+                task.id,
+                a.action_id,
+                a.name,
+                tools::error_text(&e)
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// A τ² task file (either layout).

@@ -251,6 +251,11 @@ const SPECS: [Spec; 14] = [
     },
 ];
 
+/// One of the airline's tools.
+pub fn is_tool(name: &str) -> bool {
+    spec(name).is_some()
+}
+
 fn spec(name: &str) -> Option<&'static Spec> {
     SPECS.iter().find(|s| s.name == name)
 }
@@ -1036,12 +1041,23 @@ mod calc {
 
     const SYNTAX: &str = "invalid syntax (<string>, line 1)";
 
+    /// Most nested parentheses, unary signs and `**` right operands on one
+    /// path of the parse. Python's parser stops at 200 nested parentheses
+    /// ("too many nested parentheses"); the same bound here keeps a
+    /// model's expression from exhausting the stack.
+    pub const MAX_DEPTH: usize = 200;
+    const TOO_DEEP: &str = "too many nested parentheses (<string>, line 1)";
+
     pub fn eval(text: &str) -> Result<Num, String> {
         let toks = tokens(text)?;
         if toks.is_empty() {
             return Err("invalid syntax (<string>, line 0)".into());
         }
-        let mut p = Parser { toks, at: 0 };
+        let mut p = Parser {
+            toks,
+            at: 0,
+            depth: 0,
+        };
         let v = p.expr()?;
         if p.at != p.toks.len() {
             return Err(if p.toks[p.at] == Tok::Close {
@@ -1097,6 +1113,8 @@ mod calc {
     struct Parser {
         toks: Vec<Tok>,
         at: usize,
+        /// Recursive descents open on the current path.
+        depth: usize,
     }
 
     /// `None` is the empty tuple `()`.
@@ -1136,21 +1154,37 @@ mod calc {
             Ok(v)
         }
 
+        /// `factor` one level deeper, refused past [`MAX_DEPTH`].
+        fn nested<T>(
+            &mut self,
+            f: impl FnOnce(&mut Self) -> Result<T, String>,
+        ) -> Result<T, String> {
+            if self.depth >= MAX_DEPTH {
+                return Err(TOO_DEEP.into());
+            }
+            self.depth += 1;
+            let v = f(self);
+            self.depth -= 1;
+            v
+        }
+
         fn factor(&mut self) -> Result<Val, String> {
             if let Some(op) = self.eat_op(&["+", "-"]) {
-                let v = self.factor()?;
+                let v = self.nested(Self::factor)?;
                 let Some(n) = v else {
                     return Err(format!("bad operand type for unary {op}: 'tuple'"));
                 };
                 return Ok(Some(match (op, n) {
-                    ("-", Num::Int(i)) => Num::Int(-i),
+                    // Python's integers have no least value: -i128::MIN
+                    // leaves i128 for a float, as an overflowing product does.
+                    ("-", Num::Int(i)) => i.checked_neg().map_or(Num::Float(-(i as f64)), Num::Int),
                     ("-", Num::Float(f)) => Num::Float(-f),
                     _ => n,
                 }));
             }
             let base = self.atom()?;
             if self.eat_op(&["**"]).is_some() {
-                let exp = self.factor()?;
+                let exp = self.nested(Self::factor)?;
                 return Ok(Some(binary("**", need(base, "**")?, need(exp, "**")?)?));
             }
             Ok(base)
@@ -1168,7 +1202,7 @@ mod calc {
                         self.at += 1;
                         return Ok(None);
                     }
-                    let v = self.expr()?;
+                    let v = self.nested(Self::expr)?;
                     match self.peek() {
                         Some(Tok::Close) => {
                             self.at += 1;
@@ -1220,9 +1254,11 @@ mod calc {
             ("/", _, _) if b.f() == 0.0 => return Err("float division by zero".into()),
             ("/", _, _) => Float(a.f() / b.f()),
             ("//", Int(_), Int(0)) => return Err("integer division or modulo by zero".into()),
-            ("//", Int(x), Int(y)) => {
-                Int(x.div_euclid(y) - i128::from(y < 0 && x.rem_euclid(y) != 0))
-            }
+            // Floor division; i128::MIN // -1 leaves i128 for a float.
+            ("//", Int(x), Int(y)) => match (x.checked_div_euclid(y), x.checked_rem_euclid(y)) {
+                (Some(q), Some(r)) => Int(q - i128::from(y < 0 && r != 0)),
+                _ => Float((x as f64 / y as f64).floor()),
+            },
             ("//", _, _) if b.f() == 0.0 => return Err("float floor division by zero".into()),
             ("//", _, _) => Float((a.f() / b.f()).floor()),
             _ => power(a, b)?,

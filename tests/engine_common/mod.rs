@@ -1,9 +1,12 @@
 //! Helpers shared by the engine tests.
 #![allow(dead_code)]
 
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -429,4 +432,80 @@ pub fn in_child(case_var: &str, case: &str, env: &[(&str, &str)]) -> (bool, Stri
         String::from_utf8_lossy(&out.stderr)
     );
     (out.status.success(), text)
+}
+
+/// An OpenAI-style endpoint that lists one model (`m`) and answers every
+/// chat call as `answer` says from the request's body (status, body);
+/// counts the calls.
+pub struct FakeEndpoint {
+    pub url: String,
+    pub calls: Arc<AtomicUsize>,
+    stop: Arc<AtomicBool>,
+}
+
+type Answer = dyn Fn(&[u8]) -> (u16, Vec<u8>) + Send + Sync;
+
+impl FakeEndpoint {
+    /// Every chat call answered with the same status and body.
+    pub fn start(status: u16, body: Vec<u8>) -> FakeEndpoint {
+        FakeEndpoint::scripted(move |_| (status, body.clone()))
+    }
+
+    /// Each chat call answered by `answer` from its request body.
+    pub fn scripted(
+        answer: impl Fn(&[u8]) -> (u16, Vec<u8>) + Send + Sync + 'static,
+    ) -> FakeEndpoint {
+        let answer: Arc<Answer> = Arc::new(answer);
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let calls = Arc::new(AtomicUsize::new(0));
+        let stop = Arc::new(AtomicBool::new(false));
+        let (c, s) = (Arc::clone(&calls), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            for conn in listener.incoming() {
+                if s.load(Ordering::SeqCst) {
+                    return;
+                }
+                let Ok(mut conn) = conn else { continue };
+                let mut r = BufReader::new(conn.try_clone().unwrap());
+                let mut first = String::new();
+                r.read_line(&mut first).ok();
+                let mut length = 0;
+                loop {
+                    let mut h = String::new();
+                    if r.read_line(&mut h).unwrap_or(0) == 0 || h == "\r\n" {
+                        break;
+                    }
+                    if let Some(v) = h.to_ascii_lowercase().strip_prefix("content-length:") {
+                        length = v.trim().parse().unwrap_or(0);
+                    }
+                }
+                let mut body_in = vec![0; length];
+                r.read_exact(&mut body_in).ok();
+                let (code, out) = if first.starts_with("GET /v1/models") {
+                    (
+                        200,
+                        br#"{"object":"list","data":[{"id":"m","object":"model"}]}"#.to_vec(),
+                    )
+                } else {
+                    c.fetch_add(1, Ordering::SeqCst);
+                    answer(&body_in)
+                };
+                let head = format!(
+                    "HTTP/1.1 {code} X\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                    out.len()
+                );
+                conn.write_all(head.as_bytes()).ok();
+                conn.write_all(&out).ok();
+            }
+        });
+        FakeEndpoint { url, calls, stop }
+    }
+}
+
+impl Drop for FakeEndpoint {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        let _ = TcpStream::connect(self.url.trim_start_matches("http://"));
+    }
 }
