@@ -29,6 +29,10 @@
 //!     reason given (the current file says the user is healthy and keeps it).
 //! - One scripted violation per rule: a real call on the real database that
 //!   breaks exactly that rule, beside one that breaks none.
+//! - Confirmation: [`REPLIES`], 78 user answers to "Shall I proceed?"
+//!   written for this suite and labelled as a careful rater would, each
+//!   read as labelled; and conversations in which a yes answers the wrong
+//!   question, names another action, or precedes lookups.
 
 use std::path::{Path, PathBuf};
 
@@ -36,7 +40,7 @@ use serde_json::{json, Value};
 use statebench::backend::{Message, Role, ToolCall};
 use statebench::tau2::compile::{agreement, parse, CompileError};
 use statebench::tau2::db::FlightDb;
-use statebench::tau2::rules::{RuleId, RuleSet, Violation};
+use statebench::tau2::rules::{affirms, RuleId, RuleSet, Violation};
 use statebench::tau2::task::{Task, TaskFile, Tau2Data};
 use statebench::tau2::tools;
 
@@ -499,7 +503,7 @@ fn shown_renders_the_touched_reservations_verdicts() {
     assert!(line("5GAZGX").contains("cancel: allowed (business cabin)"));
     assert!(!text.contains("MWJZ87"), "untouched reservations stay out");
     assert!(text.ends_with(
-        "confirmation: not given: describe the action and get the user's yes before any write"
+        "confirmation: not given: list the action's details, ask, and get the user's yes before any write"
     ));
 }
 
@@ -581,4 +585,199 @@ fn compile_requests_carry_the_policy_budget_and_seed() {
         "a constraint would forbid the thinking block"
     );
     assert_eq!(a.messages[0].content, b.messages[0].content);
+}
+
+/// User answers to an agent that listed an action and asked "Shall I
+/// proceed?", labelled yes (true) or not (false) as a careful rater would:
+/// a yes needs no keyword; a hedged, conditional, refused, taken-back or
+/// questioning answer is not one. Written for this suite.
+const REPLIES: &[(&str, bool)] = &[
+    ("Yes, please go ahead.", true),
+    ("yes", true),
+    ("Yep, that's all correct.", true),
+    ("Perfect, book it.", true),
+    ("I agree.", true),
+    ("Sounds great, go for it.", true),
+    ("No problem, go ahead.", true),
+    ("Wait — yes, that's right.", true),
+    ("Okay, do it.", true),
+    ("Sure thing, proceed.", true),
+    ("Absolutely. Please cancel it.", true),
+    ("That works for me.", true),
+    ("Confirmed.", true),
+    ("I confirm.", true),
+    ("Yes, I don't need insurance.", true),
+    ("Yes, no extra bags.", true),
+    ("Go ahead and make the change.", true),
+    ("Alright, let's do it.", true),
+    ("Please do.", true),
+    ("Exactly, that's what I want.", true),
+    ("Yeah that's fine", true),
+    ("ok", true),
+    ("Yes please, and thank you for your help!", true),
+    ("Great, send it.", true),
+    ("Of course, go ahead with the cancellation.", true),
+    ("Yup.", true),
+    ("I'm happy with that, please proceed.", true),
+    ("That's correct, you can book it now.", true),
+    ("Definitely, change it.", true),
+    ("YES.", true),
+    ("Fine by me.", true),
+    ("Looks good to me.", true),
+    ("Sounds good 👍", true),
+    ("I don't mind, go ahead.", true),
+    ("Correct. Please update it.", true),
+    ("Yes, both passengers and the same card.", true),
+    ("Affirmative.", true),
+    ("Yes — go.", true),
+    ("No.", false),
+    ("No, please don't.", false),
+    ("Please don't proceed yet.", false),
+    ("I'm not sure.", false),
+    ("Can you confirm the price?", false),
+    ("How much will that cost?", false),
+    ("Yes — wait, is that refundable?", false),
+    ("Yes. Actually, no.", false),
+    ("Hold on, let me check with my wife.", false),
+    ("Maybe. Let me think about it.", false),
+    ("I think so, but let me check my calendar first.", false),
+    ("Not yet.", false),
+    ("Hmm, probably.", false),
+    ("Yes, but use the other credit card.", false),
+    ("Sure, if the fee is under $100.", false),
+    ("Yeah, on second thought, never mind.", false),
+    (
+        "Okay — actually I changed my mind, keep it as it is.",
+        false,
+    ),
+    ("Nope.", false),
+    ("Nah, leave it.", false),
+    ("Stop, that's not what I asked.", false),
+    ("Thanks.", false),
+    ("I'd rather not.", false),
+    ("That's not right.", false),
+    ("Not that one, the other reservation.", false),
+    ("Let me ask my husband first.", false),
+    ("Yes, instead book the later flight.", false),
+    ("Please confirm the total first.", false),
+    ("Tell me the new itinerary before you book.", false),
+    ("I don't want to do that.", false),
+    ("Cancel that, I'll keep the original.", false),
+    ("Sure, I guess so.", false),
+    ("Perhaps later.", false),
+    ("Okay, unless there's a cheaper option.", false),
+    ("Wait, no, don't book it.", false),
+    ("Forget it.", false),
+    ("Hmm, I'm not ready to decide.", false),
+    ("I never said I wanted that.", false),
+    ("Yes, as long as the refund goes to my gift card.", false),
+    ("OK, scratch that.", false),
+    ("Hello, I'd like to change my flight.", false),
+];
+
+#[test]
+fn every_labelled_reply_is_read_as_labelled() {
+    assert!(REPLIES.len() >= 60);
+    let yes = REPLIES.iter().filter(|(_, y)| *y).count();
+    println!(
+        "{} replies: {yes} yes, {} not",
+        REPLIES.len(),
+        REPLIES.len() - yes
+    );
+    let misread: Vec<&(&str, bool)> = REPLIES
+        .iter()
+        .filter(|(text, label)| affirms(text) != *label)
+        .collect();
+    assert!(misread.is_empty(), "misread (reply, label): {misread:?}");
+}
+
+/// chen_jackson_3290 looked up, asked `question`, answered `answer`.
+fn exchange(db: &FlightDb, question: &str, answer: &str) -> Conversation {
+    let mut c = Conversation::new(db.clone(), "I want to cancel 4WQ150.");
+    c.call("get_user_details", &json!({"user_id": "chen_jackson_3290"}));
+    c.messages.push(Message::new(Role::Assistant, question));
+    c.messages.push(Message::new(Role::User, answer));
+    c
+}
+
+fn confirmation_refused(c: &Conversation, name: &str, args: &Value) -> bool {
+    c.check(&RuleSet::reference(), name, args)
+        .iter()
+        .any(|v| v.rule == RuleId::ExplicitConfirmation)
+}
+
+#[test]
+#[cfg_attr(
+    not(has_tau2_data),
+    ignore = "needs the τ² airline data at ../shared/tau2-airline"
+)]
+fn a_yes_confirms_only_the_action_its_question_named() {
+    let db = FlightDb::load(&data_dir().join("db.json")).expect("db.json");
+    let cancel = json!({"reservation_id": "4WQ150"});
+    let bags = json!({"reservation_id": "4WQ150", "total_baggages": 6,
+                      "nonfree_baggages": 1, "payment_id": "gift_card_3576581"});
+    // Named and asked: the cancellation runs, lookups in between or not.
+    let mut c = exchange(&db, "Shall I cancel reservation 4WQ150 now?", "Sure.");
+    assert!(!confirmation_refused(&c, "cancel_reservation", &cancel));
+    c.call("get_reservation_details", &cancel);
+    assert!(!confirmation_refused(&c, "cancel_reservation", &cancel));
+    // The same yes does not cover a baggage change it never named.
+    assert!(confirmation_refused(
+        &c,
+        "update_reservation_baggages",
+        &bags
+    ));
+    // One question naming both confirms both.
+    let c = exchange(
+        &db,
+        "For 4WQ150 I will set the checked bags to 6 (one paid, on gift_card_3576581) and then cancel it. Shall I do both?",
+        "Yes to both.",
+    );
+    assert!(!confirmation_refused(
+        &c,
+        "update_reservation_baggages",
+        &bags
+    ));
+    assert!(!confirmation_refused(&c, "cancel_reservation", &cancel));
+    // A bag total the question did not say is not confirmed.
+    let c = exchange(&db, "Shall I set 4WQ150's checked bags to 7?", "Yes.");
+    assert!(confirmation_refused(
+        &c,
+        "update_reservation_baggages",
+        &bags
+    ));
+    // A yes to a request for the user id confirms nothing.
+    let c = exchange(
+        &db,
+        "Could you give me your user id?",
+        "Sure, my user id is chen_jackson_3290.",
+    );
+    assert!(confirmation_refused(&c, "cancel_reservation", &cancel));
+    // Nor does a message that asked nothing, or a hedged answer.
+    let c = exchange(&db, "I can cancel 4WQ150 for you.", "Yes.");
+    assert!(confirmation_refused(&c, "cancel_reservation", &cancel));
+    let c = exchange(&db, "Shall I cancel 4WQ150?", "Yes, if the refund is full.");
+    assert!(confirmation_refused(&c, "cancel_reservation", &cancel));
+}
+
+#[test]
+#[cfg_attr(
+    not(has_tau2_data),
+    ignore = "needs the τ² airline data at ../shared/tau2-airline"
+)]
+fn a_yes_to_the_greeting_confirms_nothing() {
+    let db = FlightDb::load(&data_dir().join("db.json")).expect("db.json");
+    let cancel = json!({"reservation_id": "4WQ150"});
+    let mut c = Conversation::new(
+        db,
+        "Yes, please cancel 4WQ150 right away, I am chen_jackson_3290.",
+    );
+    c.call("get_user_details", &json!({"user_id": "chen_jackson_3290"}));
+    let v = c.check(&RuleSet::reference(), "cancel_reservation", &cancel);
+    assert_eq!(
+        v.iter().map(|v| v.rule).collect::<Vec<_>>(),
+        [RuleId::ExplicitConfirmation],
+        "{v:?}"
+    );
+    println!("{}", v[0]);
 }

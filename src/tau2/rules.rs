@@ -14,17 +14,26 @@
 //!   with that `user_id`). A user id the user only typed is not enough: the
 //!   policy asks the agent to obtain it, and the lookup is the receipt that
 //!   it names a real profile;
-//! - explicit confirmation: the latest user message affirms (a word such as
-//!   yes, yeah, yep, confirm, proceed, sure, ok, correct, or a phrase such as
-//!   "go ahead", "please do", "sounds good"), does not open with a refusal
-//!   (no, nope, not, don't, wait, hold, stop, never) nor say "not yet", and
-//!   comes right after an assistant message with text (the description of
-//!   the action). One affirmation covers the writes the agent makes before
-//!   the user speaks again, as when the agent lists three changes and the
-//!   user says yes to all;
+//! - explicit confirmation, read as a careful rater would: the latest user
+//!   message answers the agent's message right before it, which asked and
+//!   named this action — its kind (cancel, bags, …) and its details: the
+//!   reservation id; a booking's flight numbers and cabin; a change's new
+//!   flight numbers and new cabin; a baggage change's new total; the
+//!   passengers' first names; a certificate's amount — and the answer says
+//!   yes ([`affirms`]), with or without the usual keywords ("Perfect, book
+//!   it", "I agree", "No problem, go ahead"), and is neither hedged ("I
+//!   think so", "I'm not sure"), conditional ("yes, if it is free"),
+//!   refused or taken back ("yes… actually no", "please don't proceed"),
+//!   nor followed by a question in the same message. A yes to an earlier,
+//!   different question (the greeting, a request for the user id) confirms
+//!   nothing; one question naming three changes, answered yes, confirms
+//!   all three and nothing else; lookups between the yes and the write do
+//!   not undo it. In doubt it is no yes: a yes misread costs the agent one
+//!   more question, a no misread a write the user did not want;
 //! - a reason covered by travel insurance is one of the rule set's
-//!   `insurance_reasons`, or a word for it (sick, medical, storm, …), in any
-//!   of the user's messages.
+//!   `insurance_reasons`, or a word or phrase for it (sick, medical, "not
+//!   feeling well", storm, …), not negated ("I'm not sick"), in any of the
+//!   user's messages.
 //!
 //! Policy statements not encoded, and why:
 //! - one cabin for all flights, the same flights for every passenger: the
@@ -291,8 +300,8 @@ impl std::fmt::Display for Violation {
 pub struct Receipts {
     /// The user the agent looked up last, successfully.
     pub user: Option<String>,
-    /// The latest user message affirms the action the agent described.
-    pub confirmed: bool,
+    /// The latest user message and the agent's message it answers.
+    pub exchange: Option<Exchange>,
     /// Every user message, lowercased, one per line.
     pub user_text: String,
     /// Reservation-id-shaped words the conversation mentions outside user
@@ -341,9 +350,193 @@ impl Receipts {
                 r.user_text.push('\n');
             }
         }
-        r.confirmed = confirmed(history);
+        r.exchange = Exchange::latest(history);
         r
     }
+}
+
+/// The latest user message and the assistant text right before it: the
+/// only exchange a confirmation can be read from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Exchange {
+    /// The agent's message (where a confirmation must list the action).
+    pub asked: String,
+    /// The user's answer.
+    pub answer: String,
+    /// The answer's index in the history.
+    pub at: usize,
+}
+
+impl Exchange {
+    fn latest(history: &[Message]) -> Option<Exchange> {
+        let u = history
+            .iter()
+            .rposition(|m| m.role == Role::User && !is_shown(m))?;
+        let asked = history[..u].last()?;
+        (asked.role == Role::Assistant && !asked.content.trim().is_empty()).then(|| Exchange {
+            asked: asked.content.clone(),
+            answer: history[u].content.clone(),
+            at: u,
+        })
+    }
+
+    /// The agent asked the user something (a question mark, or a request
+    /// for a yes such as "please confirm").
+    pub fn asks(&self) -> bool {
+        let a = self.asked.to_lowercase();
+        a.contains('?')
+            || ["please confirm", "confirm that", "let me know", "reply yes"]
+                .iter()
+                .any(|p| a.contains(p))
+    }
+}
+
+/// Whether the receipts hold a confirmation of this write: Ok, or why not.
+fn confirmation(
+    db: &FlightDb,
+    receipts: &Receipts,
+    write: Write,
+    args: &Value,
+) -> Result<(), String> {
+    let Some(x) = receipts.exchange.as_ref() else {
+        return Err(
+            "no explicit confirmation: list the action's details, ask, and get the user's yes first"
+                .into(),
+        );
+    };
+    if !x.asks() {
+        return Err(
+            "no explicit confirmation: the agent's message before the user's last asked nothing"
+                .into(),
+        );
+    }
+    let asked = x.asked.to_lowercase();
+    let tokens = detail_tokens(&asked);
+    let missing: Vec<String> = details(db, write, args)
+        .into_iter()
+        .filter(|d| !d.named_in(&asked, &tokens))
+        .map(|d| d.describe())
+        .collect();
+    if !missing.is_empty() {
+        return Err(format!(
+            "no explicit confirmation of this action: the question the user answered did not name {}",
+            missing.join(", ")
+        ));
+    }
+    if !affirms(&x.answer) {
+        return Err("no explicit confirmation: the user's answer does not say yes (refused, hedged, conditional, taken back, or asking)".into());
+    }
+    Ok(())
+}
+
+/// One thing the agent's question must name for a yes to confirm a write.
+enum Detail {
+    /// What the action does: any of these stems, anywhere ("cancel…").
+    Kind(&'static [&'static str]),
+    /// A value of its arguments, as a word (numbers by value: 50 is "$50.00").
+    Value(String),
+}
+
+impl Detail {
+    fn named_in(&self, asked: &str, tokens: &[String]) -> bool {
+        match self {
+            Detail::Kind(stems) => stems.iter().any(|s| asked.contains(s)),
+            Detail::Value(v) => {
+                let v = v.to_lowercase();
+                let num = v.parse::<f64>().ok();
+                tokens.iter().any(|t| {
+                    *t == v
+                        || t.replace('_', " ") == v.replace('_', " ")
+                        || num.is_some_and(|n| t.parse::<f64>().ok() == Some(n))
+                }) || (v.contains('_') && asked.contains(&v.replace('_', " ")))
+            }
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Detail::Kind(stems) => format!("the action ({}…)", stems[0]),
+            Detail::Value(v) => v.clone(),
+        }
+    }
+}
+
+/// The question's words for [`Detail::Value`]: letters, digits, `_` and
+/// inner dots kept, so "$50.00," is "50.00" and "basic_economy" one word.
+fn detail_tokens(asked: &str) -> Vec<String> {
+    asked
+        .split(|c: char| !(c.is_alphanumeric() || c == '_' || c == '.'))
+        .map(|t| t.trim_matches('.'))
+        .filter(|t| !t.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// What a description of the write must name, as its arguments write it:
+/// the kind of action; the reservation; a booking's flights and cabin, a
+/// change's new flights and new cabin; a baggage change's new total; the
+/// passengers' first names; a certificate's amount.
+fn details(db: &FlightDb, write: Write, args: &Value) -> Vec<Detail> {
+    let text = |k: &str| args.get(k).and_then(Value::as_str).map(str::to_string);
+    let flights = || -> Vec<String> {
+        args.get("flights")
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(|f| f.get("flight_number").and_then(Value::as_str))
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let held = text("reservation_id").and_then(|r| db.reservations.get(&r));
+    let mut values: Vec<String> = text("reservation_id").into_iter().collect();
+    let kind: &'static [&'static str] = match write {
+        Write::BookReservation => {
+            values.extend(flights());
+            values.extend(text("cabin"));
+            &["book", "purchase", "buy"]
+        }
+        Write::CancelReservation => &["cancel", "refund"],
+        Write::UpdateReservationBaggages => {
+            if let Some(n) = args.get("total_baggages").and_then(Value::as_i64) {
+                values.push(n.to_string());
+            }
+            &["bag", "luggage"]
+        }
+        Write::UpdateReservationFlights => {
+            let kept: BTreeSet<&str> = held
+                .map(|r| r.flights.iter().map(|f| f.flight_number.as_str()).collect())
+                .unwrap_or_default();
+            values.extend(flights().into_iter().filter(|f| !kept.contains(f.as_str())));
+            let cabin = text("cabin");
+            if cabin.as_deref() != held.map(|r| r.cabin.name()) {
+                values.extend(cabin);
+            }
+            &["flight", "cabin", "change", "switch", "move", "upgrade"]
+        }
+        Write::UpdateReservationPassengers => {
+            if let Some(ps) = args.get("passengers").and_then(Value::as_array) {
+                values.extend(
+                    ps.iter()
+                        .filter_map(|p| p.get("first_name").and_then(Value::as_str))
+                        .map(str::to_string),
+                );
+            }
+            &["passenger", "name", "traveler", "traveller"]
+        }
+        Write::SendCertificate => {
+            if let Some(a) = args.get("amount").and_then(Value::as_f64) {
+                values.push(a.to_string());
+            }
+            &["certificate", "voucher", "compensation", "credit"]
+        }
+    };
+    let mut seen = BTreeSet::new();
+    values.retain(|v| seen.insert(v.clone()));
+    std::iter::once(Detail::Kind(kind))
+        .chain(values.into_iter().map(Detail::Value))
+        .collect()
 }
 
 fn is_shown(m: &Message) -> bool {
@@ -367,33 +560,142 @@ fn reservation_words(text: &str) -> impl Iterator<Item = String> + '_ {
         .map(str::to_string)
 }
 
+/// Words that say yes on their own.
 const AFFIRM_WORDS: &[&str] = &[
     "yes",
     "yeah",
     "yep",
     "yup",
+    "ya",
+    "yea",
+    "yess",
+    "sure",
+    "ok",
+    "okay",
+    "k",
+    "alright",
+    "correct",
     "confirm",
     "confirmed",
     "confirming",
     "proceed",
-    "sure",
-    "ok",
-    "okay",
-    "correct",
     "absolutely",
     "definitely",
     "agreed",
+    "agree",
+    "perfect",
+    "great",
+    "fine",
+    "exactly",
+    "certainly",
+    "affirmative",
 ];
+/// Phrases that say yes without any of the words.
 const AFFIRM_PHRASES: &[&str] = &[
     "go ahead",
+    "go for it",
     "please do",
     "do it",
+    "do that",
+    "book it",
+    "cancel it",
+    "change it",
+    "send it",
+    "update it",
+    "make the change",
+    "make it so",
     "sounds good",
+    "looks good",
+    "all good",
+    "works for me",
+    "that works",
+    "let's do",
+    "of course",
+    "all right",
     "that's right",
     "that is right",
+    "i'm happy with",
+    "i am happy with",
+    "please go",
+    "that's what i want",
+    "i do",
 ];
-const REFUSAL_OPENINGS: &[&str] = &[
-    "no", "nope", "not", "don't", "dont", "wait", "hold", "stop", "never",
+/// Negations that still say yes ("no problem, go ahead").
+const NEGATED_YES: &[&str] = &[
+    "no problem",
+    "no problems",
+    "not a problem",
+    "no worries",
+    "no rush",
+    "don't mind",
+    "do not mind",
+    "dont mind",
+];
+/// Words that negate: a clause holding one refuses, unless the negation
+/// is one of [`NEGATED_YES`] or falls on a detail of the booking
+/// ([`NEGATED_DETAILS`]).
+const NEGATORS: &[&str] = &[
+    "no", "not", "never", "don't", "dont", "won't", "wont", "wouldn't", "can't", "cannot",
+    "didn't", "doesn't", "isn't", "nope", "nah",
+];
+/// What a yes may decline in passing ("yes, no insurance").
+const NEGATED_DETAILS: &[&str] = &[
+    "insurance",
+    "bag",
+    "bags",
+    "baggage",
+    "luggage",
+    "extra",
+    "additional",
+    "other",
+];
+/// Phrases that hedge, make a yes conditional, take it back, or turn it
+/// into a request, wherever they stand.
+const UNSAYING: &[&str] = &[
+    "hold off",
+    "hold on",
+    "on second thought",
+    "changed my mind",
+    "change my mind",
+    "cancel that",
+    "scratch that",
+    "forget it",
+    "rather",
+    "let me think",
+    "let me check",
+    "let me ask",
+    "let me talk",
+    "let me see",
+    "let me look",
+    "need to check",
+    "need to ask",
+    "need to think",
+    "think about it",
+    "check with",
+    "talk to",
+    "maybe",
+    "perhaps",
+    "probably",
+    "i think so",
+    "i guess so",
+    "i suppose so",
+    "unsure",
+    "instead",
+    "but",
+    "if",
+    "unless",
+    "as long as",
+    "provided",
+    "first",
+    "before you",
+    "later",
+    "please confirm",
+    "can you",
+    "could you",
+    "tell me",
+    "show me",
+    "how much",
+    "what's",
 ];
 
 fn words(text: &str) -> Vec<String> {
@@ -405,32 +707,60 @@ fn words(text: &str) -> Vec<String> {
         .collect()
 }
 
-/// The latest user message affirms, right after an assistant message with
-/// text.
-fn confirmed(history: &[Message]) -> bool {
-    let Some(u) = history
-        .iter()
-        .rposition(|m| m.role == Role::User && !is_shown(m))
-    else {
-        return false;
-    };
-    let described = u > 0
-        && history[u - 1].role == Role::Assistant
-        && !history[u - 1].content.trim().is_empty();
-    described && affirms(&history[u].content)
+/// Where `phrase` (words) starts in `w`, for each occurrence.
+fn find_phrase(w: &[String], phrase: &str) -> Vec<usize> {
+    let p: Vec<&str> = phrase.split(' ').collect();
+    (0..w.len().saturating_sub(p.len() - 1))
+        .filter(|&i| p.iter().zip(&w[i..]).all(|(a, b)| a == b))
+        .collect()
 }
 
-/// Whether a user's message says yes (see the module doc).
+/// The message's clauses, as words: split at sentence and clause
+/// punctuation, so that "yes. actually, no" holds the clause "actually no".
+fn clauses(text: &str) -> Vec<Vec<String>> {
+    text.split(" - ")
+        .flat_map(|c| c.split(|c: char| ",.;:!()\n—–…".contains(c)))
+        .map(words)
+        .filter(|w| !w.is_empty())
+        .collect()
+}
+
+/// A negation in this clause refuses: it is not part of a [`NEGATED_YES`]
+/// phrase and no detail it could be declining follows within three words.
+fn clause_negates(c: &[String]) -> bool {
+    let kept: BTreeSet<usize> = NEGATED_YES.iter().flat_map(|p| find_phrase(c, p)).collect();
+    c.iter().enumerate().any(|(i, x)| {
+        NEGATORS.contains(&x.as_str())
+            && !kept.contains(&i)
+            && !c[i + 1..]
+                .iter()
+                .take(3)
+                .any(|n| NEGATED_DETAILS.contains(&n.as_str()))
+    })
+}
+
+/// Whether a user's answer says yes, as a careful rater reads it: an
+/// affirmation in words or a phrase, and nothing that refuses, hedges,
+/// makes it conditional, takes it back or asks (any question mark). When
+/// in doubt it is not a yes: a yes misread as a no costs the agent one
+/// more question, a no misread as a yes a write the user did not want. An
+/// echoed policy-check block is never the user's yes.
 pub fn affirms(text: &str) -> bool {
-    let w = words(text);
-    let lower = w.join(" ");
-    let refuses = w
-        .first()
-        .is_some_and(|f| REFUSAL_OPENINGS.contains(&f.as_str()))
-        || lower.contains("not yet");
-    let says_yes = w.iter().any(|x| AFFIRM_WORDS.contains(&x.as_str()))
-        || AFFIRM_PHRASES.iter().any(|p| lower.contains(p));
-    says_yes && !refuses
+    if text.contains(SHOWN_HEADER) || text.contains('?') {
+        return false;
+    }
+    let cs = clauses(text);
+    let says_yes = cs.iter().any(|c| {
+        c.iter().any(|x| AFFIRM_WORDS.contains(&x.as_str()))
+            || AFFIRM_PHRASES
+                .iter()
+                .chain(NEGATED_YES)
+                .any(|p| !find_phrase(c, p).is_empty())
+    });
+    let unsays = cs
+        .iter()
+        .any(|c| clause_negates(c) || UNSAYING.iter().any(|p| !find_phrase(c, p).is_empty()));
+    says_yes && !unsays
 }
 
 /// Words for each reason insurance may cover, beyond the reason's own name.
@@ -463,6 +793,28 @@ const REASON_WORDS: &[(&str, &[&str])] = &[
             "tornado",
         ],
     ),
+];
+
+/// Phrases for each reason that hold none of its words ("not feeling
+/// well" for health).
+const REASON_PHRASES: &[(&str, &[&str])] = &[
+    (
+        "health",
+        &[
+            "not feeling well",
+            "not feel well",
+            "don't feel well",
+            "didn't feel well",
+            "not feeling good",
+            "not well",
+            "came down with",
+            "come down with",
+            "the flu",
+            "a fever",
+            "under the weather",
+        ],
+    ),
+    ("weather", &["heavy snow", "ice storm", "severe storm"]),
 ];
 
 /// A write's arguments in its typed form (None: the tool will refuse them).
@@ -641,9 +993,10 @@ impl RuleSet {
     }
 
     fn explicit_confirmation(&self, c: &Call) -> Option<String> {
-        (self.confirm_before.contains(&c.write) && !c.receipts.confirmed).then(|| {
-            "no explicit confirmation: describe the action and get the user's yes first".into()
-        })
+        if !self.confirm_before.contains(&c.write) {
+            return None;
+        }
+        confirmation(c.db, c.receipts, c.write, c.args).err()
     }
 
     fn cancel_eligibility(&self, c: &Call) -> Option<String> {
@@ -716,8 +1069,20 @@ impl RuleSet {
                     .iter()
                     .find(|(r, _)| *r == reason_lc)
                     .map_or(&[][..], |(_, w)| *w);
+                let phrases = REASON_PHRASES
+                    .iter()
+                    .find(|(r, _)| *r == reason_lc)
+                    .map_or(&[][..], |(_, p)| *p);
+                // "I'm not sick" states no reason.
+                let negated = |i: usize| {
+                    said[i.saturating_sub(2)..i]
+                        .iter()
+                        .any(|w| NEGATORS.contains(&w.as_str()))
+                };
                 said.iter()
-                    .any(|w| *w == reason_lc || extra.contains(&w.as_str()))
+                    .enumerate()
+                    .any(|(i, w)| (*w == reason_lc || extra.contains(&w.as_str())) && !negated(i))
+                    || phrases.iter().any(|p| !find_phrase(&said, p).is_empty())
             })
     }
 
@@ -1019,10 +1384,11 @@ impl RuleSet {
     pub fn shown(&self, db: &FlightDb, history: &[Message]) -> String {
         let receipts = Receipts::read(history);
         let mut out = vec![SHOWN_HEADER.to_string()];
-        let confirmation = if receipts.confirmed {
-            "given (the user's latest message says yes)"
-        } else {
-            "not given: describe the action and get the user's yes before any write"
+        let confirmation = match &receipts.exchange {
+            Some(x) if x.asks() && affirms(&x.answer) => {
+                "the user's latest message says yes to your last question; it confirms only the actions whose details that question listed"
+            }
+            _ => "not given: list the action's details, ask, and get the user's yes before any write",
         };
         let user = receipts.user.as_deref().and_then(|u| db.users.get(u));
         let Some(user) = user else {
@@ -1224,6 +1590,9 @@ mod tests {
             "Sure, go ahead",
             "Confirmed!",
             "OK",
+            "No problem, go ahead",
+            "Wait — yes",
+            "Yes, I don't need insurance",
         ] {
             assert!(affirms(yes), "{yes}");
         }
@@ -1232,8 +1601,41 @@ mod tests {
             "Not yet, yes I will think",
             "What is the price?",
             "don't, yes",
+            "[policy check] get the user's yes",
+            "Yes. Actually, no.",
+            "Sure, if it is refundable",
         ] {
             assert!(!affirms(no), "{no}");
         }
+    }
+
+    #[test]
+    fn reasons_are_read_from_words_and_phrases_and_not_negated() {
+        let r = RuleSet::reference();
+        for (said, reason) in [
+            ("i'm not feeling well, so i can't fly", Some("health")),
+            ("i came down with the flu", Some("health")),
+            ("my doctor says i should not travel", Some("health")),
+            ("there is a snowstorm at my destination", Some("weather")),
+            ("i'm not sick, i just changed my plans", None),
+            ("i'm feeling well, my plans changed", None),
+            ("no storm, just a change of plans", None),
+        ] {
+            assert_eq!(r.covered_reason(said), reason, "{said}");
+        }
+    }
+
+    #[test]
+    fn clauses_split_at_punctuation_and_dashes() {
+        assert_eq!(
+            clauses("Yes. Actually, no - wait—ok"),
+            [
+                vec!["yes"],
+                vec!["actually"],
+                vec!["no"],
+                vec!["wait"],
+                vec!["ok"]
+            ]
+        );
     }
 }
