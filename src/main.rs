@@ -9,9 +9,14 @@ use clap::Parser;
 fn main() -> ExitCode {
     match cli::run(cli::Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e:#}");
-            ExitCode::FAILURE
-        }
+        // A command that reports its outcome in the exit status (`tau2
+        // explain`) has printed everything already.
+        Err(e) => match e.downcast_ref::<cli::Exit>() {
+            Some(cli::Exit(code)) => ExitCode::from(*code),
+            None => {
+                eprintln!("error: {e:#}");
+                ExitCode::FAILURE
+            }
+        },
     }
 }

@@ -4,80 +4,13 @@
 //! its own reader, resume, and exit non-zero when episodes failed.
 
 mod engine_common;
+mod tau2_common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use engine_common::*;
 use serde_json::{json, Value};
-
-fn data_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tau2-airline")
-}
-
-/// A chat completion carrying `text` and these (name, arguments) calls.
-fn completion(text: &str, calls: &[(&str, String)]) -> Vec<u8> {
-    let calls: Vec<Value> = calls
-        .iter()
-        .enumerate()
-        .map(|(i, (name, args))| {
-            json!({"id": format!("c{i}"), "type": "function",
-                   "function": {"name": name, "arguments": args}})
-        })
-        .collect();
-    let mut message = json!({"role": "assistant", "content": text});
-    if !calls.is_empty() {
-        message["tool_calls"] = Value::Array(calls);
-    }
-    json!({
-        "id": "x", "object": "chat.completion", "created": 0, "model": "m",
-        "choices": [{"index": 0, "message": message, "finish_reason": "stop"}],
-        "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}
-    })
-    .to_string()
-    .into_bytes()
-}
-
-/// A conversation the endpoint plays both sides of: the agent (requests
-/// with tools) makes `calls` once, then says "Done."; the user opens, and
-/// stops once the agent said "Done.". `user` replaces the user's opening.
-fn endpoint(calls: Vec<(&'static str, String)>, user: Option<Vec<u8>>) -> FakeEndpoint {
-    FakeEndpoint::scripted(move |body| {
-        let req: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-        let messages = req["messages"].as_array().cloned().unwrap_or_default();
-        let last = messages.last().cloned().unwrap_or(Value::Null);
-        let body = if req.get("tools").is_some() {
-            if last["role"] == "tool" {
-                completion("Done.", &[])
-            } else {
-                completion("", &calls)
-            }
-        } else if last["content"] == "Done." {
-            completion("###STOP###", &[])
-        } else {
-            user.clone()
-                .unwrap_or_else(|| completion("Please work out a sum for me.", &[]))
-        };
-        (200, body)
-    })
-}
-
-fn run_args<'a>(url: &'a str, out: &'a str, data: &'a str) -> Vec<&'a str> {
-    vec![
-        "tau2",
-        "run",
-        "--tau2-data",
-        data,
-        "--tasks",
-        "0",
-        "--arms",
-        "raw",
-        "--quiet",
-        "--endpoint",
-        url,
-        "--out",
-        out,
-    ]
-}
+use tau2_common::*;
 
 fn episodes(out: &Path) -> Vec<Value> {
     std::fs::read_to_string(out.join("episodes.jsonl"))
@@ -115,7 +48,12 @@ fn hostile_arithmetic_is_a_tool_error_and_the_run_resumes() {
     let ep = endpoint(calls, None);
     let out = tmp.path().join("run");
     let data = data_dir();
-    let args = run_args(&ep.url, out.to_str().unwrap(), data.to_str().unwrap());
+    let args = run_args(
+        &ep.url,
+        out.to_str().unwrap(),
+        data.to_str().unwrap(),
+        "raw",
+    );
     succeeds(&args);
     let lines = episodes(&out);
     assert_eq!(lines.len(), 1);
@@ -162,7 +100,12 @@ fn megabyte_arguments_are_cut_when_written_and_the_run_stays_readable() {
     let ep = endpoint(calls, None);
     let out = tmp.path().join("run");
     let data = data_dir();
-    let args = run_args(&ep.url, out.to_str().unwrap(), data.to_str().unwrap());
+    let args = run_args(
+        &ep.url,
+        out.to_str().unwrap(),
+        data.to_str().unwrap(),
+        "raw",
+    );
     // Twelve failed lookups pass the error limit (10): the episode ends
     // there, finished.
     succeeds(&args);
@@ -201,7 +144,12 @@ fn a_run_whose_episodes_all_failed_exits_non_zero() {
     );
     let out = tmp.path().join("run");
     let data = data_dir();
-    let args = run_args(&ep.url, out.to_str().unwrap(), data.to_str().unwrap());
+    let args = run_args(
+        &ep.url,
+        out.to_str().unwrap(),
+        data.to_str().unwrap(),
+        "raw",
+    );
     let o = statebench(&args);
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
     assert!(!o.status.success(), "{err}");
@@ -225,7 +173,12 @@ fn a_simulator_reply_of_tool_calls_alone_is_a_user_error() {
     let ep = endpoint(Vec::new(), Some(opening));
     let out = tmp.path().join("run");
     let data = data_dir();
-    let args = run_args(&ep.url, out.to_str().unwrap(), data.to_str().unwrap());
+    let args = run_args(
+        &ep.url,
+        out.to_str().unwrap(),
+        data.to_str().unwrap(),
+        "raw",
+    );
     succeeds(&args);
     let lines = episodes(&out);
     assert_eq!(lines[0]["termination"], "user_error", "{}", lines[0]);

@@ -209,6 +209,18 @@ impl BackendArgs {
 }
 
 /// Writes to stdout; a closed pipe (e.g. `| head`) ends output quietly.
+/// Ends the process with this status, printing nothing more.
+#[derive(Debug)]
+pub struct Exit(pub u8);
+
+impl std::fmt::Display for Exit {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit status {}", self.0)
+    }
+}
+
+impl std::error::Error for Exit {}
+
 pub fn emit(text: &str) -> Result<()> {
     use std::io::Write;
     match std::io::stdout().lock().write_all(text.as_bytes()) {

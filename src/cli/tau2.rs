@@ -10,7 +10,9 @@ use statebench::backend::Backend;
 use statebench::progress::Meter;
 use statebench::rundir::Identity;
 use statebench::tau2::episode::Limits;
+use statebench::tau2::explain::{self, EpisodeRef, Explanation, ProposedCall, RulesSpec};
 use statebench::tau2::report::Report;
+use statebench::tau2::rules::Verdict;
 use statebench::tau2::study::{self, RuleSource, Tau2Config};
 use statebench::tau2::task::TaskFile;
 use statebench::tau2::Arm;
@@ -23,12 +25,23 @@ pub enum Tau2Command {
     Run(Box<RunArgs>),
     /// Report a run directory (reads its files; runs no model).
     Report(ReportArgs),
+    /// Every rule's verdict on one proposed call, with the receipts it
+    /// read. Exit status: 0 allow, 1 refuse, 2 error.
+    Explain(ExplainArgs),
 }
 
 pub fn run(c: Tau2Command) -> Result<()> {
     match c {
         Tau2Command::Run(a) => run_study(*a),
         Tau2Command::Report(a) => report(a),
+        Tau2Command::Explain(a) => match explain(a) {
+            Ok(Verdict::Refuse) => Err(super::Exit(1).into()),
+            Ok(_) => Ok(()),
+            Err(e) => {
+                eprintln!("error: {e:#}");
+                Err(super::Exit(2).into())
+            }
+        },
     }
 }
 
@@ -214,4 +227,67 @@ fn report(a: ReportArgs) -> Result<()> {
         Format::Md => r.md(),
         Format::Json => r.json(),
     })
+}
+
+#[derive(Args)]
+#[command(group = clap::ArgGroup::new("what").required(true).args(["conversation", "episode"]))]
+pub struct ExplainArgs {
+    /// A τ²-bench airline data directory (its db.json; with --episode, the
+    /// run's own data).
+    #[arg(long)]
+    tau2_data: PathBuf,
+    /// A conversation in τ²'s message format (a simulation's `messages`,
+    /// or an object holding them); the call is judged after it.
+    #[arg(long, requires = "call")]
+    conversation: Option<PathBuf>,
+    /// The proposed call: {"name": …, "arguments": {…}}.
+    #[arg(long, conflicts_with = "episode")]
+    call: Option<String>,
+    /// A recorded call instead: RUN_DIR:TASK:ARM:TRIAL:STEP (STEP: the
+    /// call's index in the episode, from 0).
+    #[arg(long)]
+    episode: Option<String>,
+    /// The rules: reference, compiled:N (compile N of the --episode run),
+    /// or a file holding a rule set as a compile writes it. Default: the
+    /// episode's own (the reference for a conversation, and on raw and
+    /// shown).
+    #[arg(long)]
+    rules: Option<String>,
+    /// JSON instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn explain(a: ExplainArgs) -> Result<Verdict> {
+    let spec = a
+        .rules
+        .as_deref()
+        .map(str::parse::<RulesSpec>)
+        .transpose()?;
+    let e = match (&a.conversation, &a.episode) {
+        (Some(path), _) => {
+            let db = statebench::tau2::db::FlightDb::load(&a.tau2_data.join("db.json"))?;
+            let history = explain::read_conversation(path)?;
+            let call: ProposedCall = a.call.as_deref().unwrap_or_default().parse()?;
+            let (rules, name) =
+                explain::rules(spec.as_ref().unwrap_or(&RulesSpec::Reference), None)?;
+            let db = explain::replay_conversation(&db, &history);
+            Explanation::new(&rules, name, &db, &history, call)
+        }
+        (None, Some(text)) => {
+            let r: EpisodeRef = text.parse()?;
+            let manifest = statebench::tau2::study::Manifest::read(&r.dir)?;
+            check_data_dir(&a.tau2_data, manifest.config.task_file.file_name())?;
+            let data = study::open_data(&a.tau2_data, manifest.config.task_file)?;
+            let rec = explain::recorded(&data, &r, text)?;
+            let (rules, name) = match &spec {
+                Some(s) => explain::rules(s, Some(&r.dir))?,
+                None => explain::episode_rules(&rec)?,
+            };
+            Explanation::new(&rules, name, &rec.db, &rec.history, rec.call)
+        }
+        (None, None) => bail!("give --conversation with --call, or --episode"),
+    };
+    emit(&if a.json { e.json() } else { e.text() })?;
+    Ok(e.verdict)
 }

@@ -10,6 +10,7 @@ pub mod compile;
 pub mod db;
 pub mod episode;
 pub mod evaluate;
+pub mod explain;
 pub mod prompts;
 pub mod record;
 pub mod report;

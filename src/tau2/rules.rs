@@ -295,11 +295,43 @@ impl std::fmt::Display for Violation {
     }
 }
 
+/// A rule's (or a call's) verdict.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    Allow,
+    Refuse,
+    /// The rule judges other writes (or this rule set switches it off).
+    NotApplicable,
+}
+
+impl Verdict {
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Allow => "allow",
+            Verdict::Refuse => "refuse",
+            Verdict::NotApplicable => "not_applicable",
+        }
+    }
+}
+
+/// One rule's verdict on a proposed call, why, and what it read of the
+/// conversation (empty for rules that read only the database).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct RuleVerdict {
+    pub rule: RuleId,
+    pub verdict: Verdict,
+    pub why: String,
+    pub receipts: BTreeMap<String, Value>,
+}
+
 /// What the conversation so far proves (see the module doc for each test).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Receipts {
     /// The user the agent looked up last, successfully.
     pub user: Option<String>,
+    /// The index of that lookup's result in the history.
+    pub user_at: Option<usize>,
     /// The latest user message and the agent's message it answers.
     pub exchange: Option<Exchange>,
     /// Every user message, lowercased, one per line.
@@ -314,21 +346,24 @@ pub struct Receipts {
 
 impl Receipts {
     pub fn read(history: &[Message]) -> Receipts {
-        let results: BTreeMap<&str, &str> = history
+        let results: BTreeMap<&str, (usize, &str)> = history
             .iter()
-            .filter(|m| m.role == Role::Tool)
-            .map(|m| (m.tool_call_id.as_str(), m.content.as_str()))
+            .enumerate()
+            .filter(|(_, m)| m.role == Role::Tool)
+            .map(|(i, m)| (m.tool_call_id.as_str(), (i, m.content.as_str())))
             .collect();
         let mut r = Receipts::default();
         let mut lookups = BTreeSet::new();
         for m in history {
             for call in &m.tool_calls {
-                let result = results.get(call.id.as_str()).copied();
+                let found = results.get(call.id.as_str()).copied();
+                let result = found.map(|(_, text)| text);
                 let args: Value = serde_json::from_str(&call.arguments).unwrap_or(Value::Null);
                 if call.name == "get_user_details" {
                     lookups.insert(call.id.as_str());
                     if let Some(user) = result.and_then(looked_up_user) {
                         r.user = Some(user);
+                        r.user_at = found.map(|(i, _)| i);
                     }
                 } else if let Some(id) = args.get("reservation_id").and_then(Value::as_str) {
                     r.mentioned.insert(id.to_string());
@@ -352,6 +387,45 @@ impl Receipts {
         }
         r.exchange = Exchange::latest(history);
         r
+    }
+}
+
+impl Receipts {
+    /// The identified user, as explain shows it.
+    fn read_user(&self) -> BTreeMap<String, Value> {
+        BTreeMap::from([
+            (
+                "identified_user".to_string(),
+                self.user.clone().map_or(Value::Null, Value::String),
+            ),
+            (
+                "lookup_result_at".to_string(),
+                self.user_at.map_or(Value::Null, Value::from),
+            ),
+        ])
+    }
+
+    /// The exchange a confirmation is read from, as explain shows it.
+    fn read_confirmation(&self) -> BTreeMap<String, Value> {
+        let Some(x) = &self.exchange else {
+            return BTreeMap::from([(
+                "exchange".to_string(),
+                Value::String(
+                    "none: the latest user message does not answer an agent message with text"
+                        .into(),
+                ),
+            )]);
+        };
+        BTreeMap::from([
+            ("answer_at".to_string(), Value::from(x.at)),
+            ("question".to_string(), Value::String(x.asked.clone())),
+            ("answer".to_string(), Value::String(x.answer.clone())),
+            ("question_asks".to_string(), Value::Bool(x.asks())),
+            (
+                "answer_says_yes".to_string(),
+                Value::Bool(affirms(&x.answer)),
+            ),
+        ])
     }
 }
 
@@ -964,17 +1038,119 @@ impl RuleSet {
         let Some(write) = Write::from_name(name) else {
             return Vec::new();
         };
-        let receipts = Receipts::read(history);
+        self.verdicts_of(db, &Receipts::read(history), write, args)
+            .into_iter()
+            .filter(|v| v.verdict == Verdict::Refuse)
+            .map(|v| Violation {
+                rule: v.rule,
+                reason: v.why,
+            })
+            .collect()
+    }
+
+    /// Every rule's verdict on a proposed call, with the receipts it read:
+    /// what [`RuleSet::check`] keeps the refusals of. A read (or a name
+    /// that is no write) is judged by no rule.
+    pub fn verdicts(
+        &self,
+        db: &FlightDb,
+        history: &[Message],
+        name: &str,
+        args: &Value,
+    ) -> Vec<RuleVerdict> {
+        match Write::from_name(name) {
+            Some(write) => self.verdicts_of(db, &Receipts::read(history), write, args),
+            None => RuleId::ALL
+                .iter()
+                .map(|&rule| RuleVerdict {
+                    rule,
+                    verdict: Verdict::NotApplicable,
+                    why: format!("{name} is not a write"),
+                    receipts: BTreeMap::new(),
+                })
+                .collect(),
+        }
+    }
+
+    fn verdicts_of(
+        &self,
+        db: &FlightDb,
+        receipts: &Receipts,
+        write: Write,
+        args: &Value,
+    ) -> Vec<RuleVerdict> {
         let call = Call {
             db,
-            receipts: &receipts,
+            receipts,
             write,
             args,
         };
         Self::RULES
             .iter()
-            .filter_map(|&(rule, f)| f(self, &call).map(|reason| Violation { rule, reason }))
+            .map(|&(rule, f)| {
+                let (verdict, why) = match f(self, &call) {
+                    Some(why) => (Verdict::Refuse, why),
+                    None if self.judges(rule, write) => (Verdict::Allow, "holds".to_string()),
+                    None => (
+                        Verdict::NotApplicable,
+                        format!("does not judge {} here", write.name()),
+                    ),
+                };
+                let receipts = match rule {
+                    RuleId::ReservationOwner => receipts.read_user(),
+                    RuleId::ExplicitConfirmation if self.judges(rule, write) => {
+                        receipts.read_confirmation()
+                    }
+                    RuleId::CancelEligibility if write == Write::CancelReservation => {
+                        BTreeMap::from([(
+                            "covered_reason".to_string(),
+                            self.covered_reason(&receipts.user_text)
+                                .map_or(Value::Null, |r| Value::String(r.to_string())),
+                        )])
+                    }
+                    _ => BTreeMap::new(),
+                };
+                RuleVerdict {
+                    rule,
+                    verdict,
+                    why,
+                    receipts,
+                }
+            })
             .collect()
+    }
+
+    /// Whether `rule` judges `write` under this rule set's parameters (a
+    /// parameter that permits what the rule guards switches it off).
+    fn judges(&self, rule: RuleId, write: Write) -> bool {
+        use Write::*;
+        match rule {
+            RuleId::ReservationOwner => true,
+            RuleId::ExplicitConfirmation => self.confirm_before.contains(&write),
+            RuleId::CancelEligibility => write == CancelReservation,
+            RuleId::BasicEconomyChange => {
+                write == UpdateReservationFlights && !self.basic_economy_flight_change
+            }
+            RuleId::ChangeKeepsRoute => {
+                write == UpdateReservationFlights && self.change_keeps_route
+            }
+            RuleId::CabinChange => {
+                write == UpdateReservationFlights && !self.cabin_change_after_flown
+            }
+            RuleId::BaggageAllowance => {
+                matches!(write, BookReservation | UpdateReservationBaggages)
+            }
+            RuleId::BaggageRemoval => write == UpdateReservationBaggages && !self.bags_removable,
+            RuleId::PassengerLimit => {
+                write == BookReservation
+                    || write == UpdateReservationPassengers && !self.passenger_count_changeable
+            }
+            RuleId::PaymentMethods => matches!(
+                write,
+                BookReservation | UpdateReservationFlights | UpdateReservationBaggages
+            ),
+            RuleId::CertificateEligibility | RuleId::CertificateAmount => write == SendCertificate,
+        }
     }
 
     fn reservation_owner(&self, c: &Call) -> Option<String> {
