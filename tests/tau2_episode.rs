@@ -18,7 +18,8 @@ use statebench::tau2::episode::{
     dispatch, run_episodes, user_stop, Episode, EpisodeSpec, Limits, Noticed, Side,
 };
 use statebench::tau2::prompts;
-use statebench::tau2::rules::RuleSet;
+use statebench::tau2::reader::ReceiptReader;
+use statebench::tau2::rules::{RuleSet, ToRead};
 use statebench::tau2::task::Tau2Data;
 use statebench::tau2::{tools, Arm, EpisodeRecord, Termination};
 
@@ -43,6 +44,7 @@ fn spec(task: usize, arm: Arm, limits: Limits) -> EpisodeSpec {
         seed: 300 + task as u64,
         rules: arm.uses_rules().then(|| (0, reference())),
         limits,
+        receipts: ReceiptReader::Lexical,
     }
 }
 
@@ -323,6 +325,7 @@ fn the_gate_refuses_a_write_and_changes_nothing() {
         &history,
         &mut Noticed::default(),
         &call,
+        None,
     );
     assert_eq!(d.result, prompts::gate(&call.name, &broken));
     assert!(d.record.write && !d.record.executed && !d.record.error);
@@ -340,6 +343,7 @@ fn the_gate_refuses_a_write_and_changes_nothing() {
         &history,
         &mut Noticed::default(),
         &call,
+        None,
     );
     assert!(d.record.executed && !d.record.error, "{}", d.result);
     assert!(d.record.refused_by.is_empty());
@@ -408,6 +412,7 @@ fn only_a_change_that_ran_unlocks_the_delay_certificate() {
         &history,
         &mut Noticed::default(),
         &bags,
+        None,
     );
     assert!(!held.record.executed, "{}", held.result);
     assert!(prompts::held(&held.result));
@@ -431,6 +436,7 @@ fn only_a_change_that_ran_unlocks_the_delay_certificate() {
         &history,
         &mut Noticed::default(),
         &bags,
+        None,
     );
     assert!(ran.record.executed && !ran.record.error, "{}", ran.result);
     history.push(Message::tool_result(&bags.id, ran.result));
@@ -461,6 +467,7 @@ fn a_notice_warns_once_and_the_same_call_again_runs() {
             &history,
             noticed,
             call,
+            None,
         )
     };
     let first = go(&mut db, &call, &mut noticed);
@@ -666,10 +673,18 @@ fn stable(mut r: EpisodeRecord) -> String {
 /// Runs `specs` with at most `max_live` live at once; records sorted.
 fn run(backend: &mut dyn Backend, specs: Vec<EpisodeSpec>, max_live: usize) -> Vec<EpisodeRecord> {
     let mut out = Vec::new();
-    run_episodes::<std::convert::Infallible>(backend, None, data(), specs, max_live, &mut |r| {
-        out.push(r);
-        Ok(())
-    })
+    run_episodes::<std::convert::Infallible>(
+        backend,
+        None,
+        None,
+        data(),
+        specs,
+        max_live,
+        &mut |r| {
+            out.push(r);
+            Ok(())
+        },
+    )
     .expect("runs");
     out.sort_by_key(|r| (r.task_id.clone(), r.arm, r.trial));
     out
@@ -801,4 +816,237 @@ fn tiny_model_episodes_are_well_formed_and_batch_invariant() {
         batched.into_iter().map(stable).collect::<Vec<_>>(),
         alone.into_iter().map(stable).collect::<Vec<_>>()
     );
+}
+
+/// 8B92J5: aarav_lee_3563's (regular) insured economy reservation, booked
+/// days before τ²'s now, nothing flown: only an insured reason makes it
+/// cancellable.
+const INSURED: &str = "8B92J5";
+const INSURED_USER: &str = "aarav_lee_3563";
+
+/// A gate episode on the reference rules whose receipts a matcher reads,
+/// brought to the agent's cancellation of 8B92J5 after it asked and the
+/// user answered `answer`.
+fn to_the_cancellation(answer: &str) -> Episode<'static> {
+    let mut s = spec(0, Arm::Gate, Limits::default());
+    s.receipts = ReceiptReader::Model;
+    let mut ep = Episode::new(data(), s, Arc::new(tools::schemas()), reference()).unwrap();
+    ep.take(Ok(reply(
+        &format!("I am {INSURED_USER}. I want to cancel {INSURED}; I am unwell."),
+        &[],
+    )));
+    let lookup = format!("{{\"user_id\": \"{INSURED_USER}\"}}");
+    ep.take(Ok(reply("", &[("get_user_details", &lookup)])));
+    assert_eq!(ep.next(), Ok(Side::Agent), "a read needs no reading");
+    ep.take(Ok(reply(
+        &format!("I can cancel reservation {INSURED} and refund it. Shall I go ahead?"),
+        &[],
+    )));
+    ep.take(Ok(reply(answer, &[])));
+    let cancel = format!("{{\"reservation_id\": \"{INSURED}\"}}");
+    ep.take(Ok(reply("", &[("cancel_reservation", &cancel)])));
+    ep
+}
+
+#[test]
+#[cfg_attr(
+    not(has_tau2_data),
+    ignore = "the τ² airline data (../shared/tau2-airline) is absent"
+)]
+fn the_matchers_reading_decides_where_the_gate_reads_the_conversation() {
+    // The write waits on the matcher: a bounded JSON request of its own.
+    let mut ep = to_the_cancellation("Sounds fine.");
+    assert_eq!(ep.next(), Ok(Side::Matcher));
+    let (side, req) = ep.request().unwrap();
+    assert_eq!(side, Side::Matcher);
+    assert!(req.tools.is_empty() && !req.thinking && req.temperature == 0.0);
+    assert_eq!(req.max_tokens, statebench::tau2::reader::READ_TOKENS);
+    assert_eq!(req.messages[0].content, prompts::READER_SYSTEM);
+    let prompt = &req.messages[1].content;
+    for part in [
+        "cancel_reservation",
+        INSURED,
+        "Shall I go ahead?",
+        "Sounds fine.",
+    ] {
+        assert!(prompt.contains(part), "{part} missing from {prompt}");
+    }
+    match &req.constraint {
+        Some(statebench::backend::Constraint::JsonSchema(s)) => {
+            let both = ToRead {
+                confirmation: true,
+                reason: true,
+            };
+            assert_eq!(
+                *s,
+                statebench::tau2::reader::schema(&RuleSet::reference(), both)
+            );
+        }
+        c => panic!("the reading is not bounded by a schema: {c:?}"),
+    }
+    assert_eq!(ep.calls().len(), 1, "the cancellation has not run yet");
+
+    // The matcher reads no yes: refused for that alone.
+    ep.take(Ok(reply(
+        r#"{"agent_listed_this_action": true, "customer_reply": "no", "reason": "health"}"#,
+        &[],
+    )));
+    assert_eq!(ep.next(), Ok(Side::Agent));
+    let c = &ep.calls()[1];
+    assert!(!c.executed, "{c:?}");
+    assert_eq!(c.refused_by, ["explicit_confirmation"]);
+
+    // Read as a yes with a covered reason: it runs.
+    let mut ep = to_the_cancellation("Sounds fine.");
+    ep.take(Ok(reply(
+        r#"{"agent_listed_this_action": true, "customer_reply": "yes", "reason": "health"}"#,
+        &[],
+    )));
+    let c = &ep.calls()[1];
+    assert!(c.executed && !c.error && c.refused_by.is_empty(), "{c:?}");
+
+    // A yes without a covered reason: cancel_eligibility refuses, whatever
+    // the words say ("unwell" is a health reason lexically).
+    let mut ep = to_the_cancellation("Sounds fine.");
+    ep.take(Ok(reply(
+        r#"{"agent_listed_this_action": true, "customer_reply": "yes", "reason": "none"}"#,
+        &[],
+    )));
+    assert_eq!(ep.calls()[1].refused_by, ["cancel_eligibility"]);
+
+    // An unreadable reply is no yes and no reason, counted as unreadable.
+    let mut ep = to_the_cancellation("Sounds fine.");
+    ep.take(Ok(reply("Yes.", &[])));
+    let c = ep.calls()[1].clone();
+    assert!(!c.executed);
+    assert!(c.refused_by.contains(&"explicit_confirmation".to_string()));
+    assert_eq!(ep.readings().len(), 1);
+    let reading = &ep.readings()[0];
+    assert_eq!(reading.call, 1);
+    assert!(reading.error.is_some());
+    assert_eq!(reading.read.confirmed, Some(false));
+    assert_eq!(reading.read.reason, None);
+    // The lexical reading of the same receipts sits beside it.
+    assert_eq!(reading.lexical.reason.as_deref(), Some("health"));
+    assert!(reading.lexical.confirmed.is_some());
+    // The reference rules that score the call never read by the matcher.
+    assert_eq!(
+        c.violates,
+        RuleSet::reference()
+            .check(
+                &data().db,
+                &ep.agent_history()[..ep.agent_history().len() - 1],
+                "cancel_reservation",
+                &json!({ "reservation_id": INSURED })
+            )
+            .iter()
+            .map(|v| v.rule.name().to_string())
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+#[cfg_attr(
+    not(has_tau2_data),
+    ignore = "the τ² airline data (../shared/tau2-airline) is absent"
+)]
+fn arms_that_do_not_judge_at_dispatch_ask_no_reading() {
+    for arm in [Arm::Raw, Arm::Shown] {
+        let mut s = spec(0, arm, Limits::default());
+        s.receipts = ReceiptReader::Model;
+        let mut ep = Episode::new(data(), s, Arc::new(tools::schemas()), reference()).unwrap();
+        assert!(!ep.reads_receipts());
+        ep.take(Ok(reply("Cancel EHGLP3.", &[])));
+        let cancel = format!("{{\"reservation_id\": \"{RESERVATION}\"}}");
+        ep.take(Ok(reply("", &[("cancel_reservation", &cancel)])));
+        assert_eq!(ep.next(), Ok(Side::Agent), "{arm:?}");
+        assert!(ep.calls()[0].executed);
+    }
+}
+
+/// The script, with a matcher that reads every confirmation as a yes.
+fn script_with_matcher(req: &ChatRequest) -> Result<ChatReply, BackendError> {
+    if req.messages[0].content == prompts::READER_SYSTEM {
+        return Ok(reply(
+            r#"{"agent_listed_this_action": true, "customer_reply": "yes", "reason": "none"}"#,
+            &[],
+        ));
+    }
+    let last = req.messages.last().unwrap();
+    if req.tools.is_empty() {
+        // The user: asks to cancel, says yes when asked, then stops.
+        return Ok(match last.content.as_str() {
+            prompts::GREETING => reply(&format!("Cancel {RESERVATION}, please."), &[]),
+            c if c.starts_with("Shall I") => reply("Yes, go ahead.", &[]),
+            _ => reply("Thanks. ###STOP###", &[]),
+        });
+    }
+    // The agent asks, then cancels once the user answered.
+    Ok(match last.role {
+        Role::Tool => reply("Done.", &[]),
+        _ if last.content.contains("Cancel") => {
+            reply(&format!("Shall I cancel reservation {RESERVATION}?"), &[])
+        }
+        _ => reply(
+            "",
+            &[(
+                "cancel_reservation",
+                &format!("{{\"reservation_id\": \"{RESERVATION}\"}}"),
+            )],
+        ),
+    })
+}
+
+#[test]
+#[cfg_attr(
+    not(has_tau2_data),
+    ignore = "the τ² airline data (../shared/tau2-airline) is absent"
+)]
+fn readings_go_to_the_matchers_backend_and_batch_with_the_others() {
+    let specs = || {
+        (0..3)
+            .map(|trial| {
+                let mut s = spec(0, Arm::Gate, Limits::default());
+                s.trial = trial;
+                s.receipts = ReceiptReader::Model;
+                s
+            })
+            .collect::<Vec<_>>()
+    };
+    // On the agent's backend: each episode's reading is one more request,
+    // in the same steps as the other episodes' requests.
+    let mut one = Scripted::new(script_with_matcher);
+    let shared = run(&mut one, specs(), 3);
+    assert!(one.open.is_empty(), "every session is closed");
+    assert_eq!(one.most_open, 9, "three episodes, a session per side");
+    for r in &shared {
+        assert_eq!(r.readings.len(), 1, "{r:?}");
+        assert_eq!(r.readings[0].read.confirmed, Some(true));
+    }
+    assert!(one.batches.iter().any(|&n| n >= 3), "{:?}", one.batches);
+
+    // A matcher of its own gets the readings and nothing else.
+    let mut agent = Scripted::new(script_with_matcher);
+    let mut matcher = Scripted::new(script_with_matcher);
+    let mut out = Vec::new();
+    run_episodes::<std::convert::Infallible>(
+        &mut agent,
+        None,
+        Some(&mut matcher),
+        data(),
+        specs(),
+        3,
+        &mut |r| {
+            out.push(r);
+            Ok(())
+        },
+    )
+    .unwrap();
+    out.sort_by_key(|r| r.trial);
+    assert_eq!(matcher.requests, 3, "one reading per episode");
+    assert_eq!(matcher.most_open, 3);
+    assert!(matcher.open.is_empty() && agent.open.is_empty());
+    assert_eq!(agent.requests + matcher.requests, one.requests);
+    let stable_all = |v: Vec<EpisodeRecord>| v.into_iter().map(stable).collect::<Vec<_>>();
+    assert_eq!(stable_all(out), stable_all(shared));
 }

@@ -244,7 +244,7 @@ fn a_recorded_call_is_explained_as_the_gate_judged_it() {
     let data = data_dir();
     let data = data.to_str().unwrap();
     let mut args = run_args(&ep.url, out, data, "gate");
-    args.extend(["--rules", "reference"]);
+    args.extend(["--rules", "reference", "--receipts", "lexical"]);
     let o = statebench(&args);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let line = std::fs::read_to_string(Path::new(out).join("episodes.jsonl")).unwrap();
@@ -253,6 +253,7 @@ fn a_recorded_call_is_explained_as_the_gate_judged_it() {
         record["calls"][1]["refused_by"],
         json!(["explicit_confirmation"])
     );
+    assert!(record.get("readings").is_none(), "read lexically");
 
     let step = format!("{out}:0:gate:0:1");
     let (code, text, err) = explain(&["--tau2-data", data, "--episode", &step, "--json"]);
@@ -299,4 +300,133 @@ fn a_recorded_call_is_explained_as_the_gate_judged_it() {
     ]);
     assert_eq!(code, 2);
     assert!(err.contains("the run holds 0 compiles"), "{err}");
+}
+
+/// The recorded gate run of 4WQ150's cancellation, its receipts read by a
+/// matcher answering `reading`; the run directory.
+fn matcher_run(tmp: &Path, reading: &'static str) -> String {
+    let calls = vec![
+        (
+            "get_user_details",
+            json!({"user_id": "chen_jackson_3290"}).to_string(),
+        ),
+        (
+            "cancel_reservation",
+            json!({"reservation_id": "4WQ150"}).to_string(),
+        ),
+    ];
+    let ep = endpoint_reading(calls, None, Some(reading));
+    let out = tmp.join("run").to_str().unwrap().to_string();
+    let data = data_dir();
+    let mut args = run_args(&ep.url, &out, data.to_str().unwrap(), "gate");
+    args.extend(["--rules", "reference"]);
+    let o = statebench(&args);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    out
+}
+
+#[test]
+#[cfg_attr(
+    not(has_tau2_data),
+    ignore = "needs the τ² airline data at ../shared/tau2-airline"
+)]
+fn a_call_judged_on_the_matchers_reading_is_explained_by_that_reading() {
+    let tmp = tempfile::tempdir().unwrap();
+    // The user only asked for a sum; a matcher reading a yes lets the
+    // cancellation through, where the words would not.
+    let out = matcher_run(
+        tmp.path(),
+        r#"{"agent_listed_this_action": true, "customer_reply": "yes", "reason": "none"}"#,
+    );
+    let manifest: Value = serde_json::from_str(
+        &std::fs::read_to_string(Path::new(&out).join("manifest.json")).unwrap(),
+    )
+    .unwrap();
+    assert_eq!(manifest["config"]["receipts"], "model");
+    assert_eq!(
+        manifest["config"]["matcher"], manifest["model"],
+        "the agent's model reads"
+    );
+    let line = std::fs::read_to_string(Path::new(&out).join("episodes.jsonl")).unwrap();
+    let record: Value = serde_json::from_str(line.lines().next().unwrap()).unwrap();
+    assert_eq!(record["calls"][1]["executed"], true, "{record}");
+    assert_eq!(
+        record["calls"][1]["violates"],
+        json!(["explicit_confirmation"]),
+        "the reference rules score it on the words"
+    );
+    let readings = record["readings"].as_array().unwrap();
+    assert_eq!(readings.len(), 1);
+    assert_eq!(readings[0]["call"], 1);
+    assert_eq!(readings[0]["read"]["confirmed"], true);
+    assert_eq!(readings[0]["lexical"]["confirmed"], false);
+    assert!(readings[0]["prompt"].as_str().unwrap().contains("4WQ150"));
+
+    let data = data_dir();
+    let data = data.to_str().unwrap();
+    let step = format!("{out}:0:gate:0:1");
+    let (code, text, err) = explain(&["--tau2-data", data, "--episode", &step, "--json"]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    let receipts = &rule(&v, "explicit_confirmation")["receipts"];
+    assert_eq!(receipts["read_by"], "matcher");
+    assert_eq!(receipts["matcher_confirmed"], true);
+    assert_eq!(
+        v["reading"]["reply"],
+        r#"{"agent_listed_this_action": true, "customer_reply": "yes", "reason": "none"}"#
+    );
+    let (code, text, _) = explain(&["--tau2-data", data, "--episode", &step]);
+    assert_eq!(code, 0);
+    assert!(
+        text.contains("matcher's reading: confirmed true, reason none (lexical: confirmed false, reason none)"),
+        "{text}"
+    );
+    // Read lexically, the same call is refused.
+    let (code, text, _) = explain(&[
+        "--tau2-data",
+        data,
+        "--episode",
+        &step,
+        "--receipts",
+        "lexical",
+        "--json",
+    ]);
+    assert_eq!(code, 1);
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(rule(&v, "explicit_confirmation")["verdict"], "refuse");
+    assert!(v.get("reading").is_none());
+
+    // A conversation read by a matcher asked now (the same scripted one).
+    let ep = endpoint_reading(
+        Vec::new(),
+        None,
+        Some(r#"{"agent_listed_this_action": true, "customer_reply": "no", "reason": "none"}"#),
+    );
+    let path = write(
+        tmp.path(),
+        "yes.json",
+        &conversation("Yes, please go ahead."),
+    );
+    let (code, text, err) = explain(&[
+        "--tau2-data",
+        data,
+        "--conversation",
+        &path,
+        "--call",
+        CANCEL,
+        "--receipts",
+        "model",
+        "--endpoint",
+        &ep.url,
+        "--json",
+    ]);
+    assert_eq!(code, 1, "the matcher read no yes: {err}");
+    let v: Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(v["reading"]["read"]["confirmed"], false);
+    assert_eq!(v["reading"]["lexical"]["confirmed"], true);
+    let prompt = v["reading"]["prompt"].as_str().unwrap();
+    assert!(
+        prompt.contains("Yes, please go ahead.") && prompt.contains("Shall I cancel it?"),
+        "{prompt}"
+    );
 }

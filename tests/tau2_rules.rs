@@ -34,6 +34,8 @@
 //!   read as labelled; and conversations in which a yes answers the wrong
 //!   question, names another action, or precedes lookups.
 
+mod tau2_replies;
+
 use std::path::{Path, PathBuf};
 
 use serde_json::{json, Value};
@@ -43,6 +45,7 @@ use statebench::tau2::db::FlightDb;
 use statebench::tau2::rules::{affirms, RuleId, RuleSet, Violation};
 use statebench::tau2::task::{Task, TaskFile, Tau2Data};
 use statebench::tau2::tools;
+use tau2_replies::REPLIES;
 
 fn data_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/tau2-airline")
@@ -586,94 +589,6 @@ fn compile_requests_carry_the_policy_budget_and_seed() {
     );
     assert_eq!(a.messages[0].content, b.messages[0].content);
 }
-
-/// User answers to an agent that listed an action and asked "Shall I
-/// proceed?", labelled yes (true) or not (false) as a careful rater would:
-/// a yes needs no keyword; a hedged, conditional, refused, taken-back or
-/// questioning answer is not one. Written for this suite.
-const REPLIES: &[(&str, bool)] = &[
-    ("Yes, please go ahead.", true),
-    ("yes", true),
-    ("Yep, that's all correct.", true),
-    ("Perfect, book it.", true),
-    ("I agree.", true),
-    ("Sounds great, go for it.", true),
-    ("No problem, go ahead.", true),
-    ("Wait — yes, that's right.", true),
-    ("Okay, do it.", true),
-    ("Sure thing, proceed.", true),
-    ("Absolutely. Please cancel it.", true),
-    ("That works for me.", true),
-    ("Confirmed.", true),
-    ("I confirm.", true),
-    ("Yes, I don't need insurance.", true),
-    ("Yes, no extra bags.", true),
-    ("Go ahead and make the change.", true),
-    ("Alright, let's do it.", true),
-    ("Please do.", true),
-    ("Exactly, that's what I want.", true),
-    ("Yeah that's fine", true),
-    ("ok", true),
-    ("Yes please, and thank you for your help!", true),
-    ("Great, send it.", true),
-    ("Of course, go ahead with the cancellation.", true),
-    ("Yup.", true),
-    ("I'm happy with that, please proceed.", true),
-    ("That's correct, you can book it now.", true),
-    ("Definitely, change it.", true),
-    ("YES.", true),
-    ("Fine by me.", true),
-    ("Looks good to me.", true),
-    ("Sounds good 👍", true),
-    ("I don't mind, go ahead.", true),
-    ("Correct. Please update it.", true),
-    ("Yes, both passengers and the same card.", true),
-    ("Affirmative.", true),
-    ("Yes — go.", true),
-    ("No.", false),
-    ("No, please don't.", false),
-    ("Please don't proceed yet.", false),
-    ("I'm not sure.", false),
-    ("Can you confirm the price?", false),
-    ("How much will that cost?", false),
-    ("Yes — wait, is that refundable?", false),
-    ("Yes. Actually, no.", false),
-    ("Hold on, let me check with my wife.", false),
-    ("Maybe. Let me think about it.", false),
-    ("I think so, but let me check my calendar first.", false),
-    ("Not yet.", false),
-    ("Hmm, probably.", false),
-    ("Yes, but use the other credit card.", false),
-    ("Sure, if the fee is under $100.", false),
-    ("Yeah, on second thought, never mind.", false),
-    (
-        "Okay — actually I changed my mind, keep it as it is.",
-        false,
-    ),
-    ("Nope.", false),
-    ("Nah, leave it.", false),
-    ("Stop, that's not what I asked.", false),
-    ("Thanks.", false),
-    ("I'd rather not.", false),
-    ("That's not right.", false),
-    ("Not that one, the other reservation.", false),
-    ("Let me ask my husband first.", false),
-    ("Yes, instead book the later flight.", false),
-    ("Please confirm the total first.", false),
-    ("Tell me the new itinerary before you book.", false),
-    ("I don't want to do that.", false),
-    ("Cancel that, I'll keep the original.", false),
-    ("Sure, I guess so.", false),
-    ("Perhaps later.", false),
-    ("Okay, unless there's a cheaper option.", false),
-    ("Wait, no, don't book it.", false),
-    ("Forget it.", false),
-    ("Hmm, I'm not ready to decide.", false),
-    ("I never said I wanted that.", false),
-    ("Yes, as long as the refund goes to my gift card.", false),
-    ("OK, scratch that.", false),
-    ("Hello, I'd like to change my flight.", false),
-];
 
 #[test]
 fn every_labelled_reply_is_read_as_labelled() {

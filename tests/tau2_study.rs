@@ -13,11 +13,13 @@ use statebench::rundir::log::Log;
 use statebench::rundir::Identity;
 use statebench::tau2::compile::Agreement;
 use statebench::tau2::episode::Limits;
+use statebench::tau2::reader::ReceiptReader;
 use statebench::tau2::report::{self, pass_hat_k, Report};
 use statebench::tau2::rules::RuleSet;
+use statebench::tau2::rules::{MatcherRead, ToRead};
 use statebench::tau2::study::{self, CompileRecord, Manifest, RuleSource, Tau2Config};
 use statebench::tau2::task::TaskFile;
-use statebench::tau2::{Arm, CallRecord, EpisodeRecord, Reward, Termination};
+use statebench::tau2::{Arm, CallRecord, EpisodeRecord, Reading, Reward, Termination};
 
 const TASKS: [&str; 6] = ["a", "b", "c", "d", "e", "f"];
 
@@ -33,6 +35,8 @@ fn config(arms: &[Arm]) -> Tau2Config {
         seed: 7,
         limits: Limits::default(),
         user_model: None,
+        receipts: ReceiptReader::Lexical,
+        matcher: None,
     }
 }
 
@@ -64,6 +68,7 @@ fn rec(task: &str, arm: Arm, trial: u32, reward: f64) -> EpisodeRecord {
         agent_turns: 3,
         secs: 2.0,
         error: None,
+        readings: Vec::new(),
         cut: Vec::new(),
     }
 }
@@ -674,4 +679,122 @@ fn a_compile_that_does_not_parse_keeps_the_rule_arms_from_running() {
         .is_empty());
     let r = Report::read(&out).unwrap();
     assert_eq!((r.compiles.asked, r.compiles.parsed), (1, 0));
+}
+
+fn reading(
+    asked: (bool, bool),
+    read: (Option<bool>, Option<&str>),
+    lexical: (Option<bool>, Option<&str>),
+    error: bool,
+) -> Reading {
+    let m = |(confirmed, reason): (Option<bool>, Option<&str>)| MatcherRead {
+        confirmed,
+        reason: reason.map(str::to_string),
+    };
+    Reading {
+        call: 0,
+        asked: ToRead {
+            confirmation: asked.0,
+            reason: asked.1,
+        },
+        prompt: "the prompt".into(),
+        reply: if error { "Yes.".into() } else { "{}".into() },
+        read: m(read),
+        lexical: m(lexical),
+        error: error.then(|| "no JSON object in the reply".into()),
+        usage: Usage {
+            prompt_tokens: 200,
+            completion_tokens: 10,
+            ..Usage::default()
+        },
+    }
+}
+
+#[test]
+fn the_matchers_readings_are_counted_against_the_lexical_reading() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut c = config(&[Arm::Raw, Arm::Gate]);
+    c.compiles = 0;
+    c.rules = RuleSource::Reference;
+    c.receipts = ReceiptReader::Model;
+    c.matcher = Some(Identity::Scripted {
+        agent: "matcher".into(),
+    });
+    let manifest = Manifest::new(
+        study::FORMAT,
+        c,
+        Identity::Scripted {
+            agent: "hand-built".into(),
+        },
+    );
+    manifest.create_or_check(tmp.path(), &[]).unwrap();
+    let mut gate = episodes(Arm::Gate, &GATE);
+    // Five readings: four confirmations (matcher yes 2, lexical yes 3,
+    // agreeing on 3: both yes, both yes, matcher no against lexical yes,
+    // both no — the unreadable one), and two reasons (agreeing on 1).
+    gate[0].readings = vec![
+        reading((true, false), (Some(true), None), (Some(true), None), false),
+        reading(
+            (true, true),
+            (Some(true), Some("health")),
+            (Some(true), Some("health")),
+            false,
+        ),
+    ];
+    gate[3].readings = vec![
+        reading(
+            (true, false),
+            (Some(false), None),
+            (Some(true), None),
+            false,
+        ),
+        reading(
+            (true, false),
+            (Some(false), None),
+            (Some(false), None),
+            true,
+        ),
+        reading((false, true), (None, Some("weather")), (None, None), false),
+    ];
+    let raw = episodes(Arm::Raw, &RAW);
+    let log = Log::open(
+        &tmp.path().join(study::EPISODES),
+        1,
+        &manifest.config_hash(),
+    )
+    .unwrap();
+    log.append(raw.iter().chain(&gate), true).unwrap();
+
+    let r = Report::read(tmp.path()).unwrap();
+    let m = &r.arms[1].matcher;
+    assert_eq!((m.readings, m.unreadable, m.confirmations), (5, 1, 4));
+    assert_eq!((m.matcher_yes, m.lexical_yes), (2, 3));
+    assert_eq!(
+        (m.confirmation_agreement.k, m.confirmation_agreement.n),
+        (3, 4)
+    );
+    assert_eq!((m.reason_agreement.k, m.reason_agreement.n), (1, 2));
+    assert_eq!((m.prompt_tokens, m.completion_tokens), (1000, 50));
+    assert_eq!(r.arms[0].matcher.readings, 0, "raw reads nothing");
+    let text = r.text();
+    assert!(
+        text.contains("notice and gate receipts: read by the matcher model matcher"),
+        "{text}"
+    );
+    assert!(text.contains("Receipts read by the matcher"), "{text}");
+    let row = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("gate") && l.contains("3/4"))
+        .unwrap_or_else(|| panic!("no gate row with 3/4 in\n{text}"));
+    assert!(row.contains("1/2") && row.contains("1050"), "{row}");
+    let json: serde_json::Value = serde_json::from_str(&r.json()).unwrap();
+    assert_eq!(json["receipts"], "model");
+    assert_eq!(json["arms"][1]["matcher"]["readings"], 5);
+
+    // A run read lexically says so, and has no matcher section.
+    let lexical = tempfile::tempdir().unwrap();
+    hand_built(lexical.path());
+    let text = Report::read(lexical.path()).unwrap().text();
+    assert!(text.contains("notice and gate receipts: read lexically"));
+    assert!(!text.contains("Receipts read by the matcher"));
 }

@@ -11,6 +11,7 @@ use statebench::progress::Meter;
 use statebench::rundir::Identity;
 use statebench::tau2::episode::Limits;
 use statebench::tau2::explain::{self, EpisodeRef, Explanation, ProposedCall, RulesSpec};
+use statebench::tau2::reader::ReceiptReader;
 use statebench::tau2::report::Report;
 use statebench::tau2::rules::Verdict;
 use statebench::tau2::study::{self, RuleSource, Tau2Config};
@@ -27,14 +28,14 @@ pub enum Tau2Command {
     Report(ReportArgs),
     /// Every rule's verdict on one proposed call, with the receipts it
     /// read. Exit status: 0 allow, 1 refuse, 2 error.
-    Explain(ExplainArgs),
+    Explain(Box<ExplainArgs>),
 }
 
 pub fn run(c: Tau2Command) -> Result<()> {
     match c {
         Tau2Command::Run(a) => run_study(*a),
         Tau2Command::Report(a) => report(a),
-        Tau2Command::Explain(a) => match explain(a) {
+        Tau2Command::Explain(a) => match explain(*a) {
             Ok(Verdict::Refuse) => Err(super::Exit(1).into()),
             Ok(_) => Ok(()),
             Err(e) => {
@@ -91,6 +92,15 @@ pub struct RunArgs {
     /// --endpoint a model name the server serves). Default: the agent's.
     #[arg(long)]
     user_model: Option<String>,
+    /// Who reads the receipts the notice and gate arms judge by (the
+    /// user's confirmation of an action, a cancellation's reason): a
+    /// matcher model, or words and phrases.
+    #[arg(long, value_enum, default_value_t = ReceiptReader::Model)]
+    receipts: ReceiptReader,
+    /// The matcher's model (a model spec as --model takes, or with
+    /// --endpoint a model name the server serves). Default: the agent's.
+    #[arg(long)]
+    matcher_model: Option<String>,
     /// No progress lines.
     #[arg(long)]
     quiet: bool,
@@ -148,12 +158,17 @@ fn run_study(a: RunArgs) -> Result<()> {
         seed: a.seed,
         limits,
         user_model: None,
+        receipts: a.receipts,
+        matcher: None,
         arms,
         trials: a.trials,
         tasks,
     };
     if config.uses_rules() && a.rules == RuleSource::Compiled {
         config.compiles = a.compiles;
+    }
+    if a.matcher_model.is_some() && a.receipts == ReceiptReader::Lexical {
+        bail!("--matcher-model names the model that reads receipts; with --receipts lexical none does");
     }
     config.validate()?;
     let mut agent = a.backend.open(None)?;
@@ -166,6 +181,19 @@ fn run_study(a: RunArgs) -> Result<()> {
         None => None,
     };
     let identity = Identity::Model(agent.model_id()?);
+    let mut matcher = match (&a.matcher_model, a.receipts) {
+        (Some(name), ReceiptReader::Model) => {
+            let m = a.backend.open(Some(name))?;
+            config.matcher = Some(Identity::Model(m.model_id()?));
+            Some(m)
+        }
+        (None, ReceiptReader::Model) => {
+            config.matcher = Some(identity.clone());
+            None
+        }
+        _ => None,
+    };
+    config.validate()?;
     let start = std::time::Instant::now();
     let progress = Meter::new(!a.quiet, "episodes");
     let summary = study::run(
@@ -175,6 +203,7 @@ fn run_study(a: RunArgs) -> Result<()> {
         identity,
         &mut *agent,
         user.as_deref_mut().map(|u| u as &mut dyn Backend),
+        matcher.as_deref_mut().map(|m| m as &mut dyn Backend),
         a.backend.concurrency,
         &progress,
     )?;
@@ -190,6 +219,7 @@ fn run_study(a: RunArgs) -> Result<()> {
     );
     drop(agent);
     drop(user);
+    drop(matcher);
     emit(&Report::read(&a.out)?.text())?;
     // A run that left failed episodes is not done: a script that checks
     // the exit status learns it, and the same command resumes them.
@@ -253,9 +283,18 @@ pub struct ExplainArgs {
     /// shown).
     #[arg(long)]
     rules: Option<String>,
+    /// Who reads the confirmation and the reason: lexical, or a matcher
+    /// model (the model flags' model, asked now, unless the --episode run
+    /// recorded its matcher's reading of this call). Default: as the
+    /// episode read them; lexical for a conversation.
+    #[arg(long, value_enum)]
+    receipts: Option<ReceiptReader>,
     /// JSON instead of text.
     #[arg(long)]
     json: bool,
+    /// The matcher's model with --receipts model.
+    #[command(flatten)]
+    backend: BackendArgs,
 }
 
 fn explain(a: ExplainArgs) -> Result<Verdict> {
@@ -272,7 +311,14 @@ fn explain(a: ExplainArgs) -> Result<Verdict> {
             let (rules, name) =
                 explain::rules(spec.as_ref().unwrap_or(&RulesSpec::Reference), None)?;
             let db = explain::replay_conversation(&db, &history);
-            Explanation::new(&rules, name, &db, &history, call)
+            let reading = match a.receipts {
+                Some(ReceiptReader::Model) => {
+                    let mut m = a.backend.open(None)?;
+                    explain::ask_matcher(&mut *m, &rules, &db, &history, &call, 0)?
+                }
+                _ => None,
+            };
+            Explanation::new(&rules, name, &db, &history, call, reading)
         }
         (None, Some(text)) => {
             let r: EpisodeRef = text.parse()?;
@@ -284,7 +330,17 @@ fn explain(a: ExplainArgs) -> Result<Verdict> {
                 Some(s) => explain::rules(s, Some(&r.dir))?,
                 None => explain::episode_rules(&rec)?,
             };
-            Explanation::new(&rules, name, &rec.db, &rec.history, rec.call)
+            let reading = match (a.receipts, rec.reading) {
+                (Some(ReceiptReader::Lexical), _) => None,
+                (_, Some(recorded)) => Some(recorded),
+                (Some(ReceiptReader::Model), None) => {
+                    let mut m = a.backend.open(None)?;
+                    let seed = rec.record.seed;
+                    explain::ask_matcher(&mut *m, &rules, &rec.db, &rec.history, &rec.call, seed)?
+                }
+                (None, None) => None,
+            };
+            Explanation::new(&rules, name, &rec.db, &rec.history, rec.call, reading)
         }
         (None, None) => bail!("give --conversation with --call, or --episode"),
     };

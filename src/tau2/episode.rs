@@ -39,9 +39,12 @@
 //! agent request, holding the rule set's verdicts for the database and
 //! history as they are at that turn; it is rebuilt for every request and
 //! never enters the history (nor the record). `notice` and `gate` act on
-//! writes the arm's rule set refuses (see [`dispatch`]).
+//! writes the arm's rule set refuses (see [`dispatch`]). With receipts read
+//! by a model ([`reader`]), a write those arms judge waits, before it is
+//! dispatched, on the matcher's reading of the conversation: one more
+//! request of the episode, batched with every other.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -50,8 +53,9 @@ use serde_json::Value;
 use super::db::FlightDb;
 use super::evaluate;
 use super::prompts;
-use super::record::{Arm, CallRecord, EpisodeRecord, Termination};
-use super::rules::{RuleSet, Violation};
+use super::reader::{self, Ask, ReceiptReader};
+use super::record::{Arm, CallRecord, EpisodeRecord, Reading, Termination};
+use super::rules::{MatcherRead, RuleSet, Violation};
 use super::task::{Task, Tau2Data};
 use super::tools;
 use crate::backend::{
@@ -123,6 +127,8 @@ pub struct EpisodeSpec {
     /// compiles; None on raw.
     pub rules: Option<(usize, Arc<RuleSet>)>,
     pub limits: Limits,
+    /// Who reads the receipts the `notice` and `gate` arms judge by.
+    pub receipts: ReceiptReader,
 }
 
 /// A spec that cannot run.
@@ -137,6 +143,8 @@ pub enum SpecError {
 pub enum Side {
     Agent,
     User,
+    /// The matcher reads the conversation for a write about to be judged.
+    Matcher,
 }
 
 /// What one dispatched tool call left: its record and the tool message the
@@ -160,7 +168,9 @@ pub struct Noticed(Vec<(String, Value)>);
 /// not run: on `gate` its result is the rejection; on `notice` it is a
 /// warning the first time, and the identical call issued again runs, keeping
 /// the rules that flagged it in `refused_by`. `history` is the agent's
-/// conversation up to and including the message that made the call.
+/// conversation up to and including the message that made the call;
+/// `matcher` a matcher's reading of it for this call, which the arm's rules
+/// take in place of their lexical reading (the reference rules never do).
 #[allow(clippy::too_many_arguments)]
 pub fn dispatch(
     arm: Arm,
@@ -170,6 +180,7 @@ pub fn dispatch(
     history: &[Message],
     noticed: &mut Noticed,
     call: &ToolCall,
+    matcher: Option<&MatcherRead>,
 ) -> Dispatched {
     let name = call.name.as_str();
     let args = match serde_json::from_str::<Value>(&call.arguments) {
@@ -195,7 +206,7 @@ pub fn dispatch(
     };
     let violates = names(&reference.check(db, history, name, &args));
     let verdict: Vec<Violation> = match (arm, rules) {
-        (Arm::Notice | Arm::Gate, Some(r)) => r.check(db, history, name, &args),
+        (Arm::Notice | Arm::Gate, Some(r)) => r.check_read(db, history, name, &args, matcher),
         _ => Vec::new(),
     };
     let refused_by = names(&verdict);
@@ -278,6 +289,11 @@ pub struct Episode<'d> {
     user: Vec<Message>,
     calls: Vec<CallRecord>,
     noticed: Noticed,
+    /// The calls of the agent's latest message not yet dispatched.
+    pending: VecDeque<ToolCall>,
+    /// A call waiting on the matcher's reading, and the reading asked.
+    asking: Option<(ToolCall, Ask)>,
+    readings: Vec<Reading>,
     steps: usize,
     errors: usize,
     next: Result<Side, Termination>,
@@ -324,6 +340,9 @@ impl<'d> Episode<'d> {
             user,
             calls: Vec::new(),
             noticed: Noticed::default(),
+            pending: VecDeque::new(),
+            asking: None,
+            readings: Vec::new(),
             steps: 0,
             errors: 0,
             next: Ok(Side::User),
@@ -333,6 +352,13 @@ impl<'d> Episode<'d> {
             started: Instant::now(),
             error: None,
         })
+    }
+
+    /// Whether a matcher reads the receipts of this episode's writes: a
+    /// `notice` or `gate` arm with receipts read by a model.
+    pub fn reads_receipts(&self) -> bool {
+        self.spec.receipts == ReceiptReader::Model
+            && matches!(self.spec.arm, Arm::Notice | Arm::Gate)
     }
 
     pub fn spec(&self) -> &EpisodeSpec {
@@ -367,6 +393,11 @@ impl<'d> Episode<'d> {
         &self.calls
     }
 
+    /// The matcher's readings so far, in call order.
+    pub fn readings(&self) -> &[Reading] {
+        &self.readings
+    }
+
     /// The request of the side that speaks next; None once done.
     pub fn request(&self) -> Option<(Side, ChatRequest)> {
         let side = self.next.ok()?;
@@ -392,6 +423,7 @@ impl<'d> Episode<'d> {
                 seed: self.spec.seed,
                 ..ChatRequest::greedy(self.user.clone(), l.user_max_tokens)
             },
+            Side::Matcher => self.asking.as_ref()?.1.request.clone(),
         };
         Some((side, req))
     }
@@ -407,6 +439,7 @@ impl<'d> Episode<'d> {
         match side {
             Side::Agent => self.take_agent(reply),
             Side::User => self.take_user(reply),
+            Side::Matcher => self.take_reading(reply),
         }
     }
 
@@ -464,24 +497,74 @@ impl<'d> Episode<'d> {
             })
             .collect();
         self.agent.push(Message::calls(text, calls.clone()));
-        let rules = self.spec.rules.as_ref().map(|(_, r)| r.as_ref());
-        for call in &calls {
-            let d = dispatch(
-                self.spec.arm,
-                rules,
-                &self.reference,
-                &mut self.db,
-                &self.agent,
-                &mut self.noticed,
-                call,
-            );
-            self.errors += usize::from(d.record.error);
-            self.calls.push(d.record);
-            self.agent.push(Message::tool_result(&call.id, d.result));
+        self.pending = calls.into();
+        self.advance();
+    }
+
+    /// Dispatches the latest message's calls in order until one waits on
+    /// the matcher; once all ran, their results are one step and the agent
+    /// speaks again.
+    fn advance(&mut self) {
+        while let Some(call) = self.pending.pop_front() {
+            if let Some(ask) = self.to_read(&call) {
+                self.asking = Some((call, ask));
+                self.next = Ok(Side::Matcher);
+                return;
+            }
+            self.run_call(&call, None);
         }
         self.steps += 1;
         self.next = Ok(Side::Agent);
         self.check_limits();
+    }
+
+    /// The matcher's reading a call needs first: with receipts read by a
+    /// model, a well-formed write the `notice` or `gate` arm's rules read
+    /// the conversation for.
+    fn to_read(&self, call: &ToolCall) -> Option<Ask> {
+        if !self.reads_receipts() {
+            return None;
+        }
+        let (_, rules) = self.spec.rules.as_ref()?;
+        let args = serde_json::from_str::<Value>(&call.arguments)
+            .ok()
+            .filter(Value::is_object)?;
+        reader::ask(
+            rules,
+            &self.db,
+            &self.agent,
+            &call.name,
+            &args,
+            self.spec.seed,
+        )
+    }
+
+    fn take_reading(&mut self, reply: ChatReply) {
+        let (Some((call, ask)), Some((_, rules))) = (self.asking.take(), &self.spec.rules) else {
+            return;
+        };
+        let reading = reader::reading(self.calls.len(), ask, &reply, rules);
+        let read = reading.read.clone();
+        self.readings.push(reading);
+        self.run_call(&call, Some(&read));
+        self.advance();
+    }
+
+    fn run_call(&mut self, call: &ToolCall, matcher: Option<&MatcherRead>) {
+        let rules = self.spec.rules.as_ref().map(|(_, r)| r.as_ref());
+        let d = dispatch(
+            self.spec.arm,
+            rules,
+            &self.reference,
+            &mut self.db,
+            &self.agent,
+            &mut self.noticed,
+            call,
+            matcher,
+        );
+        self.errors += usize::from(d.record.error);
+        self.calls.push(d.record);
+        self.agent.push(Message::tool_result(&call.id, d.result));
     }
 
     fn check_limits(&mut self) {
@@ -527,6 +610,7 @@ impl<'d> Episode<'d> {
             agent_turns: self.agent_turns,
             secs: self.started.elapsed().as_secs_f64(),
             error: self.error,
+            readings: self.readings,
             cut: Vec::new(),
         }
     }
@@ -542,23 +626,25 @@ pub enum RunError<E> {
     Sink(E),
 }
 
-/// A live episode and where its requests go.
+/// A live episode and where its requests go: one session per side, so
+/// each side's prompt cache carries over (the matcher's only where it
+/// reads).
 struct Live<'d> {
     ep: Episode<'d>,
-    agent_session: SessionId,
-    user_session: SessionId,
+    sessions: [Option<SessionId>; 3],
 }
 
-/// Which backend: 0 the agent's, 1 the simulator's own.
+/// Which backend: 0 the agent's, 1 the simulator's own, 2 the matcher's own.
 type Slot = usize;
 
+/// The backend of `slot`; the agent's where that side has none of its own.
 fn backend<'a>(
     agent: &'a mut dyn Backend,
-    user: &'a mut Option<&mut dyn Backend>,
+    others: &'a mut [Option<&mut dyn Backend>; 2],
     slot: Slot,
 ) -> &'a mut dyn Backend {
-    match (slot, user) {
-        (1, Some(u)) => &mut **u,
+    match others.get_mut(slot.wrapping_sub(1)) {
+        Some(Some(b)) => &mut **b,
         _ => agent,
     }
 }
@@ -571,10 +657,12 @@ fn backend<'a>(
 /// prompt cache carries over from turn to turn. Records are handed to
 /// `on_done` as episodes finish; a failed model call ends only its episode
 /// (`backend_error`). Records do not depend on which episodes ran together,
-/// as the backend's replies do not.
+/// as the backend's replies do not. `matcher` None: the agent's backend
+/// reads the receipts too.
 pub fn run_episodes<E>(
     agent: &mut dyn Backend,
-    mut user: Option<&mut dyn Backend>,
+    user: Option<&mut dyn Backend>,
+    matcher: Option<&mut dyn Backend>,
     data: &Tau2Data,
     specs: Vec<EpisodeSpec>,
     max_live: usize,
@@ -582,7 +670,17 @@ pub fn run_episodes<E>(
 ) -> Result<(), RunError<E>> {
     let tools = Arc::new(tools::schemas());
     let reference = Arc::new(RuleSet::reference());
-    let user_slot: Slot = if user.is_some() { 1 } else { 0 };
+    // One lifetime for both (a trait object's may shorten behind `&mut`).
+    let mut others: [Option<&mut dyn Backend>; 2] = [
+        user.map(|u| u as &mut dyn Backend),
+        matcher.map(|m| m as &mut dyn Backend),
+    ];
+    // Each side's slot: its own backend's, or the agent's.
+    let slots: [Slot; 3] = [0, 1, 2].map(|s| match s {
+        0 => 0,
+        s if others[s - 1].is_some() => s,
+        _ => 0,
+    });
     let mut queue = specs.into_iter();
     // An episode holds its own copy of the database: built when it starts.
     let mut live: Vec<Option<Live>> = (0..max_live.clamp(1, queue.len().max(1)))
@@ -596,19 +694,25 @@ pub fn run_episodes<E>(
             while !busy[i] {
                 if slot.is_none() {
                     let Some(spec) = queue.next() else { break };
-                    *slot = Some(Live {
-                        ep: Episode::new(data, spec, tools.clone(), reference.clone())?,
-                        agent_session: agent.open_session(),
-                        user_session: backend(agent, &mut user, user_slot).open_session(),
-                    });
+                    let ep = Episode::new(data, spec, tools.clone(), reference.clone())?;
+                    let sides = [true, true, ep.reads_receipts()];
+                    let mut sessions = [None; 3];
+                    for (s, open) in sides.into_iter().enumerate() {
+                        sessions[s] =
+                            open.then(|| backend(agent, &mut others, slots[s]).open_session());
+                    }
+                    *slot = Some(Live { ep, sessions });
                 }
                 let l = slot.as_mut().expect("filled above");
                 if let Some((side, req)) = l.ep.request() {
-                    let (b, session) = match side {
-                        Side::Agent => (0, l.agent_session),
-                        Side::User => (user_slot, l.user_session),
+                    let s = match side {
+                        Side::Agent => 0,
+                        Side::User => 1,
+                        Side::Matcher => 2,
                     };
-                    match backend(agent, &mut user, b).submit(session, req) {
+                    let b = slots[s];
+                    let session = l.sessions[s].expect("a side that speaks has a session");
+                    match backend(agent, &mut others, b).submit(session, req) {
                         Ok(id) => {
                             flight.insert((b, id), i);
                             busy[i] = true;
@@ -621,19 +725,22 @@ pub fn run_episodes<E>(
                     break;
                 }
                 let l = slot.take().expect("live above");
-                agent.close_session(l.agent_session);
-                backend(agent, &mut user, user_slot).close_session(l.user_session);
+                for (b, session) in slots.into_iter().zip(l.sessions) {
+                    if let Some(session) = session {
+                        backend(agent, &mut others, b).close_session(session);
+                    }
+                }
                 on_done(l.ep.finish()).map_err(RunError::Sink)?;
             }
         }
         if flight.is_empty() {
             return Ok(());
         }
-        for b in [0, 1] {
-            if b == 1 && user_slot == 0 {
+        for b in [0, 1, 2] {
+            if b != 0 && slots[b] == 0 {
                 continue;
             }
-            let be = backend(agent, &mut user, b);
+            let be = backend(agent, &mut others, b);
             if !be.has_pending() {
                 continue;
             }

@@ -1,8 +1,10 @@
 //! Why a proposed tool call would run or be refused: every rule's verdict
 //! with the receipts it read, for a conversation in τ²'s own message format
-//! or for a call recorded in a run directory. Reads files and runs no
-//! model; the verdicts are those dispatch reaches ([`RuleSet::verdicts`]
-//! is what [`RuleSet::check`] filters).
+//! or for a call recorded in a run directory. The verdicts are those
+//! dispatch reaches ([`RuleSet::verdicts`] is what [`RuleSet::check`]
+//! filters). The receipts are read lexically, or taken from the matcher's
+//! reading a run recorded for the call, or read by a matcher model asked
+//! now ([`ask_matcher`]); only the last runs a model.
 //!
 //! The database a call is judged on is the data directory's `db.json`
 //! after the calls before it: for a conversation file every call it holds
@@ -18,12 +20,13 @@ use serde_json::Value;
 
 use super::compile;
 use super::db::FlightDb;
-use super::record::{Arm, EpisodeRecord};
+use super::reader;
+use super::record::{Arm, EpisodeRecord, Reading};
 use super::rules::{RuleSet, RuleVerdict, Verdict};
 use super::study::{self, Manifest, RuleSource, StudyError};
 use super::task::Tau2Data;
 use super::tools;
-use crate::backend::{Message, Role, ToolCall};
+use crate::backend::{Backend, Message, Role, ToolCall};
 
 /// Most bytes of a conversation file, a rule-set file or a `--call`.
 pub const FILE_CAP: u64 = 64 << 20;
@@ -40,6 +43,8 @@ pub enum ExplainError {
     Rules { spec: String, why: String },
     #[error(transparent)]
     Study(#[from] StudyError),
+    #[error("the matcher model failed: {0}")]
+    Matcher(String),
 }
 
 fn file_error(path: &Path, why: impl std::fmt::Display) -> ExplainError {
@@ -122,18 +127,24 @@ pub struct Explanation {
     /// Which rule set judged it.
     pub rule_set: String,
     pub rules: Vec<RuleVerdict>,
+    /// The matcher's reading the rules took in place of the lexical one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reading: Option<Reading>,
 }
 
 impl Explanation {
-    /// Judges `call` after `history` on `db` by `rules`.
+    /// Judges `call` after `history` on `db` by `rules`, reading the
+    /// conversation as `reading` did (None: lexically).
     pub fn new(
         rules: &RuleSet,
         rule_set: String,
         db: &FlightDb,
         history: &[Message],
         call: ProposedCall,
+        reading: Option<Reading>,
     ) -> Explanation {
-        let verdicts = rules.verdicts(db, history, &call.name, &call.arguments);
+        let read = reading.as_ref().map(|r| &r.read);
+        let verdicts = rules.verdicts_read(db, history, &call.name, &call.arguments, read);
         let refused = verdicts.iter().any(|v| v.verdict == Verdict::Refuse);
         Explanation {
             verdict: if refused {
@@ -144,6 +155,7 @@ impl Explanation {
             call,
             rule_set,
             rules: verdicts,
+            reading,
         }
     }
 
@@ -170,6 +182,17 @@ impl Explanation {
                 r.why
             );
         }
+        if let Some(r) = &self.reading {
+            out += &format!(
+                "matcher's reading: {} (lexical: {}){}\n",
+                read_text(&r.read),
+                read_text(&r.lexical),
+                r.error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!("; reply unreadable: {e}"))
+            );
+            out += &format!("  reply: {}\n", r.reply.trim());
+        }
         for r in self.rules.iter().filter(|r| !r.receipts.is_empty()) {
             out += &format!("receipts of {}:\n", r.rule.name());
             for (k, v) in &r.receipts {
@@ -186,6 +209,48 @@ impl Explanation {
     pub fn json(&self) -> String {
         serde_json::to_string_pretty(self).expect("explanations serialize") + "\n"
     }
+}
+
+fn read_text(r: &super::rules::MatcherRead) -> String {
+    let mut parts = Vec::new();
+    if let Some(c) = r.confirmed {
+        parts.push(format!("confirmed {c}"));
+    }
+    parts.push(format!("reason {}", r.reason.as_deref().unwrap_or("none")));
+    parts.join(", ")
+}
+
+/// Asks a matcher model now for the reading `call` needs under `rules`
+/// after `history` (None: the rules read nothing of the conversation for
+/// it), as a run with `--receipts model` would have.
+pub fn ask_matcher(
+    backend: &mut dyn Backend,
+    rules: &RuleSet,
+    db: &FlightDb,
+    history: &[Message],
+    call: &ProposedCall,
+    seed: u64,
+) -> Result<Option<Reading>, ExplainError> {
+    let Some(ask) = reader::ask(rules, db, history, &call.name, &call.arguments, seed) else {
+        return Ok(None);
+    };
+    let fail = |e: &dyn std::fmt::Display| ExplainError::Matcher(e.to_string());
+    let session = backend.open_session();
+    let id = backend
+        .submit(session, ask.request.clone())
+        .map_err(|e| fail(&e))?;
+    let reply = loop {
+        if !backend.has_pending() {
+            return Err(fail(&"the backend dropped the request"));
+        }
+        let done = backend.step().map_err(|e| fail(&e))?;
+        if let Some((_, r)) = done.into_iter().find(|(i, _)| *i == id) {
+            break r.map_err(|e| fail(&e))?;
+        }
+    };
+    backend.close_session(session);
+    let index = history.iter().map(|m| m.tool_calls.len()).sum();
+    Ok(Some(reader::reading(index, ask, &reply, rules)))
 }
 
 /// A conversation in τ²'s message format: a JSON array of messages, or an
@@ -338,6 +403,8 @@ pub struct Recorded {
     /// The database the call met.
     pub db: FlightDb,
     pub call: ProposedCall,
+    /// The matcher's reading the run took for this call, if any.
+    pub reading: Option<Reading>,
 }
 
 /// Finds a recorded call and rebuilds what dispatch saw. `data` must be the
@@ -405,7 +472,9 @@ pub fn recorded(data: &Tau2Data, r: &EpisodeRef, spec: &str) -> Result<Recorded,
     };
     let end = (at + 1 + earlier).min(record.messages.len());
     let history = record.messages[..end].to_vec();
+    let reading = record.readings.iter().find(|x| x.call == r.step).cloned();
     Ok(Recorded {
+        reading,
         dir: r.dir.clone(),
         manifest,
         record,

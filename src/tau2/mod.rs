@@ -12,6 +12,7 @@ pub mod episode;
 pub mod evaluate;
 pub mod explain;
 pub mod prompts;
+pub mod reader;
 pub mod record;
 pub mod report;
 pub mod rules;
@@ -19,4 +20,4 @@ pub mod study;
 pub mod task;
 pub mod tools;
 
-pub use record::{Arm, CallRecord, EpisodeRecord, Reward, Termination};
+pub use record::{Arm, CallRecord, EpisodeRecord, Reading, Reward, Termination};

@@ -194,3 +194,119 @@ only after the reservation was changed or cancelled
 The policy:
 
 ";
+
+/// The matcher's instructions when the rule arms' receipts are read by a
+/// model (`--receipts model`): it reports what the customer said, and the
+/// rules decide.
+pub const READER_SYSTEM: &str = "\
+You read part of a conversation between an airline's customer-service agent \
+and a customer, and report exactly what the customer said. You do not judge \
+the airline's policy and you do not help either side. Answer with one JSON \
+object and nothing else.";
+
+/// Most characters of one quoted message in a matcher's prompt, and of all
+/// the customer's messages together: a reading is a short request whatever
+/// the conversation holds.
+pub const READ_QUOTE_CAP: usize = 1_500;
+pub const READ_CUSTOMER_CAP: usize = 6_000;
+
+/// A message as the matcher quotes it: its first [`READ_QUOTE_CAP`]
+/// characters.
+fn quoted(text: &str) -> String {
+    let t = text.trim();
+    match t.char_indices().nth(READ_QUOTE_CAP) {
+        Some((i, _)) => format!("{} […]", &t[..i]),
+        None => t.to_string(),
+    }
+}
+
+/// What a customer's reply to "shall I go ahead?" can be, as the matcher
+/// classifies it; only the first confirms. Kinds rather than a yes/no: a
+/// small model tells a conditional or hedged yes from a plain one more
+/// reliably when it must name which it is.
+pub const REPLY_KINDS: [(&str, &str); 6] = [
+    (
+        "yes",
+        "a plain yes to this action, with no condition, change or doubt",
+    ),
+    (
+        "yes_with_conditions",
+        "a yes that adds a condition or asks for a change",
+    ),
+    ("unsure", "hesitant, hedged, or wants to wait or think"),
+    ("no", "refuses, or takes back a yes"),
+    ("question", "asks something instead of answering"),
+    ("other", "anything else"),
+];
+
+/// The matcher's request for one proposed write: the action and its
+/// details, then what it must read — the agent's last message and the
+/// customer's answer (`exchange`), and for a reason the customer's
+/// messages, latest kept first — and the fields it answers with.
+pub fn reading(
+    action: &str,
+    details: &[String],
+    exchange: Option<(&str, &str)>,
+    reasons: Option<(&[String], &[&str])>,
+) -> String {
+    let mut out = format!(
+        "The agent is about to run this action: {action}. Its details: {}.\n",
+        details.join(", ")
+    );
+    if let Some((asked, answer)) = exchange {
+        out.push_str(&format!(
+            "\nThe agent's last message to the customer:\n<agent>\n{}\n</agent>\n\
+             \nThe customer's reply to it:\n<customer>\n{}\n</customer>\n",
+            quoted(asked),
+            quoted(answer)
+        ));
+    }
+    if let Some((_, said)) = reasons {
+        let mut kept = Vec::new();
+        let mut used = 0;
+        for m in said.iter().rev() {
+            let q = quoted(m);
+            if used + q.len() > READ_CUSTOMER_CAP && !kept.is_empty() {
+                break;
+            }
+            used += q.len();
+            kept.push(q);
+        }
+        let left = said.len() - kept.len();
+        kept.reverse();
+        out.push_str(&format!(
+            "\nEverything the customer said in the conversation{}:\n<customer_messages>\n{}\n</customer_messages>\n",
+            if left > 0 {
+                format!(" (the first {left} messages left out)")
+            } else {
+                String::new()
+            },
+            kept.join("\n---\n")
+        ));
+    }
+    out.push_str("\nAnswer with one JSON object with these fields:\n");
+    if exchange.is_some() {
+        out.push_str(&format!(
+            "- \"agent_listed_this_action\": true if the agent's message described this \
+             action with these details and asked the customer whether to go ahead.\n\
+             - \"customer_reply\": what the customer's reply is, one of: {}.\n",
+            REPLY_KINDS
+                .iter()
+                .map(|(k, what)| format!("\"{k}\" ({what})"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    if let Some((names, _)) = reasons {
+        out.push_str(&format!(
+            "- \"reason\": the reason for cancelling the customer stated as theirs: \
+             \"none\" (they stated none of these, or denied it), {}.\n",
+            names
+                .iter()
+                .map(|n| format!("\"{n}\""))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ));
+    }
+    out
+}

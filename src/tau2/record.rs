@@ -4,6 +4,7 @@
 
 use serde::{Deserialize, Serialize};
 
+use super::rules::{MatcherRead, ToRead};
 use crate::backend::{Message, Usage};
 
 /// How strongly the airline policy acts at tool dispatch (the ladder's
@@ -130,9 +131,37 @@ pub struct EpisodeRecord {
     /// `backend_error`; what the simulator sent, on `user_error`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The matcher's readings of the conversation for the rule arm's
+    /// judgement of writes (`--receipts model`), in call order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub readings: Vec<Reading>,
     /// What [`EpisodeRecord::bounded`] cut to keep the line readable.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cut: Vec<Cut>,
+}
+
+/// One matcher reading: what it was asked for which call, what it said,
+/// what the rules took, and the lexical reading of the same receipts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Reading {
+    /// The call it was read for (its index in `calls`).
+    pub call: usize,
+    /// What was asked: the confirmation, the reason, or both.
+    pub asked: ToRead,
+    /// The request's user message (the system message is
+    /// `prompts::READER_SYSTEM`).
+    pub prompt: String,
+    /// The matcher's reply, thinking removed.
+    pub reply: String,
+    /// What the rules took: the reply as read, or on an unreadable reply
+    /// no confirmation and no reason.
+    pub read: MatcherRead,
+    /// The lexical reading of the same receipts.
+    pub lexical: MatcherRead,
+    /// Why the reply could not be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    pub usage: Usage,
 }
 
 /// One part of a record shortened when it was written: where (a path into
@@ -286,6 +315,10 @@ impl EpisodeRecord {
         }
         if let Some(e) = self.error.as_mut() {
             cut_text(e, cap, || "error".into(), cuts);
+        }
+        for (i, r) in self.readings.iter_mut().enumerate() {
+            cut_text(&mut r.prompt, cap, || format!("readings[{i}].prompt"), cuts);
+            cut_text(&mut r.reply, cap, || format!("readings[{i}].reply"), cuts);
         }
     }
 

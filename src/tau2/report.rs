@@ -12,6 +12,7 @@ use std::path::Path;
 use serde::Serialize;
 
 pub use super::evaluate::pass_hat_k;
+use super::reader::ReceiptReader;
 use super::record::{Arm, EpisodeRecord};
 use super::study::{self, CompileRecord, Episodes, Manifest, RuleSource, StudyError};
 use crate::rng::Rng;
@@ -87,6 +88,64 @@ pub struct ArmSummary {
     pub user_prompt_tokens: f64,
     pub user_completion_tokens: f64,
     pub secs: f64,
+    /// The matcher's readings of the arm's episodes, totalled.
+    pub matcher: MatcherSummary,
+}
+
+/// The matcher's readings on one arm, against the lexical reading of the
+/// same receipts.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MatcherSummary {
+    pub readings: usize,
+    /// Replies that were not the JSON asked (read as no and none).
+    pub unreadable: usize,
+    /// Readings of a confirmation: the matcher's yes, the lexical yes, and
+    /// how many agree, of all read.
+    pub confirmations: usize,
+    pub matcher_yes: usize,
+    pub lexical_yes: usize,
+    pub confirmation_agreement: Rate,
+    /// Readings of a cancellation's reason, and how many name the same
+    /// reason (or none) as the lexical reading.
+    pub reason_agreement: Rate,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+}
+
+/// Totals the readings of an arm's episodes.
+pub fn matcher_summary(eps: &[&EpisodeRecord]) -> MatcherSummary {
+    let readings: Vec<_> = eps.iter().flat_map(|r| &r.readings).collect();
+    let confirmations: Vec<(bool, bool)> = readings
+        .iter()
+        .filter(|r| r.asked.confirmation)
+        .map(|r| {
+            (
+                r.read.confirmed.unwrap_or(false),
+                r.lexical.confirmed.unwrap_or(false),
+            )
+        })
+        .collect();
+    let reasons: Vec<_> = readings.iter().filter(|r| r.asked.reason).collect();
+    MatcherSummary {
+        readings: readings.len(),
+        unreadable: readings.iter().filter(|r| r.error.is_some()).count(),
+        confirmations: confirmations.len(),
+        matcher_yes: confirmations.iter().filter(|c| c.0).count(),
+        lexical_yes: confirmations.iter().filter(|c| c.1).count(),
+        confirmation_agreement: Rate::new(
+            confirmations.iter().filter(|c| c.0 == c.1).count(),
+            confirmations.len(),
+        ),
+        reason_agreement: Rate::new(
+            reasons
+                .iter()
+                .filter(|r| r.read.reason == r.lexical.reason)
+                .count(),
+            reasons.len(),
+        ),
+        prompt_tokens: readings.iter().map(|r| r.usage.prompt_tokens).sum(),
+        completion_tokens: readings.iter().map(|r| r.usage.completion_tokens).sum(),
+    }
 }
 
 /// One arm against raw on the (task, trial) pairs both finished.
@@ -144,6 +203,9 @@ pub struct Report {
     pub tasks: usize,
     pub trials: u32,
     pub rules: RuleSource,
+    /// Who read the notice and gate arms' receipts, and the matcher's model.
+    pub receipts: ReceiptReader,
+    pub matcher: Option<String>,
     pub finished: usize,
     /// (task, arm, trial) keys whose only lines are failed model calls.
     pub unfinished: usize,
@@ -216,10 +278,14 @@ impl Report {
                 "the hand-written reference (validation run: not the model's own rules)".into()
             }
         };
+        let receipts = match (&self.receipts, &self.matcher) {
+            (ReceiptReader::Model, Some(m)) => format!("read by the matcher model {m}"),
+            _ => "read lexically (words and phrases)".to_string(),
+        };
         let (title, gap) = if md { ("# ", "\n") } else { ("", "") };
         format!(
             "{title}τ²-bench airline: {}\n\
-             {gap}model: {}; user simulator: {}; {} tasks of {} × {} trials; rule arms' rules: {rules}\n\
+             {gap}model: {}; user simulator: {}; {} tasks of {} × {} trials; rule arms' rules: {rules}; notice and gate receipts: {receipts}\n\
              {gap}episodes: {} finished, {} unfinished (a failed model call; run again on resume), {} duplicate lines not counted\n",
             self.dir,
             self.model,
@@ -244,6 +310,16 @@ impl Report {
             ("Terminations".into(), self.terminations()),
             ("Refusals at dispatch, by rule".into(), self.refusals()),
         ];
+        if self.receipts == ReceiptReader::Model {
+            out.push((
+                "Receipts read by the matcher, against the lexical reading of the same receipts"
+                    .into(),
+                Body::or_none(
+                    self.matcher_table(),
+                    "no readings: no notice or gate arm judged a write that needs one",
+                ),
+            ));
+        }
         if !self.paired.is_empty() {
             out.push((
                 format!(
@@ -302,6 +378,35 @@ impl Report {
             ));
             row.push(format!("{:.1}", a.secs));
             t.row(row);
+        }
+        t
+    }
+
+    fn matcher_table(&self) -> Table {
+        let mut t = Table::new(&[
+            "arm",
+            "readings",
+            "unreadable",
+            "confirmations read",
+            "matcher yes",
+            "lexical yes",
+            "confirmation agreement [95% Wilson]",
+            "reason agreement [95% Wilson]",
+            "matcher tokens",
+        ]);
+        for a in self.arms.iter().filter(|a| a.matcher.readings > 0) {
+            let m = &a.matcher;
+            t.row(vec![
+                a.arm.name().into(),
+                m.readings.to_string(),
+                m.unreadable.to_string(),
+                m.confirmations.to_string(),
+                m.matcher_yes.to_string(),
+                m.lexical_yes.to_string(),
+                m.confirmation_agreement.text(),
+                m.reason_agreement.text(),
+                (m.prompt_tokens + m.completion_tokens).to_string(),
+            ]);
         }
         t
     }
@@ -464,6 +569,8 @@ pub fn build(
         tasks: c.tasks.len(),
         trials: c.trials,
         rules: c.rules,
+        receipts: c.receipts,
+        matcher: c.matcher.as_ref().map(|m| m.name().to_string()),
         finished: episodes.finished.len(),
         unfinished: episodes.unfinished.len(),
         duplicates: episodes.duplicates,
@@ -529,6 +636,7 @@ pub fn summarize(arm: Arm, eps: &[&EpisodeRecord]) -> ArmSummary {
         user_prompt_tokens: mean(&|r| r.user_usage.prompt_tokens as f64),
         user_completion_tokens: mean(&|r| r.user_usage.completion_tokens as f64),
         secs: mean(&|r| r.secs),
+        matcher: matcher_summary(eps),
     }
 }
 

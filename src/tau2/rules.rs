@@ -35,6 +35,11 @@
 //!   feeling well", storm, …), not negated ("I'm not sick"), in any of the
 //!   user's messages.
 //!
+//! With receipts read by a model ([`super::reader`]), the confirmation and
+//! the reason are a matcher's reading ([`MatcherRead`]) instead; the
+//! identified user and which exchange a confirmation is read from stay
+//! code.
+//!
 //! Policy statements not encoded, and why:
 //! - one cabin for all flights, the same flights for every passenger: the
 //!   tools take one cabin and one passenger list per reservation, so no call
@@ -342,6 +347,26 @@ pub struct Receipts {
     /// Reservations a write call of the agent changed: it ran (no arm held
     /// it back) and raised no error.
     pub changed: BTreeSet<String>,
+    /// A matcher model's reading of the conversation for the write being
+    /// judged (receipts read by a model): taken in place of the lexical
+    /// reading of the confirmation and of the cancellation's reason.
+    pub matcher: Option<MatcherRead>,
+}
+
+/// What a reader found in the conversation for one proposed write: a
+/// matcher model's reading, or the lexical one of the same receipts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MatcherRead {
+    /// The user's latest message confirms this action, with the details the
+    /// agent's question before it listed. None: not read (the rules ask no
+    /// confirmation of this write, or no agent message asked anything the
+    /// latest user message answers).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub confirmed: Option<bool>,
+    /// The covered reason the user gave for cancelling (one of the rule
+    /// set's `insurance_reasons`); None: none given, or not a cancellation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
 }
 
 impl Receipts {
@@ -391,6 +416,14 @@ impl Receipts {
 }
 
 impl Receipts {
+    /// The receipts with a matcher's reading in place of the lexical one.
+    pub fn read_with(history: &[Message], matcher: Option<&MatcherRead>) -> Receipts {
+        Receipts {
+            matcher: matcher.cloned(),
+            ..Receipts::read(history)
+        }
+    }
+
     /// The identified user, as explain shows it.
     fn read_user(&self) -> BTreeMap<String, Value> {
         BTreeMap::from([
@@ -403,6 +436,14 @@ impl Receipts {
                 self.user_at.map_or(Value::Null, Value::from),
             ),
         ])
+    }
+
+    /// Who read the conversation's confirmation and reason.
+    fn read_by(&self) -> &'static str {
+        match self.matcher {
+            Some(_) => "matcher",
+            None => "lexical",
+        }
     }
 
     /// The exchange a confirmation is read from, as explain shows it.
@@ -425,8 +466,38 @@ impl Receipts {
                 "answer_says_yes".to_string(),
                 Value::Bool(affirms(&x.answer)),
             ),
+            ("read_by".to_string(), Value::String(self.read_by().into())),
+            (
+                "matcher_confirmed".to_string(),
+                self.matcher
+                    .as_ref()
+                    .and_then(|m| m.confirmed)
+                    .map_or(Value::Null, Value::Bool),
+            ),
         ])
     }
+}
+
+/// What a matcher is asked for one proposed write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ToRead {
+    /// Whether the latest user message confirms the action.
+    pub confirmation: bool,
+    /// Which covered reason for cancelling the user gave.
+    pub reason: bool,
+}
+
+/// The action a matcher is asked about, in words: its tool, then each
+/// detail a confirmation must name (the reservation, the new flights and
+/// cabin, the bag total, the passengers' first names, the amount).
+pub fn action_details(db: &FlightDb, write: Write, args: &Value) -> Vec<String> {
+    details(db, write, args)
+        .into_iter()
+        .map(|d| match d {
+            Detail::Kind(_) => write.name().to_string(),
+            Detail::Value(v) => v,
+        })
+        .collect()
 }
 
 /// The latest user message and the assistant text right before it: the
@@ -478,6 +549,12 @@ fn confirmation(
                 .into(),
         );
     };
+    if let Some(confirmed) = receipts.matcher.as_ref().and_then(|m| m.confirmed) {
+        return match confirmed {
+            true => Ok(()),
+            false => Err("no explicit confirmation of this action, as the matcher read the exchange: list the action's details, ask, and get the user's yes first".into()),
+        };
+    }
     if !x.asks() {
         return Err(
             "no explicit confirmation: the agent's message before the user's last asked nothing"
@@ -1035,10 +1112,20 @@ impl RuleSet {
         name: &str,
         args: &Value,
     ) -> Vec<Violation> {
-        let Some(write) = Write::from_name(name) else {
-            return Vec::new();
-        };
-        self.verdicts_of(db, &Receipts::read(history), write, args)
+        self.check_read(db, history, name, args, None)
+    }
+
+    /// [`RuleSet::check`] with a matcher's reading of the conversation in
+    /// place of the lexical one (None: the lexical).
+    pub fn check_read(
+        &self,
+        db: &FlightDb,
+        history: &[Message],
+        name: &str,
+        args: &Value,
+        matcher: Option<&MatcherRead>,
+    ) -> Vec<Violation> {
+        self.verdicts_read(db, history, name, args, matcher)
             .into_iter()
             .filter(|v| v.verdict == Verdict::Refuse)
             .map(|v| Violation {
@@ -1058,8 +1145,22 @@ impl RuleSet {
         name: &str,
         args: &Value,
     ) -> Vec<RuleVerdict> {
+        self.verdicts_read(db, history, name, args, None)
+    }
+
+    /// [`RuleSet::verdicts`] with a matcher's reading (None: the lexical).
+    pub fn verdicts_read(
+        &self,
+        db: &FlightDb,
+        history: &[Message],
+        name: &str,
+        args: &Value,
+        matcher: Option<&MatcherRead>,
+    ) -> Vec<RuleVerdict> {
         match Write::from_name(name) {
-            Some(write) => self.verdicts_of(db, &Receipts::read(history), write, args),
+            Some(write) => {
+                self.verdicts_of(db, &Receipts::read_with(history, matcher), write, args)
+            }
             None => RuleId::ALL
                 .iter()
                 .map(|&rule| RuleVerdict {
@@ -1102,11 +1203,16 @@ impl RuleSet {
                         receipts.read_confirmation()
                     }
                     RuleId::CancelEligibility if write == Write::CancelReservation => {
-                        BTreeMap::from([(
-                            "covered_reason".to_string(),
-                            self.covered_reason(&receipts.user_text)
-                                .map_or(Value::Null, |r| Value::String(r.to_string())),
-                        )])
+                        BTreeMap::from([
+                            (
+                                "covered_reason".to_string(),
+                                self.reason(receipts).map_or(Value::Null, Value::String),
+                            ),
+                            (
+                                "read_by".to_string(),
+                                Value::String(receipts.read_by().into()),
+                            ),
+                        ])
                     }
                     _ => BTreeMap::new(),
                 };
@@ -1213,7 +1319,7 @@ impl RuleSet {
             }
         }
         let insured = r.insurance == "yes";
-        let reason = self.covered_reason(&receipts.user_text);
+        let reason = self.reason(receipts);
         if let (true, Some(reason)) = (insured, reason) {
             return Ok(format!("insured, and the user gave a {reason} reason"));
         }
@@ -1231,6 +1337,54 @@ impl RuleSet {
                 "no travel insurance".into()
             }
         ))
+    }
+
+    /// The covered reason the user gave: the matcher's reading (a reason
+    /// of this rule set's only), else the first the user's messages state.
+    fn reason(&self, receipts: &Receipts) -> Option<String> {
+        match &receipts.matcher {
+            Some(m) => m
+                .reason
+                .clone()
+                .filter(|r| self.insurance_reasons.contains(r)),
+            None => self.covered_reason(&receipts.user_text).map(str::to_string),
+        }
+    }
+
+    /// What a matcher must read for `write` under this rule set: whether
+    /// the user confirmed it (when the rules ask that and an exchange
+    /// exists to read it from) and, for a cancellation, the reason given.
+    /// None: the rules read nothing of the conversation for this write.
+    pub fn to_read(&self, history: &[Message], write: Write) -> Option<ToRead> {
+        let confirmation =
+            self.confirm_before.contains(&write) && Exchange::latest(history).is_some();
+        let reason = write == Write::CancelReservation && !self.insurance_reasons.is_empty();
+        (confirmation || reason).then_some(ToRead {
+            confirmation,
+            reason,
+        })
+    }
+
+    /// The lexical reading of what `to_read` names: the reading the rules
+    /// take without a matcher, set beside the matcher's to measure it.
+    pub fn lexical_read(
+        &self,
+        db: &FlightDb,
+        history: &[Message],
+        write: Write,
+        args: &Value,
+        to_read: ToRead,
+    ) -> MatcherRead {
+        let receipts = Receipts::read(history);
+        MatcherRead {
+            confirmed: to_read
+                .confirmation
+                .then(|| confirmation(db, &receipts, write, args).is_ok()),
+            reason: to_read
+                .reason
+                .then(|| self.covered_reason(&receipts.user_text).map(str::to_string))
+                .flatten(),
+        }
     }
 
     /// The first covered reason the user's messages state.

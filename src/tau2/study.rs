@@ -16,6 +16,7 @@ use serde::{Deserialize, Serialize};
 
 use super::compile::{self, Agreement};
 use super::episode::{self, EpisodeSpec, Limits};
+use super::reader::ReceiptReader;
 use super::record::{Arm, EpisodeRecord, Termination};
 use super::rules::RuleSet;
 use super::task::{DataError, TaskFile, Tau2Data};
@@ -65,6 +66,17 @@ pub struct Tau2Config {
     /// The user simulator's model; None: the agent's model plays the user.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub user_model: Option<Identity>,
+    /// Who reads the receipts the `notice` and `gate` arms judge by (run
+    /// directories from before the choice read lexically).
+    #[serde(
+        default = "ReceiptReader::before_choice",
+        skip_serializing_if = "ReceiptReader::is_lexical"
+    )]
+    pub receipts: ReceiptReader,
+    /// The matcher's model when receipts are read by a model: the agent's
+    /// own unless `--matcher-model` names another.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matcher: Option<Identity>,
 }
 
 impl Tau2Config {
@@ -336,7 +348,8 @@ pub struct RunSummary {
 /// Runs (or resumes) a τ² run into `dir`: the compiles first, then every
 /// (task, arm, trial) without a finished episode, at most `concurrency`
 /// episodes batched together, each finished one replaced by the next.
-/// `user` None: the agent's model plays the user too.
+/// `user` None: the agent's model plays the user too; `matcher` None: the
+/// agent's model reads the receipts.
 #[allow(clippy::too_many_arguments)]
 pub fn run(
     dir: &Path,
@@ -345,10 +358,16 @@ pub fn run(
     model: Identity,
     agent: &mut dyn Backend,
     user: Option<&mut dyn Backend>,
+    matcher: Option<&mut dyn Backend>,
     concurrency: usize,
     progress: &Meter,
 ) -> Result<RunSummary, StudyError> {
     config.validate()?;
+    if config.receipts == ReceiptReader::Model && config.matcher.is_none() {
+        return Err(StudyError::Config(
+            "receipts read by a model need the matcher's identity in the configuration".into(),
+        ));
+    }
     let _lock = DirLock::acquire(dir)?;
     let manifest = Manifest::new(FORMAT, config.clone(), model);
     manifest.create_or_check(dir, &[COMPILES, EPISODES])?;
@@ -383,6 +402,7 @@ pub fn run(
                     seed: config.episode_seed(id, trial),
                     rules,
                     limits: config.limits,
+                    receipts: config.receipts,
                 });
             }
         }
@@ -408,7 +428,7 @@ pub fn run(
     };
     // `concurrency` bounds the episodes live at once, and so the KV cache
     // they hold together.
-    episode::run_episodes(agent, user, data, specs, concurrency, &mut on_done).map_err(
+    episode::run_episodes(agent, user, matcher, data, specs, concurrency, &mut on_done).map_err(
         |e| match e {
             episode::RunError::Sink(e) => StudyError::Dir(e),
             e => StudyError::Config(e.to_string()),

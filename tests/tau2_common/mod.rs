@@ -59,11 +59,25 @@ pub fn completion(text: &str, calls: &[(&str, String)]) -> Vec<u8> {
 /// with tools) makes `calls` once, then says "Done."; the user opens, and
 /// stops once the agent said "Done.". `user` replaces the user's opening.
 pub fn endpoint(calls: Vec<(&'static str, String)>, user: Option<Vec<u8>>) -> FakeEndpoint {
+    endpoint_reading(calls, user, None)
+}
+
+/// [`endpoint`], answering the matcher's readings with `reading` (None: as
+/// the user would, which is no reading at all).
+pub fn endpoint_reading(
+    calls: Vec<(&'static str, String)>,
+    user: Option<Vec<u8>>,
+    reading: Option<&'static str>,
+) -> FakeEndpoint {
     FakeEndpoint::scripted(move |body| {
         let req: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
         let messages = req["messages"].as_array().cloned().unwrap_or_default();
         let last = messages.last().cloned().unwrap_or(Value::Null);
-        let body = if req.get("tools").is_some() {
+        let reads = messages.first().map(|m| &m["content"])
+            == Some(&Value::from(statebench::tau2::prompts::READER_SYSTEM));
+        let body = if let (true, Some(r)) = (reads, reading) {
+            completion(r, &[])
+        } else if req.get("tools").is_some() {
             if last["role"] == "tool" {
                 completion("Done.", &[])
             } else {
