@@ -37,6 +37,7 @@ fn config(arms: &[Arm]) -> Tau2Config {
         user_model: None,
         receipts: ReceiptReader::Lexical,
         matcher: None,
+        tau2_src_sha256: BTreeMap::new(),
     }
 }
 

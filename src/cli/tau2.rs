@@ -14,6 +14,7 @@ use statebench::tau2::explain::{self, EpisodeRef, Explanation, ProposedCall, Rul
 use statebench::tau2::reader::ReceiptReader;
 use statebench::tau2::report::Report;
 use statebench::tau2::rules::Verdict;
+use statebench::tau2::source::Tau2Source;
 use statebench::tau2::study::{self, RuleSource, Tau2Config};
 use statebench::tau2::task::TaskFile;
 use statebench::tau2::Arm;
@@ -101,6 +102,11 @@ pub struct RunArgs {
     /// --endpoint a model name the server serves). Default: the agent's.
     #[arg(long)]
     matcher_model: Option<String>,
+    /// A tau2-bench checkout's src/tau2: the agent's and the simulator's
+    /// system-prompt layouts and the tools' descriptions are read from it
+    /// (τ²'s own wording; default: statebench's).
+    #[arg(long)]
+    tau2_src: Option<PathBuf>,
     /// No progress lines.
     #[arg(long)]
     quiet: bool,
@@ -135,7 +141,10 @@ pub fn check_data_dir(dir: &Path, task_file: &str) -> Result<()> {
 fn run_study(a: RunArgs) -> Result<()> {
     let task_file = a.task_file;
     check_data_dir(&a.tau2_data, task_file.file_name())?;
-    let data = study::open_data(&a.tau2_data, task_file)?;
+    let mut data = study::open_data(&a.tau2_data, task_file)?;
+    if let Some(dir) = &a.tau2_src {
+        data.wording = Some(Tau2Source::read(dir)?);
+    }
     let tasks = study::select_tasks(&data, &a.tasks)?;
     let defaults = Limits::new(a.backend.think, a.backend.think);
     let limits = Limits {
@@ -160,6 +169,11 @@ fn run_study(a: RunArgs) -> Result<()> {
         user_model: None,
         receipts: a.receipts,
         matcher: None,
+        tau2_src_sha256: data
+            .wording
+            .as_ref()
+            .map(|w| w.sha256.clone())
+            .unwrap_or_default(),
         arms,
         trials: a.trials,
         tasks,

@@ -319,15 +319,25 @@ impl<'d> Episode<'d> {
                 arm: spec.arm.name(),
             });
         }
+        let (agent_system, user_system) = match &data.wording {
+            Some(w) => (
+                w.agent_system(&data.policy),
+                w.user_system(
+                    &prompts::without_persona(&data.guidelines),
+                    &prompts::scenario_text(&spec.task.user),
+                ),
+            ),
+            None => (
+                prompts::agent_system(&data.policy),
+                prompts::user_system(&data.guidelines, &spec.task.user),
+            ),
+        };
         let agent = vec![
-            Message::new(Role::System, prompts::agent_system(&data.policy)),
+            Message::new(Role::System, agent_system),
             Message::new(Role::Assistant, prompts::GREETING),
         ];
         let user = vec![
-            Message::new(
-                Role::System,
-                prompts::user_system(&data.guidelines, &spec.task.user),
-            ),
+            Message::new(Role::System, user_system),
             Message::new(Role::User, prompts::GREETING),
         ];
         Ok(Episode {
@@ -668,7 +678,7 @@ pub fn run_episodes<E>(
     max_live: usize,
     on_done: &mut dyn FnMut(EpisodeRecord) -> Result<(), E>,
 ) -> Result<(), RunError<E>> {
-    let tools = Arc::new(tools::schemas());
+    let tools = Arc::new(tools::worded(data.wording.as_ref().map(|w| &w.tools)));
     let reference = Arc::new(RuleSet::reference());
     // One lifetime for both (a trait object's may shorten behind `&mut`).
     let mut others: [Option<&mut dyn Backend>; 2] = [

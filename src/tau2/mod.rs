@@ -16,6 +16,7 @@ pub mod reader;
 pub mod record;
 pub mod report;
 pub mod rules;
+pub mod source;
 pub mod study;
 pub mod task;
 pub mod tools;

@@ -42,9 +42,14 @@ pub fn agent_system(policy: &str) -> String {
 pub fn user_system(guidelines: &str, scenario: &UserScenario) -> String {
     format!(
         "{}\n\n<scenario>\n{}\n</scenario>",
-        guidelines.replace(PERSONA_SLOT, "").trim_end(),
+        without_persona(guidelines).trim_end(),
         scenario_text(scenario)
     )
+}
+
+/// The guidelines with their persona slot empty.
+pub fn without_persona(guidelines: &str) -> String {
+    guidelines.replace(PERSONA_SLOT, "")
 }
 
 /// A scenario as the simulator reads it: each field the task gives, under

@@ -205,6 +205,9 @@ pub struct Report {
     pub rules: RuleSource,
     /// Who read the notice and gate arms' receipts, and the matcher's model.
     pub receipts: ReceiptReader,
+    /// The τ² source files whose wording the prompts took, with their
+    /// sha256; empty: statebench's wording.
+    pub tau2_src_sha256: BTreeMap<String, String>,
     pub matcher: Option<String>,
     pub finished: usize,
     /// (task, arm, trial) keys whose only lines are failed model calls.
@@ -282,10 +285,21 @@ impl Report {
             (ReceiptReader::Model, Some(m)) => format!("read by the matcher model {m}"),
             _ => "read lexically (words and phrases)".to_string(),
         };
+        let wording = match self.tau2_src_sha256.is_empty() {
+            true => "statebench's wording".to_string(),
+            false => format!(
+                "τ²'s own, from --tau2-src ({})",
+                self.tau2_src_sha256
+                    .iter()
+                    .map(|(f, h)| format!("{f} {}", &h[..h.len().min(12)]))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        };
         let (title, gap) = if md { ("# ", "\n") } else { ("", "") };
         format!(
             "{title}τ²-bench airline: {}\n\
-             {gap}model: {}; user simulator: {}; {} tasks of {} × {} trials; rule arms' rules: {rules}; notice and gate receipts: {receipts}\n\
+             {gap}model: {}; user simulator: {}; {} tasks of {} × {} trials; rule arms' rules: {rules}; notice and gate receipts: {receipts}; prompts and tool descriptions: {wording}\n\
              {gap}episodes: {} finished, {} unfinished (a failed model call; run again on resume), {} duplicate lines not counted\n",
             self.dir,
             self.model,
@@ -570,6 +584,7 @@ pub fn build(
         trials: c.trials,
         rules: c.rules,
         receipts: c.receipts,
+        tau2_src_sha256: c.tau2_src_sha256.clone(),
         matcher: c.matcher.as_ref().map(|m| m.name().to_string()),
         finished: episodes.finished.len(),
         unfinished: episodes.unfinished.len(),

@@ -77,6 +77,11 @@ pub struct Tau2Config {
     /// own unless `--matcher-model` names another.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub matcher: Option<Identity>,
+    /// sha256 (hex) of τ²'s source files whose wording the prompts and
+    /// tool descriptions take (`--tau2-src`), by their path in a checkout;
+    /// empty: statebench's wording.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub tau2_src_sha256: BTreeMap<String, String>,
 }
 
 impl Tau2Config {
@@ -363,6 +368,17 @@ pub fn run(
     progress: &Meter,
 ) -> Result<RunSummary, StudyError> {
     config.validate()?;
+    let wording = data
+        .wording
+        .as_ref()
+        .map(|w| w.sha256.clone())
+        .unwrap_or_default();
+    if wording != config.tau2_src_sha256 {
+        return Err(StudyError::Config(
+            "the configuration's --tau2-src hashes are not those of the wording the data holds"
+                .into(),
+        ));
+    }
     if config.receipts == ReceiptReader::Model && config.matcher.is_none() {
         return Err(StudyError::Config(
             "receipts read by a model need the matcher's identity in the configuration".into(),

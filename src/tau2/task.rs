@@ -219,6 +219,9 @@ pub struct Tau2Data {
     /// sha256 (hex) of every file read, by file name: of the bytes loaded,
     /// so what a run pins is what it read.
     pub sha256: BTreeMap<String, String>,
+    /// τ²'s own prompt layouts and tool descriptions (`--tau2-src`); None:
+    /// statebench's wording.
+    pub wording: Option<super::source::Tau2Source>,
 }
 
 impl Tau2Data {
@@ -251,6 +254,7 @@ impl Tau2Data {
             split: files.json("split_tasks.json")?,
             guidelines: files.text("simulation_guidelines.md")?,
             sha256: files.sha256,
+            wording: None,
         })
     }
 

@@ -9,12 +9,15 @@
 //! validate them, and scalar arguments τ² passes on unchecked (baggage
 //! counts, the update's cabin) are used unchecked.
 
+use std::collections::BTreeMap;
+
 use serde_json::{json, Map, Value};
 
 use super::db::{
     py_float_repr, py_json_dumps, to_value, Cabin, FlightDate, FlightDb, Passenger, Payment,
     PaymentMethod, Reservation, ReservationFlight, User,
 };
+use super::source::ToolDoc;
 use crate::backend::Tool;
 
 /// τ²'s frozen "now" (EST): reservations booked get it as `created_at`.
@@ -262,9 +265,27 @@ fn spec(name: &str) -> Option<&'static Spec> {
 
 /// The 14 tools, with τ²'s names and parameters, as function tools.
 pub fn schemas() -> Vec<Tool> {
+    worded(None)
+}
+
+/// The tools as [`schemas`], their descriptions and their parameters'
+/// top-level ones taken from τ²'s docstrings where `docs` has them.
+pub fn worded(docs: Option<&BTreeMap<String, ToolDoc>>) -> Vec<Tool> {
     SPECS
         .iter()
-        .map(|s| Tool::function(s.name, s.description, parameters(s)))
+        .map(|s| {
+            let doc = docs.and_then(|d| d.get(s.name));
+            let mut params = parameters(s);
+            if let (Some(doc), Some(props)) = (doc, params["properties"].as_object_mut()) {
+                for (name, p) in props.iter_mut() {
+                    if let Some(text) = doc.params.get(name) {
+                        p["description"] = Value::String(text.clone());
+                    }
+                }
+            }
+            let description = doc.map_or(s.description, |d| d.description.as_str());
+            Tool::function(s.name, description, params)
+        })
         .collect()
 }
 

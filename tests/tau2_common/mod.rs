@@ -71,24 +71,33 @@ pub fn endpoint_reading(
 ) -> FakeEndpoint {
     FakeEndpoint::scripted(move |body| {
         let req: Value = serde_json::from_slice(body).unwrap_or(Value::Null);
-        let messages = req["messages"].as_array().cloned().unwrap_or_default();
-        let last = messages.last().cloned().unwrap_or(Value::Null);
-        let reads = messages.first().map(|m| &m["content"])
-            == Some(&Value::from(statebench::tau2::prompts::READER_SYSTEM));
-        let body = if let (true, Some(r)) = (reads, reading) {
-            completion(r, &[])
-        } else if req.get("tools").is_some() {
-            if last["role"] == "tool" {
-                completion("Done.", &[])
-            } else {
-                completion("", &calls)
-            }
-        } else if last["content"] == "Done." {
-            completion("###STOP###", &[])
-        } else {
-            user.clone()
-                .unwrap_or_else(|| completion("Please work out a sum for me.", &[]))
-        };
-        (200, body)
+        (200, answer(&req, &calls, user.as_deref(), reading))
     })
+}
+
+/// The scripted conversation's answer to one request (see [`endpoint`]).
+pub fn answer(
+    req: &Value,
+    calls: &[(&str, String)],
+    user: Option<&[u8]>,
+    reading: Option<&str>,
+) -> Vec<u8> {
+    let messages = req["messages"].as_array().cloned().unwrap_or_default();
+    let last = messages.last().cloned().unwrap_or(Value::Null);
+    let reads = messages.first().map(|m| &m["content"])
+        == Some(&Value::from(statebench::tau2::prompts::READER_SYSTEM));
+    if let (true, Some(r)) = (reads, reading) {
+        completion(r, &[])
+    } else if req.get("tools").is_some() {
+        if last["role"] == "tool" {
+            completion("Done.", &[])
+        } else {
+            completion("", calls)
+        }
+    } else if last["content"] == "Done." {
+        completion("###STOP###", &[])
+    } else {
+        user.map(<[u8]>::to_vec)
+            .unwrap_or_else(|| completion("Please work out a sum for me.", &[]))
+    }
 }
