@@ -83,8 +83,9 @@ pub fn ask(
     seed: u64,
 ) -> Option<Ask> {
     let write = Write::from_name(name)?;
-    let to_read = rules.to_read(history, write)?;
+    // Read once: the prompt and the lexical reading both come from it.
     let receipts = Receipts::read(history);
+    let to_read = rules.to_read(&receipts, write)?;
     let exchange = receipts
         .exchange
         .as_ref()
@@ -113,7 +114,7 @@ pub fn ask(
         to_read,
         prompt,
         request,
-        lexical: rules.lexical_read(db, history, write, args, to_read),
+        lexical: rules.lexical_read(db, &receipts, write, args, to_read),
     })
 }
 

@@ -1355,9 +1355,8 @@ impl RuleSet {
     /// the user confirmed it (when the rules ask that and an exchange
     /// exists to read it from) and, for a cancellation, the reason given.
     /// None: the rules read nothing of the conversation for this write.
-    pub fn to_read(&self, history: &[Message], write: Write) -> Option<ToRead> {
-        let confirmation =
-            self.confirm_before.contains(&write) && Exchange::latest(history).is_some();
+    pub fn to_read(&self, receipts: &Receipts, write: Write) -> Option<ToRead> {
+        let confirmation = self.confirm_before.contains(&write) && receipts.exchange.is_some();
         let reason = write == Write::CancelReservation && !self.insurance_reasons.is_empty();
         (confirmation || reason).then_some(ToRead {
             confirmation,
@@ -1370,16 +1369,15 @@ impl RuleSet {
     pub fn lexical_read(
         &self,
         db: &FlightDb,
-        history: &[Message],
+        receipts: &Receipts,
         write: Write,
         args: &Value,
         to_read: ToRead,
     ) -> MatcherRead {
-        let receipts = Receipts::read(history);
         MatcherRead {
             confirmed: to_read
                 .confirmation
-                .then(|| confirmation(db, &receipts, write, args).is_ok()),
+                .then(|| confirmation(db, receipts, write, args).is_ok()),
             reason: to_read
                 .reason
                 .then(|| self.covered_reason(&receipts.user_text).map(str::to_string))
