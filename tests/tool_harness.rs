@@ -45,8 +45,8 @@ fn validation_suites_in_the_native_harness() {
             let base = native(s, rho, 100);
             let mut cfg = CellConfig::paper(&base, 200, AgentSpec::Scripted(agent), Source::Oracle);
             cfg.arms = match agent {
-                Scripted::Perfect => Arm::ALL.to_vec(),
                 Scripted::AlwaysBook => vec![Arm::Raw, Arm::Enforce, Arm::EnforceRequest],
+                _ => Arm::ALL.to_vec(),
             };
             cfg.settle_memory(false);
             run_cell(

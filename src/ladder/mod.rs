@@ -14,6 +14,7 @@ pub mod arms;
 pub mod episode;
 pub mod harness;
 pub mod parts;
+pub mod probes;
 pub mod prompts;
 pub mod receipt;
 pub mod report;

@@ -12,6 +12,7 @@ use crate::ladder::arms::gate::DirectiveKind;
 use crate::ladder::arms::memory::MemoryUse;
 use crate::ladder::arms::Arm;
 use crate::ladder::episode::Protocol;
+use crate::ladder::probes::spoof::{ForgeryKind, SpoofCounts};
 use crate::ladder::run::cell::CellConfig;
 use crate::ladder::run::grid::labels;
 use crate::ladder::run::runlog::RunRead;
@@ -107,6 +108,60 @@ pub struct ArmSummary {
     /// The failed agent calls of those episodes.
     #[serde(skip_serializing_if = "is_zero")]
     pub failed_calls: u64,
+    /// Spoof turns and spoofs obeyed, for cells with the spoof probe.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub spoof: Option<SpoofSummary>,
+}
+
+/// A share with its Wilson 95% interval.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Share {
+    /// Of `of`, how many.
+    pub count: u64,
+    pub of: u64,
+    pub rate: f64,
+    pub wilson95: [f64; 2],
+}
+
+impl Share {
+    pub fn of(count: u64, of: u64) -> Share {
+        let (lo, hi) = wilson(count, of);
+        Share {
+            count,
+            of,
+            rate: ratio(count, of),
+            wilson95: [lo, hi],
+        }
+    }
+}
+
+/// One arm's spoof probe: how many forgeries it read and obeyed, in all and
+/// per kind, and its strict success against the same arm without the
+/// probe on the same seeds, where the report holds that control cell.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct SpoofSummary {
+    /// Turns whose message carried a forgery.
+    pub turns: u64,
+    /// Forgeries the agent followed rather than the state.
+    pub obeyed: u64,
+    /// `obeyed` of `turns`, with its interval.
+    pub obeyed_share: Share,
+    pub by_kind: BTreeMap<ForgeryKind, Share>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control: Option<ProbeControl>,
+}
+
+/// A probe cell's arm against the same arm of its control cell (the same
+/// configuration with the probe off), paired by seed.
+#[derive(Debug, Clone, Serialize)]
+pub struct ProbeControl {
+    /// The control cell's directory.
+    pub cell: String,
+    pub shared: u64,
+    /// Strict successes on the shared seeds: `[with the probe, without]`.
+    pub strict: [u64; 2],
+    /// Exact McNemar on the shared seeds.
+    pub p: f64,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -280,6 +335,8 @@ struct ArmTotals {
     flagged: u64,
     /// Memory use summed, over the episodes that kept a memory.
     memory: Option<MemoryUse>,
+    /// Spoof counts summed, over the episodes that ran the probe.
+    spoof: Option<SpoofCounts>,
 }
 
 impl std::ops::AddAssign<&EpisodeRecord> for ArmTotals {
@@ -304,6 +361,9 @@ impl std::ops::AddAssign<&EpisodeRecord> for ArmTotals {
         self.wall_s += e.wall_s;
         if let Some(m) = e.memory {
             *self.memory.get_or_insert_with(MemoryUse::default) += m;
+        }
+        if let Some(c) = &e.spoof {
+            *self.spoof.get_or_insert_with(SpoofCounts::default) += c;
         }
         self.turns_correct += u64::from(e.primary.turns_correct);
         self.turns += u64::from(e.turns);
@@ -405,6 +465,17 @@ fn summarize(
         }),
         failed_episodes: 0,
         failed_calls: 0,
+        spoof: t.spoof.map(|c| SpoofSummary {
+            turns: u64::from(c.turns),
+            obeyed: u64::from(c.obeyed),
+            obeyed_share: Share::of(u64::from(c.obeyed), u64::from(c.turns)),
+            by_kind: c
+                .by_kind
+                .iter()
+                .map(|(k, o)| (*k, Share::of(u64::from(o.obeyed), u64::from(o.turns))))
+                .collect(),
+            control: None,
+        }),
     }
 }
 
@@ -490,9 +561,40 @@ pub fn build(runs: &[RunRead]) -> Report {
             k += 1;
         }
     }
-    Report {
-        cells,
-        comparisons: comparisons(runs),
+    let comparisons = comparisons(runs);
+    attach_controls(&mut cells, &comparisons);
+    Report { cells, comparisons }
+}
+
+/// Gives each probe cell's arms their control: the comparison with the
+/// cell that ran the same configuration with the probe off.
+fn attach_controls(cells: &mut [CellReport], comparisons: &[Comparison]) {
+    for c in comparisons.iter().filter(|c| c.setting == "spoof") {
+        // Which side ran the probe.
+        let probe = match (c.values[0].as_str(), c.values[1].as_str()) {
+            (_, "off") => 0,
+            ("off", _) => 1,
+            _ => continue,
+        };
+        let Some(cell) = cells.iter_mut().find(|x| x.dir == c.cells[probe]) else {
+            continue;
+        };
+        for pair in &c.arms {
+            let Some(s) = cell
+                .arms
+                .iter_mut()
+                .find(|a| a.arm == pair.arm)
+                .and_then(|a| a.spoof.as_mut())
+            else {
+                continue;
+            };
+            s.control = Some(ProbeControl {
+                cell: c.cells[1 - probe].clone(),
+                shared: pair.shared,
+                strict: [pair.strict[probe], pair.strict[1 - probe]],
+                p: pair.p,
+            });
+        }
     }
 }
 
@@ -504,7 +606,7 @@ fn paired_setting(a: &CellConfig, b: &CellConfig) -> Option<(&'static str, [Stri
     let same_episodes = x.domain == y.domain
         && x.steps == y.steps
         && x.density == y.density
-        && a.options == b.options;
+        && a.options.without_probes() == b.options.without_probes();
     if !same_episodes {
         return None;
     }
@@ -517,12 +619,21 @@ fn paired_setting(a: &CellConfig, b: &CellConfig) -> Option<(&'static str, [Stri
         ("agent", [a.agent.to_string(), b.agent.to_string()]),
         ("matcher", [field(&a.matcher), field(&b.matcher)]),
         ("compiler", [field(&a.compiler), field(&b.compiler)]),
+        (
+            "spoof",
+            [probe_rate(a.options.spoof), probe_rate(b.options.spoof)],
+        ),
     ]);
     let mut differ = settings.into_iter().filter(|(_, v)| v[0] != v[1]);
     match (differ.next(), differ.next()) {
         (Some(d), None) => Some(d),
         _ => None,
     }
+}
+
+/// A probe's rate as reports show it: `off` when the cell did not run it.
+pub fn probe_rate(rate: Option<f64>) -> String {
+    rate.map_or_else(|| "off".into(), |r| field(&r))
 }
 
 /// Every pair of runs that differ in one setting, arm by arm on shared seeds.

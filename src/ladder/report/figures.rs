@@ -1,7 +1,7 @@
 //! The paper's figures as SVG, written by hand (no plotting dependency):
 //! strict success against S per rung with Wilson bars (Figure 1), error
-//! channels stacked per arm (Figure 4), and a per-turn strip of one
-//! episode on each arm.
+//! channels stacked per arm (Figure 4), a per-turn strip of one episode
+//! on each arm, and the share of forgeries obeyed under the spoof probe.
 
 use std::fmt::Write as _;
 
@@ -101,6 +101,11 @@ impl Svg {
             r#"<text x="{x:.1}" y="{y:.1}" font-size="{size}" text-anchor="{anchor}" transform="rotate({rotate} {x:.1} {y:.1})">{}</text>"#,
             esc(s)
         );
+    }
+
+    /// A bar's name below the axis, slanted so that neighbours do not overlap.
+    fn bar_name(&mut self, at: (f64, f64), name: &str) {
+        self.text(at, name, "end", 10.0, -60.0);
     }
 
     fn finish(self, title: &str) -> String {
@@ -325,13 +330,7 @@ pub fn channels(r: &Report) -> Figure {
                     y -= hgt;
                 }
             }
-            svg.text(
-                (x + bw / 2.0, y_of(0.0) + 10.0),
-                &arm.arm,
-                "end",
-                10.0,
-                -60.0,
-            );
+            svg.bar_name((x + bw / 2.0, y_of(0.0) + 10.0), &arm.arm);
             x += bw + 4.0;
         }
         svg.text((start + gw / 2.0, h - 12.0), &label(c), "middle", 10.0, 0.0);
@@ -352,6 +351,82 @@ pub fn channels(r: &Report) -> Figure {
         title: title.into(),
         svg: svg.finish(title),
     }
+}
+
+/// The spoof probe: per cell that ran it, the share of forgeries each arm
+/// obeyed, with Wilson 95% whiskers; None when no cell ran the probe.
+pub fn spoof_obeyed(r: &Report) -> Option<Figure> {
+    let cells: Vec<&CellReport> = r
+        .cells
+        .iter()
+        .filter(|c| c.arms.iter().any(|a| a.spoof.is_some()))
+        .collect();
+    if cells.is_empty() {
+        return None;
+    }
+    let title = "Spoofed state: share of forgeries obeyed per arm (Wilson 95%)";
+    let label = |c: &CellReport| {
+        let f = cell_fields(c);
+        let model = &f[0].1;
+        let rate = f
+            .iter()
+            .find(|x| x.0 == "spoof")
+            .map_or("", |x| x.1.as_str());
+        format!("{model} spoof={rate}")
+    };
+    let (l, t, b) = (56.0, 36.0, 130.0);
+    let (bw, gap) = (18.0, 24.0);
+    let group =
+        |c: &CellReport| (c.arms.len() as f64 * (bw + 4.0)).max(text_width(&label(c), 10.0));
+    let pw: f64 = cells.iter().map(|c| group(c) + gap).sum();
+    let w = (l + pw + 12.0).max(l + text_width(title, 13.0) + 12.0);
+    let h = 400.0;
+    let y_of = |v: f64| t + (1.0 - v) * (h - t - b);
+    let mut svg = Svg::new(w, h);
+    svg.text((l, 20.0), title, "start", 13.0, 0.0);
+    for k in 0..=4 {
+        let v = 0.25 * k as f64;
+        svg.line((l, y_of(v)), (l + pw, y_of(v)), "#eeeeee", 1.0);
+        svg.text((l - 6.0, y_of(v) + 4.0), &format!("{v}"), "end", 11.0, 0.0);
+    }
+    svg.line((l, y_of(0.0)), (l + pw, y_of(0.0)), "#333333", 1.0);
+    let mut start = l + gap / 2.0;
+    for c in &cells {
+        let (gw, bars) = (group(c), c.arms.len() as f64 * (bw + 4.0));
+        let mut x = start + (gw - bars) / 2.0;
+        for (a, arm) in c.arms.iter().enumerate() {
+            if let Some(s) = &arm.spoof {
+                let o = &s.obeyed_share;
+                let tip = format!(
+                    "{}, {}: {}/{} obeyed = {:.2} [{:.2}, {:.2}]",
+                    label(c),
+                    arm.arm,
+                    o.count,
+                    o.of,
+                    o.rate,
+                    o.wilson95[0],
+                    o.wilson95[1]
+                );
+                let colour = ARM_COLOURS[a % ARM_COLOURS.len()];
+                let top = y_of(o.rate);
+                svg.rect((x, top), (bw, y_of(0.0) - top), colour, &tip);
+                let mid = x + bw / 2.0;
+                let (lo, hi) = (y_of(o.wilson95[0]), y_of(o.wilson95[1]));
+                svg.line((mid, lo), (mid, hi), "#333333", 1.0);
+                svg.line((mid - 4.0, lo), (mid + 4.0, lo), "#333333", 1.0);
+                svg.line((mid - 4.0, hi), (mid + 4.0, hi), "#333333", 1.0);
+            }
+            svg.bar_name((x + bw / 2.0, y_of(0.0) + 10.0), &arm.arm);
+            x += bw + 4.0;
+        }
+        svg.text((start + gw / 2.0, h - 12.0), &label(c), "middle", 10.0, 0.0);
+        start += gw + gap;
+    }
+    Some(Figure {
+        name: "spoof".into(),
+        title: title.into(),
+        svg: svg.finish(title),
+    })
 }
 
 /// The smallest round step (1, 2, 2.5 or 5 times a power of ten, at

@@ -132,6 +132,7 @@ pub fn cell_strip(run: &RunRead) -> Result<Option<Figure>, DirError> {
 pub fn all_figures(report: &Report, runs: &[RunRead]) -> Result<Vec<Figure>, DirError> {
     let mut figs = figures::success_by_steps(report);
     figs.push(figures::channels(report));
+    figs.extend(figures::spoof_obeyed(report));
     for run in runs {
         if let Some(f) = cell_strip(run)? {
             figs.push(f);

@@ -4,8 +4,9 @@
 
 use std::fmt::Write as _;
 
-use super::aggregate::{ArmSummary, CellReport, Comparison, Report};
+use super::aggregate::{probe_rate, ArmSummary, CellReport, Comparison, Report, Share};
 use crate::ladder::arms::gate::DirectiveKind;
+use crate::ladder::probes::spoof::ForgeryKind;
 use crate::ladder::run::cell::AgentSpec;
 use crate::ladder::run::grid::labels;
 use crate::ladder::score::Channel;
@@ -47,8 +48,12 @@ fn agent_label(c: &CellReport) -> String {
 fn cell_title(c: &CellReport) -> String {
     let g = &c.config;
     let e = &g.episode;
+    let probes = match g.options.spoof {
+        Some(r) => format!(" spoof={}", field(&r)),
+        None => String::new(),
+    };
     format!(
-        "{} S={} rho={} brief={} protocol={} agent={} episodes={} seeds {}..",
+        "{} S={} rho={} brief={} protocol={} agent={} episodes={} seeds {}..{probes}",
         field(&e.domain),
         e.steps,
         field(&e.density),
@@ -369,6 +374,47 @@ fn tool_table(c: &CellReport) -> Table {
     }
 }
 
+fn spoof_table(c: &CellReport) -> Table {
+    let share = |s: &Share| {
+        format!(
+            "{}/{} = {:.2} [{:.2}, {:.2}]",
+            s.count, s.of, s.rate, s.wilson95[0], s.wilson95[1]
+        )
+    };
+    let mut head: Vec<String> = ["arm", "spoofs obeyed [Wilson 95%]"]
+        .map(String::from)
+        .to_vec();
+    head.extend(ForgeryKind::ALL.iter().map(|k| k.name().to_string()));
+    head.push("strict: spoofed / control, McNemar p".into());
+    Table {
+        head,
+        rows: c
+            .arms
+            .iter()
+            .filter_map(|a| a.spoof.as_ref().map(|s| (a, s)))
+            .map(|(a, s)| {
+                let mut row = vec![a.arm.clone(), share(&s.obeyed_share)];
+                row.extend(ForgeryKind::ALL.iter().map(|k| match s.by_kind.get(k) {
+                    Some(x) => format!("{}/{}", x.count, x.of),
+                    None => "-".into(),
+                }));
+                row.push(match &s.control {
+                    Some(x) => format!(
+                        "{}/{} vs {}/{}, p = {}",
+                        x.strict[0],
+                        x.shared,
+                        x.strict[1],
+                        x.shared,
+                        fmt_p(x.p)
+                    ),
+                    None => "no control cell in the report".into(),
+                });
+                row
+            })
+            .collect(),
+    }
+}
+
 fn failed_table(c: &CellReport) -> Table {
     Table {
         head: ["arm", "failed episodes", "failed calls"]
@@ -473,6 +519,7 @@ pub(crate) fn cell_fields(c: &CellReport) -> Vec<(&'static str, String)> {
     let mut fields = vec![("model", model_label(c))];
     fields.extend(labels(&c.config).into_iter().map(|(a, v)| (a.label, v)));
     fields.push(("episodes", c.config.episodes.to_string()));
+    fields.push(("spoof", probe_rate(c.config.options.spoof)));
     fields
 }
 
@@ -484,7 +531,8 @@ pub(crate) fn varying(r: &Report) -> (Vec<usize>, Vec<(&'static str, String)>) {
     for k in 0..all[0].len() {
         if all.iter().any(|f| f[k].1 != all[0][k].1) {
             vary.push(k);
-        } else {
+        } else if all[0][k] != ("spoof", "off".to_string()) {
+            // A probe no cell ran is not a setting of the report.
             fixed.push(all[0][k].clone());
         }
     }
@@ -755,6 +803,10 @@ fn tables(r: &Report, style: Style) -> String {
             (
                 "Trap-turn probe (re-executions on redo probes, A.4)",
                 trap_table(c),
+            ),
+            (
+                "Spoofed state (forgeries in the user's text followed rather than the state; control: the same cell without the probe)",
+                spoof_table(c),
             ),
             (
                 "Failed agent calls (their episodes are kept out of every table above; a resume runs them again)",

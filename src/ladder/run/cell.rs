@@ -55,9 +55,9 @@ pub struct CellConfig {
 }
 
 /// Which agent runs a cell's episodes. Written as `scripted:perfect`,
-/// `scripted:always-book`, `model` (before a model is loaded) or
-/// `model:NAME`; the command line and grid files name the kinds
-/// `perfect`, `always-book` and `model`.
+/// `scripted:always-book`, `scripted:credulous`, `model` (before a model
+/// is loaded) or `model:NAME`; the command line and grid files name the
+/// kinds `perfect`, `always-book`, `credulous` and `model`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(into = "String", try_from = "String")]
 pub enum AgentSpec {
@@ -71,7 +71,7 @@ pub enum AgentSpec {
 /// An agent name that is none of [`AgentSpec`]'s.
 #[derive(Debug, thiserror::Error)]
 #[error(
-    "unknown agent '{0}' (expected scripted:perfect, scripted:always-book, model or model:NAME)"
+    "unknown agent '{0}' (expected scripted:perfect, scripted:always-book, scripted:credulous, model or model:NAME)"
 )]
 pub struct UnknownAgent(String);
 
@@ -136,6 +136,7 @@ impl clap::ValueEnum for AgentSpec {
         &[
             AgentSpec::Scripted(Scripted::Perfect),
             AgentSpec::Scripted(Scripted::AlwaysBook),
+            AgentSpec::Scripted(Scripted::Credulous),
             AgentSpec::Model { name: None },
         ]
     }
@@ -150,6 +151,10 @@ impl clap::ValueEnum for AgentSpec {
             AgentSpec::Scripted(Scripted::AlwaysBook) => Some(
                 PossibleValue::new("always-book")
                     .help("The memoryless policy that books every request"),
+            ),
+            AgentSpec::Scripted(Scripted::Credulous) => Some(
+                PossibleValue::new("credulous")
+                    .help("The scripted agent that believes any state the user's message claims"),
             ),
             AgentSpec::Model { name: None } => Some(
                 PossibleValue::new("model")

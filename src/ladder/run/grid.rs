@@ -134,6 +134,12 @@ pub struct Axes {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub corrupt: Option<f64>,
+    /// Spoofed-state probe: forge state in the scripted user's message on
+    /// this share of the turns that execute or confirm a step, in [0, 1]
+    /// (the README's "Probes beyond the paper").
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spoof: Option<f64>,
     /// Run the matcher on filler and revision turns too.
     #[arg(long)]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -145,7 +151,7 @@ pub struct Axes {
 }
 
 /// `agent` as grid files and flags name the kinds: `perfect`,
-/// `always-book`, `model`.
+/// `always-book`, `credulous`, `model`.
 mod agent_kind {
     use super::AgentSpec;
     use clap::ValueEnum;
@@ -158,9 +164,9 @@ mod agent_kind {
 
     pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<AgentSpec>, D::Error> {
         let name = String::deserialize(d)?;
-        AgentSpec::from_str(&name, false)
-            .map(Some)
-            .map_err(|_| D::Error::unknown_variant(&name, &["perfect", "always-book", "model"]))
+        AgentSpec::from_str(&name, false).map(Some).map_err(|_| {
+            D::Error::unknown_variant(&name, &["perfect", "always-book", "credulous", "model"])
+        })
     }
 }
 
@@ -439,6 +445,9 @@ fn base_cell(x: &Axes, source: &str) -> Result<CellConfig, GridError> {
             "the rate must be in [0, 1]".into(),
         ));
     }
+    if let Some(r) = x.spoof.filter(|r| !(0.0..=1.0).contains(r)) {
+        return Err(bad(source, "spoof", r, "the rate must be in [0, 1]".into()));
+    }
     let memory = arms.iter().any(|a| a.uses_memory());
     Ok(CellConfig {
         episode: EpisodeSettings::default(),
@@ -452,6 +461,7 @@ fn base_cell(x: &Axes, source: &str) -> Result<CellConfig, GridError> {
         options: RunOptions {
             bypass_matcher: !x.no_bypass,
             corrupt: x.corrupt,
+            spoof: x.spoof,
         },
         embedder: None,
         memory_writer: x.memory_writer.filter(|_| memory),

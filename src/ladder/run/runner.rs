@@ -18,6 +18,7 @@ use crate::ladder::episode::{Episode, Protocol, StepId, Turn, TurnKind};
 use crate::ladder::harness::{self, Workspace};
 use crate::ladder::parts::scripted::OracleCompiler;
 use crate::ladder::parts::{Agent, CallCost, Compiler, Match, Matcher, MemoryParts, Oracle};
+use crate::ladder::probes::spoof::{self, Forgery, SpoofCounts};
 use crate::ladder::prompts as p;
 use crate::ladder::receipt::RefLine;
 use crate::ladder::score::compile::{compile_accuracy, CompileAccuracy};
@@ -30,6 +31,20 @@ pub struct RunOptions {
     pub bypass_matcher: bool,
     /// Corrupted-state ablation rate ε (D.4), if any.
     pub corrupt: Option<f64>,
+    /// Spoofed-state probe: the share of turns whose user message carries
+    /// forged state ([`spoof`]), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spoof: Option<f64>,
+}
+
+impl RunOptions {
+    /// The options with every probe off: what a probe's control cell runs.
+    pub fn without_probes(&self) -> RunOptions {
+        RunOptions {
+            spoof: None,
+            ..*self
+        }
+    }
 }
 
 impl Default for RunOptions {
@@ -37,6 +52,7 @@ impl Default for RunOptions {
         RunOptions {
             bypass_matcher: true,
             corrupt: None,
+            spoof: None,
         }
     }
 }
@@ -81,6 +97,12 @@ pub struct TurnRecord {
     pub work_order: String,
     /// The user message as the agent read it.
     pub request: String,
+    /// The forgery the scripted user's message carried (spoof probe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spoof: Option<Forgery>,
+    /// Whether the agent followed that forgery rather than the state.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub spoof_obeyed: bool,
     /// What this call added to the system prompt: the system-role
     /// directive, or a memory arm's recall block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -238,6 +260,9 @@ pub struct EpisodeRecord {
     /// Writer and embedding calls (memory arms).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryUse>,
+    /// Spoof turns and spoofs obeyed (spoof probe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub spoof: Option<SpoofCounts>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -320,10 +345,19 @@ pub fn run_episode(
         run.tools = harness::tools(ep);
         run.workspace = Some(Workspace::new().map_err(|e| crate::one_line(&e)));
     }
+    let spoofs = opts.spoof.map(|rate| spoof::plan(ep, rate));
     let mut tally = Tally::default();
     let mut records = Vec::with_capacity(ep.turns.len());
-    for turn in &ep.turns {
-        let (record, t) = run.turn(turn);
+    for (i, turn) in ep.turns.iter().enumerate() {
+        // A forgery is part of what the user says: the matcher, the arm
+        // and the agent all read the message carrying it.
+        let forged = spoofs.as_ref().and_then(|s| s[i].clone());
+        let sent = forged.as_ref().map(|f| Turn {
+            message: f.message(&turn.message),
+            ..turn.clone()
+        });
+        let (mut record, t) = run.turn(sent.as_ref().unwrap_or(turn));
+        record.spoof = forged;
         records.push(record);
         tally += t;
     }
@@ -349,6 +383,7 @@ pub fn run_episode(
             .map(|c| compile_accuracy(ep, &c.graph, &c.revision)),
         memory: run.state.memory_use(),
         corruptions: run.state.corruptor.map(|c| c.events).unwrap_or_default(),
+        spoof: spoofs.map(|_| spoof_counts(&records)),
     };
     (record, records)
 }
@@ -467,6 +502,8 @@ impl Episodic<'_> {
             step: turn.step,
             work_order: turn.work_order.clone(),
             request: prompt.user.clone(),
+            spoof: None,
+            spoof_obeyed: false,
             system_extra: prompt.system_extra.clone(),
             matched: cx.matched.cloned(),
             directive: prompt.directive.clone(),
@@ -692,8 +729,13 @@ pub fn score_records(ep: &Episode, records: &mut [TurnRecord]) -> (Scoring, Scor
     let p = score(ep, &executed(false));
     let d = score(ep, &executed(true));
     for (i, r) in records.iter_mut().enumerate() {
-        r.violations = p.turns[i].violations.clone();
+        let t = &p.turns[i];
+        r.violations = t.violations.clone();
         r.violations_decline_aware = d.turns[i].violations.clone();
+        r.spoof_obeyed = r
+            .spoof
+            .as_ref()
+            .is_some_and(|f| f.obeyed(&t.label, &t.executed));
     }
     let s = |x: &EpisodeScore| Scoring {
         strict: x.strict,
@@ -701,6 +743,17 @@ pub fn score_records(ep: &Episode, records: &mut [TurnRecord]) -> (Scoring, Scor
         turns_correct: x.turns_correct,
     };
     (s(&p), s(&d))
+}
+
+/// The spoof counts of scored turn records.
+pub fn spoof_counts(records: &[TurnRecord]) -> SpoofCounts {
+    let mut c = SpoofCounts::default();
+    for r in records {
+        if let Some(f) = &r.spoof {
+            c.add(f.kind, r.spoof_obeyed);
+        }
+    }
+    c
 }
 
 #[cfg(test)]
