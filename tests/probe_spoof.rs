@@ -4,50 +4,25 @@
 //! forged, and obeys forgeries of every kind on the raw arm; the gate arms'
 //! verdicts are not moved by user text; the report counts and pairs it.
 
+mod probe_common;
+
+use probe_common::{episode, run};
 use std::collections::BTreeMap;
 
 use statebench::ladder::arms::Arm;
 use statebench::ladder::episode::domain::Domain;
-use statebench::ladder::episode::generator::generate;
-use statebench::ladder::episode::{Episode, EpisodeConfig, Protocol};
-use statebench::ladder::parts::scripted::{OracleMatcher, Scripted};
-use statebench::ladder::parts::MemoryParts;
+use statebench::ladder::episode::{EpisodeConfig, Protocol};
+use statebench::ladder::parts::scripted::Scripted;
 use statebench::ladder::probes::spoof::ForgeryKind;
 use statebench::ladder::run::cell::{run_cell, AgentSpec, CellConfig, CellParts, Source};
 use statebench::ladder::run::runlog::read_run;
-use statebench::ladder::run::runner::{
-    run_episode, Compiled, EpisodeRecord, RunOptions, TurnRecord,
-};
-
-fn episode(domain: Domain, protocol: Protocol, seed: u64) -> Episode {
-    let mut c = EpisodeConfig::paper(domain, 10, 0.15, seed);
-    c.settings.protocol = protocol;
-    generate(&c, None).unwrap()
-}
+use statebench::ladder::run::runner::RunOptions;
 
 fn spoof(rate: f64) -> RunOptions {
     RunOptions {
         spoof: Some(rate),
         ..RunOptions::default()
     }
-}
-
-fn run(
-    ep: &Episode,
-    arm: Arm,
-    agent: Scripted,
-    opts: RunOptions,
-) -> (EpisodeRecord, Vec<TurnRecord>) {
-    let mut agent = agent;
-    run_episode(
-        ep,
-        arm,
-        &mut agent,
-        &mut OracleMatcher,
-        &mut MemoryParts::scripted(),
-        Some(&Compiled::oracle(ep)),
-        &opts,
-    )
 }
 
 const PROTOCOLS: [Protocol; 3] = [Protocol::Text, Protocol::Tool, Protocol::Native];

@@ -100,6 +100,17 @@ pub enum Refusal {
 }
 
 impl Refusal {
+    /// The step refused, when the booking named one.
+    pub fn step(&self) -> Option<StepId> {
+        match *self {
+            Refusal::Unknown => None,
+            Refusal::Cancelled { step }
+            | Refusal::Done { step }
+            | Refusal::Blocked { step }
+            | Refusal::NotRequested { step } => Some(step),
+        }
+    }
+
     /// The reason clause of the rejection notice.
     pub fn reason(&self, code: &str) -> String {
         match self {
@@ -209,6 +220,13 @@ impl Module {
             return Err(Refusal::NotRequested { step: v });
         }
         Ok(v)
+    }
+
+    /// Adds a step to α for the current request: a granted escalation.
+    pub fn grant(&mut self, v: StepId) {
+        if !self.state.authorized.contains(&v) {
+            self.state.authorized.push(v);
+        }
     }
 
     /// Records an admitted receipt.

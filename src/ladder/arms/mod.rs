@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::{Message, Role};
 use crate::ladder::episode::{Episode, StepId, Turn};
 use crate::ladder::parts::{Match, MemoryParts};
+use crate::ladder::probes::faults::{FaultKind, Faults};
 use crate::ladder::prompts as p;
 use crate::ladder::receipt::{self, RefLine};
 use crate::ladder::state::{Status, TaskState};
@@ -353,6 +354,15 @@ pub struct Booking {
     /// The gate's refusal, when refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub refusal: Option<Refusal>,
+    /// How the call failed, when the tool-faults probe failed it (it then
+    /// ran nothing).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<FaultKind>,
+    /// The gate admitted a step its state holds finished: an authorized
+    /// redo (the escalation probe counts any without an authorization on
+    /// record).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub redo: bool,
     /// A citation inside a decline under decline-aware scoring (A.2).
     pub citation: bool,
 }
@@ -382,6 +392,10 @@ pub struct ArmState<'p> {
     notices: Vec<String>,
     /// The corrupted-state ablation, when enabled.
     pub corruptor: Option<Corruptor>,
+    /// The tool-faults probe, when enabled.
+    pub faults: Option<Faults>,
+    /// The escalation probe, on a gated arm: refusals offer it.
+    pub escalation: bool,
     /// The retrieval memory, for memory arms.
     memory: Option<Memory<'p>>,
 }
@@ -422,6 +436,8 @@ impl<'p> ArmState<'p> {
             ledger: Vec::new(),
             notices: Vec::new(),
             corruptor,
+            faults: None,
+            escalation: false,
             memory: spec.memory().map(|kind| Memory::new(kind, memory)),
         }
     }
@@ -589,11 +605,30 @@ impl<'p> ArmState<'p> {
                 line.work_order == cx.turn.work_order && decline::is_citation(reply, line.line_no);
             let (booking, reason) = self.judge(cx, prompt, line, citation, call);
             if let Some(reason) = reason {
-                notices.push(p::rejection_notice(&booking.line.line, &reason));
+                let notice = p::rejection_notice(&booking.line.line, &reason);
+                notices.push(self.offer_escalation(notice, &booking));
             }
             out.push(booking);
         }
         (out, notices)
+    }
+
+    /// A refusal's notice, with the escalation probe's offer when the arm
+    /// runs it and the refusal names a step.
+    pub fn offer_escalation(&self, notice: String, booking: &Booking) -> String {
+        match booking.refusal.as_ref().and_then(Refusal::step) {
+            Some(v) if self.escalation => {
+                format!("{notice} {}", p::escalation_offer(&v.to_string()))
+            }
+            _ => notice,
+        }
+    }
+
+    /// Adds a step to the module's α for this request (a granted escalation).
+    pub fn grant(&mut self, v: StepId) {
+        if let Some(m) = &mut self.module {
+            m.grant(v);
+        }
     }
 
     /// Judges one booking: resolves its step, and for a current booking
@@ -618,6 +653,8 @@ impl<'p> ArmState<'p> {
         };
         let mut refusal = None;
         let mut reason = None;
+        let mut receipt = None;
+        let mut redo = false;
         if let (true, Some(m)) = (current, &mut self.module) {
             // The module resolves codes through its compiled plan; tools
             // are the harness's own registry.
@@ -637,21 +674,33 @@ impl<'p> ArmState<'p> {
                     reason = Some(r.reason(name));
                     refusal = Some(r);
                 }
-                // Receipts advance the module whether or not it gates.
-                _ => {
-                    if let Some(v) = module_step {
-                        m.receipt(v);
-                    }
+                Ok(v) => {
+                    redo = prompt.gated && m.state.status(v) == Status::Done;
+                    receipt = module_step;
                 }
+                // Receipts advance the module whether or not it gates.
+                Err(_) => receipt = module_step,
             }
         }
+        // A call that would run may fail (the tool-faults probe); then it
+        // ran nothing and no state counts it.
+        let runs = current && step.is_some() && refusal.is_none() && !line.tool.is_empty();
+        let fault = match &mut self.faults {
+            Some(f) if runs => f.draw(cx.turn.index, &line.tool),
+            _ => None,
+        };
+        if let (Some(v), Some(m), None) = (receipt, &mut self.module, fault) {
+            m.receipt(v);
+        }
         let booking = Booking {
-            executed: current && step.is_some() && refusal.is_none(),
+            executed: current && step.is_some() && refusal.is_none() && fault.is_none(),
             line,
             call,
             current,
             step,
             refusal,
+            fault,
+            redo: redo && fault.is_none(),
             citation,
         };
         (booking, reason)

@@ -90,6 +90,38 @@ impl Agent for Scripted {
     fn reply(&mut self, messages: &[Message], _tools: &[Tool], o: &Oracle) -> Reply {
         let ep = o.episode;
         if o.reprompt {
+            // A call of the due step failed (tool-faults probe): the
+            // perfect agent reads the result and calls it again.
+            let failed = o.label.executes().filter(|v| {
+                let shape = format!("{}: FAILED", ep.step(*v).tool);
+                let results = messages
+                    .iter()
+                    .rev()
+                    .take_while(|m| m.role != Role::Assistant);
+                results.into_iter().any(|m| m.content.contains(&shape))
+            });
+            if let (Some(v), Scripted::Perfect | Scripted::Credulous) = (failed, *self) {
+                return book(ep, o.turn, v, "Retrying the failed call.".to_string());
+            }
+            // Always-book asks to be authorized when a refusal offers it,
+            // and books once the user grants it (escalation probe).
+            let asked = o.turn.step.or(o.turn.named.first().copied());
+            if let (Some(v), Scripted::AlwaysBook) = (asked, *self) {
+                let since = |shape: &str| {
+                    let after = messages
+                        .iter()
+                        .rev()
+                        .take_while(|m| m.role != Role::Assistant);
+                    after.into_iter().any(|m| m.content.contains(shape))
+                };
+                let id = v.to_string();
+                if since(&p::escalation_granted(&id, &o.turn.work_order)) {
+                    return book(ep, o.turn, v, "Thank you; booking it.".to_string());
+                }
+                if since(&format!("'ESCALATE {id}'")) {
+                    return say(format!("That was refused. ESCALATE {id}"));
+                }
+            }
             // After tool results, or after the gate refused the booking:
             // acknowledge without booking again.
             let after_tools = messages.last().is_some_and(|m| m.role == Role::Tool);

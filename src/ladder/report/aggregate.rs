@@ -12,6 +12,8 @@ use crate::ladder::arms::gate::DirectiveKind;
 use crate::ladder::arms::memory::MemoryUse;
 use crate::ladder::arms::Arm;
 use crate::ladder::episode::Protocol;
+use crate::ladder::probes::escalation::EscalationCounts;
+use crate::ladder::probes::faults::FaultCounts;
 use crate::ladder::probes::spoof::{ForgeryKind, SpoofCounts};
 use crate::ladder::run::cell::CellConfig;
 use crate::ladder::run::grid::labels;
@@ -111,6 +113,43 @@ pub struct ArmSummary {
     /// Spoof turns and spoofs obeyed, for cells with the spoof probe.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub spoof: Option<SpoofSummary>,
+    /// Failed calls and what became of them, for cells with the
+    /// tool-faults probe.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub faults: Option<FaultSummary>,
+    /// Escalations, for gated arms of cells with the escalation probe.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub escalations: Option<EscalationSummary>,
+}
+
+/// One gated arm's escalation probe.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EscalationSummary {
+    pub asked: u64,
+    pub granted: u64,
+    pub declined: u64,
+    /// Admissions of a finished step with no authorization on record.
+    pub wrongful: u64,
+    /// Refusals the agent escalated, of the refusals.
+    pub asked_share: Share,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control: Option<ProbeControl>,
+}
+
+/// One arm's tool-faults probe.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct FaultSummary {
+    /// Calls that failed.
+    pub injected: u64,
+    /// Turns whose due step had a failed call, and of those the turns
+    /// that ended with the step not executed.
+    pub unrecovered: u64,
+    pub unrecovered_share: Share,
+    /// Re-executions of a step that had a failed call: retries that
+    /// repeated work.
+    pub re_executions: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub control: Option<ProbeControl>,
 }
 
 /// A share with its Wilson 95% interval.
@@ -337,6 +376,10 @@ struct ArmTotals {
     memory: Option<MemoryUse>,
     /// Spoof counts summed, over the episodes that ran the probe.
     spoof: Option<SpoofCounts>,
+    /// Fault counts summed, over the episodes that ran the probe.
+    faults: Option<FaultCounts>,
+    /// Escalation counts summed, over the episodes that ran the probe.
+    escalations: Option<EscalationCounts>,
 }
 
 impl std::ops::AddAssign<&EpisodeRecord> for ArmTotals {
@@ -364,6 +407,14 @@ impl std::ops::AddAssign<&EpisodeRecord> for ArmTotals {
         }
         if let Some(c) = &e.spoof {
             *self.spoof.get_or_insert_with(SpoofCounts::default) += c;
+        }
+        if let Some(c) = e.faults {
+            *self.faults.get_or_insert_with(FaultCounts::default) += c;
+        }
+        if let Some(c) = e.escalations {
+            *self
+                .escalations
+                .get_or_insert_with(EscalationCounts::default) += c;
         }
         self.turns_correct += u64::from(e.primary.turns_correct);
         self.turns += u64::from(e.turns);
@@ -476,6 +527,21 @@ fn summarize(
                 .collect(),
             control: None,
         }),
+        faults: t.faults.map(|c| FaultSummary {
+            injected: u64::from(c.injected),
+            unrecovered: u64::from(c.unrecovered),
+            unrecovered_share: Share::of(u64::from(c.unrecovered), u64::from(c.due)),
+            re_executions: u64::from(c.re_executions),
+            control: None,
+        }),
+        escalations: t.escalations.map(|c| EscalationSummary {
+            asked: u64::from(c.asked),
+            granted: u64::from(c.granted),
+            declined: u64::from(c.declined),
+            wrongful: u64::from(c.wrongful),
+            asked_share: Share::of(u64::from(c.asked), t.refused),
+            control: None,
+        }),
     }
 }
 
@@ -566,10 +632,13 @@ pub fn build(runs: &[RunRead]) -> Report {
     Report { cells, comparisons }
 }
 
+/// The probes, as comparisons name their setting.
+const PROBES: [&str; 3] = ["spoof", "tool_faults", "escalation"];
+
 /// Gives each probe cell's arms their control: the comparison with the
 /// cell that ran the same configuration with the probe off.
 fn attach_controls(cells: &mut [CellReport], comparisons: &[Comparison]) {
-    for c in comparisons.iter().filter(|c| c.setting == "spoof") {
+    for c in comparisons.iter().filter(|c| PROBES.contains(&c.setting)) {
         // Which side ran the probe.
         let probe = match (c.values[0].as_str(), c.values[1].as_str()) {
             (_, "off") => 0,
@@ -580,15 +649,18 @@ fn attach_controls(cells: &mut [CellReport], comparisons: &[Comparison]) {
             continue;
         };
         for pair in &c.arms {
-            let Some(s) = cell
-                .arms
-                .iter_mut()
-                .find(|a| a.arm == pair.arm)
-                .and_then(|a| a.spoof.as_mut())
-            else {
+            let Some(a) = cell.arms.iter_mut().find(|a| a.arm == pair.arm) else {
                 continue;
             };
-            s.control = Some(ProbeControl {
+            let slot = match c.setting {
+                "spoof" => a.spoof.as_mut().map(|s| &mut s.control),
+                "tool_faults" => a.faults.as_mut().map(|s| &mut s.control),
+                _ => a.escalations.as_mut().map(|s| &mut s.control),
+            };
+            let Some(slot) = slot else {
+                continue;
+            };
+            *slot = Some(ProbeControl {
                 cell: c.cells[1 - probe].clone(),
                 shared: pair.shared,
                 strict: [pair.strict[probe], pair.strict[1 - probe]],
@@ -623,12 +695,31 @@ fn paired_setting(a: &CellConfig, b: &CellConfig) -> Option<(&'static str, [Stri
             "spoof",
             [probe_rate(a.options.spoof), probe_rate(b.options.spoof)],
         ),
+        (
+            "tool_faults",
+            [
+                probe_rate(a.options.tool_faults),
+                probe_rate(b.options.tool_faults),
+            ],
+        ),
+        (
+            "escalation",
+            [
+                probe_on(a.options.escalation),
+                probe_on(b.options.escalation),
+            ],
+        ),
     ]);
     let mut differ = settings.into_iter().filter(|(_, v)| v[0] != v[1]);
     match (differ.next(), differ.next()) {
         (Some(d), None) => Some(d),
         _ => None,
     }
+}
+
+/// A switched probe as reports show it: `on` or `off`.
+pub fn probe_on(on: bool) -> String {
+    if on { "on" } else { "off" }.into()
 }
 
 /// A probe's rate as reports show it: `off` when the cell did not run it.

@@ -1,11 +1,12 @@
 //! The paper's figures as SVG, written by hand (no plotting dependency):
 //! strict success against S per rung with Wilson bars (Figure 1), error
 //! channels stacked per arm (Figure 4), a per-turn strip of one episode
-//! on each arm, and the share of forgeries obeyed under the spoof probe.
+//! on each arm, and the probes' shares (forgeries obeyed, failed calls
+//! left unrecovered) per arm.
 
 use std::fmt::Write as _;
 
-use super::aggregate::{CellReport, Report};
+use super::aggregate::{ArmSummary, CellReport, Report, Share};
 use super::render::{cell_fields, report_arms, varying};
 use crate::ladder::run::runner::TurnRecord;
 use crate::ladder::score::Channel;
@@ -356,23 +357,57 @@ pub fn channels(r: &Report) -> Figure {
 /// The spoof probe: per cell that ran it, the share of forgeries each arm
 /// obeyed, with Wilson 95% whiskers; None when no cell ran the probe.
 pub fn spoof_obeyed(r: &Report) -> Option<Figure> {
+    probe_shares(
+        r,
+        ("spoof", "spoof"),
+        "Spoofed state: share of forgeries obeyed per arm (Wilson 95%)",
+        |a| a.spoof.as_ref().map(|s| &s.obeyed_share),
+    )
+}
+
+/// The tool-faults probe: per cell that ran it, the share of due steps
+/// whose failed call each arm left unrecovered, with Wilson 95% whiskers.
+pub fn faults_unrecovered(r: &Report) -> Option<Figure> {
+    probe_shares(
+        r,
+        ("faults", "tool_faults"),
+        "Tools that fail: share of due steps left unrecovered per arm (Wilson 95%)",
+        |a| a.faults.as_ref().map(|f| &f.unrecovered_share),
+    )
+}
+
+/// The escalation probe: per cell that ran it, the share of refusals each
+/// gated arm's agent escalated, with Wilson 95% whiskers.
+pub fn escalations_asked(r: &Report) -> Option<Figure> {
+    probe_shares(
+        r,
+        ("escalation", "escalation"),
+        "Escalation: share of refusals the agent asked the user to authorize (Wilson 95%)",
+        |a| a.escalations.as_ref().map(|e| &e.asked_share),
+    )
+}
+
+/// A probe's share per arm as bars with whiskers, one group per cell that
+/// ran it (`name`: the figure's file and the cell field of the probe).
+fn probe_shares(
+    r: &Report,
+    (name, probe): (&str, &str),
+    title: &str,
+    share: impl Fn(&ArmSummary) -> Option<&Share>,
+) -> Option<Figure> {
     let cells: Vec<&CellReport> = r
         .cells
         .iter()
-        .filter(|c| c.arms.iter().any(|a| a.spoof.is_some()))
+        .filter(|c| c.arms.iter().any(|a| share(a).is_some()))
         .collect();
     if cells.is_empty() {
         return None;
     }
-    let title = "Spoofed state: share of forgeries obeyed per arm (Wilson 95%)";
     let label = |c: &CellReport| {
         let f = cell_fields(c);
         let model = &f[0].1;
-        let rate = f
-            .iter()
-            .find(|x| x.0 == "spoof")
-            .map_or("", |x| x.1.as_str());
-        format!("{model} spoof={rate}")
+        let rate = f.iter().find(|x| x.0 == probe).map_or("", |x| x.1.as_str());
+        format!("{model} {probe}={rate}")
     };
     let (l, t, b) = (56.0, 36.0, 130.0);
     let (bw, gap) = (18.0, 24.0);
@@ -395,10 +430,9 @@ pub fn spoof_obeyed(r: &Report) -> Option<Figure> {
         let (gw, bars) = (group(c), c.arms.len() as f64 * (bw + 4.0));
         let mut x = start + (gw - bars) / 2.0;
         for (a, arm) in c.arms.iter().enumerate() {
-            if let Some(s) = &arm.spoof {
-                let o = &s.obeyed_share;
+            if let Some(o) = share(arm) {
                 let tip = format!(
-                    "{}, {}: {}/{} obeyed = {:.2} [{:.2}, {:.2}]",
+                    "{}, {}: {}/{} = {:.2} [{:.2}, {:.2}]",
                     label(c),
                     arm.arm,
                     o.count,
@@ -423,7 +457,7 @@ pub fn spoof_obeyed(r: &Report) -> Option<Figure> {
         start += gw + gap;
     }
     Some(Figure {
-        name: "spoof".into(),
+        name: name.into(),
         title: title.into(),
         svg: svg.finish(title),
     })

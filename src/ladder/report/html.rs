@@ -133,6 +133,8 @@ pub fn all_figures(report: &Report, runs: &[RunRead]) -> Result<Vec<Figure>, Dir
     let mut figs = figures::success_by_steps(report);
     figs.push(figures::channels(report));
     figs.extend(figures::spoof_obeyed(report));
+    figs.extend(figures::faults_unrecovered(report));
+    figs.extend(figures::escalations_asked(report));
     for run in runs {
         if let Some(f) = cell_strip(run)? {
             figs.push(f);

@@ -4,7 +4,9 @@
 
 use std::fmt::Write as _;
 
-use super::aggregate::{probe_rate, ArmSummary, CellReport, Comparison, Report, Share};
+use super::aggregate::{
+    probe_on, probe_rate, ArmSummary, CellReport, Comparison, ProbeControl, Report, Share,
+};
 use crate::ladder::arms::gate::DirectiveKind;
 use crate::ladder::probes::spoof::ForgeryKind;
 use crate::ladder::run::cell::AgentSpec;
@@ -48,10 +50,16 @@ fn agent_label(c: &CellReport) -> String {
 fn cell_title(c: &CellReport) -> String {
     let g = &c.config;
     let e = &g.episode;
-    let probes = match g.options.spoof {
-        Some(r) => format!(" spoof={}", field(&r)),
-        None => String::new(),
-    };
+    let mut probes = String::new();
+    if let Some(r) = g.options.spoof {
+        probes += &format!(" spoof={}", field(&r));
+    }
+    if let Some(r) = g.options.tool_faults {
+        probes += &format!(" tool_faults={}", field(&r));
+    }
+    if g.options.escalation {
+        probes += " escalation=on";
+    }
     format!(
         "{} S={} rho={} brief={} protocol={} agent={} episodes={} seeds {}..{probes}",
         field(&e.domain),
@@ -374,13 +382,15 @@ fn tool_table(c: &CellReport) -> Table {
     }
 }
 
+/// A share as `count/of = rate [lo, hi]`.
+fn share(s: &Share) -> String {
+    format!(
+        "{}/{} = {:.2} [{:.2}, {:.2}]",
+        s.count, s.of, s.rate, s.wilson95[0], s.wilson95[1]
+    )
+}
+
 fn spoof_table(c: &CellReport) -> Table {
-    let share = |s: &Share| {
-        format!(
-            "{}/{} = {:.2} [{:.2}, {:.2}]",
-            s.count, s.of, s.rate, s.wilson95[0], s.wilson95[1]
-        )
-    };
     let mut head: Vec<String> = ["arm", "spoofs obeyed [Wilson 95%]"]
         .map(String::from)
         .to_vec();
@@ -398,18 +408,80 @@ fn spoof_table(c: &CellReport) -> Table {
                     Some(x) => format!("{}/{}", x.count, x.of),
                     None => "-".into(),
                 }));
-                row.push(match &s.control {
-                    Some(x) => format!(
-                        "{}/{} vs {}/{}, p = {}",
-                        x.strict[0],
-                        x.shared,
-                        x.strict[1],
-                        x.shared,
-                        fmt_p(x.p)
-                    ),
-                    None => "no control cell in the report".into(),
-                });
+                row.push(control_cell(s.control.as_ref()));
                 row
+            })
+            .collect(),
+    }
+}
+
+fn control_cell(control: Option<&ProbeControl>) -> String {
+    match control {
+        Some(x) => format!(
+            "{}/{} vs {}/{}, p = {}",
+            x.strict[0],
+            x.shared,
+            x.strict[1],
+            x.shared,
+            fmt_p(x.p)
+        ),
+        None => "no control cell in the report".into(),
+    }
+}
+
+fn fault_table(c: &CellReport) -> Table {
+    Table {
+        head: [
+            "arm",
+            "failed calls",
+            "unrecovered due steps [Wilson 95%]",
+            "re-executions after a failed call",
+            "strict: with faults / control, McNemar p",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: c
+            .arms
+            .iter()
+            .filter_map(|a| a.faults.as_ref().map(|f| (a, f)))
+            .map(|(a, f)| {
+                vec![
+                    a.arm.clone(),
+                    f.injected.to_string(),
+                    share(&f.unrecovered_share),
+                    f.re_executions.to_string(),
+                    control_cell(f.control.as_ref()),
+                ]
+            })
+            .collect(),
+    }
+}
+
+fn escalation_table(c: &CellReport) -> Table {
+    Table {
+        head: [
+            "arm",
+            "refusals escalated [Wilson 95%]",
+            "granted",
+            "declined",
+            "wrongful admissions",
+            "strict: with escalation / control, McNemar p",
+        ]
+        .map(String::from)
+        .to_vec(),
+        rows: c
+            .arms
+            .iter()
+            .filter_map(|a| a.escalations.as_ref().map(|e| (a, e)))
+            .map(|(a, e)| {
+                vec![
+                    a.arm.clone(),
+                    share(&e.asked_share),
+                    e.granted.to_string(),
+                    e.declined.to_string(),
+                    e.wrongful.to_string(),
+                    control_cell(e.control.as_ref()),
+                ]
             })
             .collect(),
     }
@@ -520,8 +592,13 @@ pub(crate) fn cell_fields(c: &CellReport) -> Vec<(&'static str, String)> {
     fields.extend(labels(&c.config).into_iter().map(|(a, v)| (a.label, v)));
     fields.push(("episodes", c.config.episodes.to_string()));
     fields.push(("spoof", probe_rate(c.config.options.spoof)));
+    fields.push(("tool_faults", probe_rate(c.config.options.tool_faults)));
+    fields.push(("escalation", probe_on(c.config.options.escalation)));
     fields
 }
+
+/// The probes among [`cell_fields`]: not a setting of a report where no cell ran them.
+const PROBE_FIELDS: [&str; 3] = ["spoof", "tool_faults", "escalation"];
 
 /// The fields that vary across the report's cells, and the fixed ones.
 pub(crate) fn varying(r: &Report) -> (Vec<usize>, Vec<(&'static str, String)>) {
@@ -531,7 +608,7 @@ pub(crate) fn varying(r: &Report) -> (Vec<usize>, Vec<(&'static str, String)>) {
     for k in 0..all[0].len() {
         if all.iter().any(|f| f[k].1 != all[0][k].1) {
             vary.push(k);
-        } else if all[0][k] != ("spoof", "off".to_string()) {
+        } else if !(PROBE_FIELDS.contains(&all[0][k].0) && all[0][k].1 == "off") {
             // A probe no cell ran is not a setting of the report.
             fixed.push(all[0][k].clone());
         }
@@ -807,6 +884,14 @@ fn tables(r: &Report, style: Style) -> String {
             (
                 "Spoofed state (forgeries in the user's text followed rather than the state; control: the same cell without the probe)",
                 spoof_table(c),
+            ),
+            (
+                "Tools that fail (transient errors on admitted calls; control: the same cell without the probe)",
+                fault_table(c),
+            ),
+            (
+                "Escalation (refusals the agent asked the user to authorize; control: the same cell without the probe)",
+                escalation_table(c),
             ),
             (
                 "Failed agent calls (their episodes are kept out of every table above; a resume runs them again)",

@@ -18,7 +18,7 @@ use crate::ladder::arms::memory::MemoryKind;
 use crate::ladder::arms::Arm;
 use crate::ladder::episode::domain::Domain;
 use crate::ladder::episode::generator::{generate, GenError, ParaphraseCache};
-use crate::ladder::episode::{Episode, EpisodeConfig, EpisodeSettings};
+use crate::ladder::episode::{Episode, EpisodeConfig, EpisodeSettings, Protocol};
 use crate::ladder::parts::model::{
     ModelAgent, ModelCompiler, ModelEmbedder, ModelMatcher, ModelMemoryWriter,
 };
@@ -307,6 +307,9 @@ impl CellConfig {
         if self.arms.is_empty() {
             return Err(CellError::NoArms);
         }
+        if self.options.tool_faults.is_some() && self.episode.protocol == Protocol::Text {
+            return Err(CellError::FaultsNeedTools);
+        }
         for (i, a) in self.arms.iter().enumerate() {
             if self.arms[..i].contains(a) {
                 return Err(CellError::DuplicateArm(*a));
@@ -355,6 +358,8 @@ pub enum CellError {
     SeedRange { start: u64, episodes: u64 },
     #[error("no arms to run")]
     NoArms,
+    #[error("--tool-faults fails tool calls: it needs --protocol tool or native (the text protocol books by ref lines, which call no tool)")]
+    FaultsNeedTools,
     #[error("arm {0} is listed twice (each arm runs once per episode; list it once)")]
     DuplicateArm(Arm),
     #[error("{episodes} episodes x {arms} arms is more than one cell holds (at most {MAX_EPISODE_ARMS} episode-arms; split it into cells)")]

@@ -140,6 +140,17 @@ pub struct Axes {
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spoof: Option<f64>,
+    /// Tool-faults probe: fail this share of the calls the gate admits with
+    /// a transient error, in [0, 1] (tool and native protocols).
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_faults: Option<f64>,
+    /// Escalation probe: a refusal on a gated arm offers the agent to ask
+    /// the user to authorize the work; the scripted user grants a redo of
+    /// a finished step on a seeded half of the requests.
+    #[arg(long)]
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub escalation: bool,
     /// Run the matcher on filler and revision turns too.
     #[arg(long)]
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
@@ -448,6 +459,14 @@ fn base_cell(x: &Axes, source: &str) -> Result<CellConfig, GridError> {
     if let Some(r) = x.spoof.filter(|r| !(0.0..=1.0).contains(r)) {
         return Err(bad(source, "spoof", r, "the rate must be in [0, 1]".into()));
     }
+    if let Some(r) = x.tool_faults.filter(|r| !(0.0..=1.0).contains(r)) {
+        return Err(bad(
+            source,
+            "tool_faults",
+            r,
+            "the rate must be in [0, 1]".into(),
+        ));
+    }
     let memory = arms.iter().any(|a| a.uses_memory());
     Ok(CellConfig {
         episode: EpisodeSettings::default(),
@@ -462,6 +481,8 @@ fn base_cell(x: &Axes, source: &str) -> Result<CellConfig, GridError> {
             bypass_matcher: !x.no_bypass,
             corrupt: x.corrupt,
             spoof: x.spoof,
+            tool_faults: x.tool_faults,
+            escalation: x.escalation,
         },
         embedder: None,
         memory_writer: x.memory_writer.filter(|_| memory),
@@ -541,6 +562,7 @@ fn check(cfg: &CellConfig, source: &str) -> Result<(), GridError> {
     cfg.validate().map_err(|e| match e {
         CellError::SeedRange { start, .. } => bad(source, "seed_start", start, e.to_string()),
         CellError::TooLarge { episodes, .. } => bad(source, "episodes", episodes, e.to_string()),
+        CellError::FaultsNeedTools => bad(source, "tool_faults", "", e.to_string()),
         e => bad(source, "arms", arm_list(&cfg.arms), e.to_string()),
     })
 }

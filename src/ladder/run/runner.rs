@@ -18,11 +18,14 @@ use crate::ladder::episode::{Episode, Protocol, StepId, Turn, TurnKind};
 use crate::ladder::harness::{self, Workspace};
 use crate::ladder::parts::scripted::OracleCompiler;
 use crate::ladder::parts::{Agent, CallCost, Compiler, Match, Matcher, MemoryParts, Oracle};
+use crate::ladder::probes::escalation::{self, Escalation, EscalationCounts};
+use crate::ladder::probes::faults::{self, FaultCounts, Faults};
 use crate::ladder::probes::spoof::{self, Forgery, SpoofCounts};
 use crate::ladder::prompts as p;
 use crate::ladder::receipt::RefLine;
 use crate::ladder::score::compile::{compile_accuracy, CompileAccuracy};
-use crate::ladder::score::{score, ChannelCounts, EpisodeScore, Label, Truth, Violation};
+use crate::ladder::score::{score_granted, ChannelCounts, EpisodeScore, Label, Truth, Violation};
+use crate::ladder::state::Status;
 
 /// Per-cell switches that change how an arm runs.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
@@ -35,6 +38,14 @@ pub struct RunOptions {
     /// forged state ([`spoof`]), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spoof: Option<f64>,
+    /// Tool-faults probe: the share of admitted calls that fail with a
+    /// transient error ([`faults`]; tool and native protocols), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_faults: Option<f64>,
+    /// Escalation probe: a refusal on a gated arm offers the agent to ask
+    /// the user for authorization ([`escalation`]).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub escalation: bool,
 }
 
 impl RunOptions {
@@ -42,6 +53,8 @@ impl RunOptions {
     pub fn without_probes(&self) -> RunOptions {
         RunOptions {
             spoof: None,
+            tool_faults: None,
+            escalation: false,
             ..*self
         }
     }
@@ -53,6 +66,8 @@ impl Default for RunOptions {
             bypass_matcher: true,
             corrupt: None,
             spoof: None,
+            tool_faults: None,
+            escalation: false,
         }
     }
 }
@@ -103,6 +118,10 @@ pub struct TurnRecord {
     /// Whether the agent followed that forgery rather than the state.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub spoof_obeyed: bool,
+    /// The escalation the agent asked for, and the user's answer
+    /// (escalation probe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalation: Option<Escalation>,
     /// What this call added to the system prompt: the system-role
     /// directive, or a memory arm's recall block.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -263,6 +282,13 @@ pub struct EpisodeRecord {
     /// Spoof turns and spoofs obeyed (spoof probe).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spoof: Option<SpoofCounts>,
+    /// Failed calls and what became of them (tool-faults probe).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub faults: Option<FaultCounts>,
+    /// Escalations asked, granted, declined and wrongful admissions
+    /// (escalation probe, gated arms).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escalations: Option<EscalationCounts>,
 }
 
 fn is_zero(n: &u32) -> bool {
@@ -341,6 +367,10 @@ pub fn run_episode(
         workspace: None,
         seen: harness::Stamps::new(),
     };
+    run.state.faults = opts
+        .tool_faults
+        .map(|rate| Faults::new(rate, ep.config.seed));
+    run.state.escalation = opts.escalation && arm.spec().policy().is_some();
     if ep.config.settings.protocol == Protocol::Native {
         run.tools = harness::tools(ep);
         run.workspace = Some(Workspace::new().map_err(|e| crate::one_line(&e)));
@@ -384,6 +414,8 @@ pub fn run_episode(
         memory: run.state.memory_use(),
         corruptions: run.state.corruptor.map(|c| c.events).unwrap_or_default(),
         spoof: spoofs.map(|_| spoof_counts(&records)),
+        faults: opts.tool_faults.map(|_| fault_counts(ep, &records)),
+        escalations: run.state.escalation.then(|| escalation_counts(&records)),
     };
     (record, records)
 }
@@ -406,6 +438,8 @@ struct Exchange {
     calls: u32,
     /// Agent calls that failed.
     failed: u32,
+    /// The escalation asked on the turn and its answer.
+    escalation: Option<Escalation>,
 }
 
 impl Exchange {
@@ -475,6 +509,9 @@ impl Episodic<'_> {
         let prompt = self.state.open_turn(&cx, &self.truth.state);
         let x = self.exchange(&cx, &prompt, &label);
         let tally = x.tally(&cx, &prompt);
+        if let Some(e) = x.escalation.as_ref().filter(|e| e.granted) {
+            self.truth.grant(e.step);
+        }
         self.truth.close(turn, &x.executed());
         let mut record = self.record(&cx, &prompt, label, &x);
         record.memory = self
@@ -504,6 +541,7 @@ impl Episodic<'_> {
             request: prompt.user.clone(),
             spoof: None,
             spoof_obeyed: false,
+            escalation: x.escalation.clone(),
             system_extra: prompt.system_extra.clone(),
             matched: cx.matched.cloned(),
             directive: prompt.directive.clone(),
@@ -549,7 +587,10 @@ impl Episodic<'_> {
             calls: 1,
             ..Default::default()
         };
-        if self.arm.same_turn_notice() && !x.notices.is_empty() {
+        // The escalation probe brings refusals back at once, while the
+        // request is open.
+        let at_once = self.arm.same_turn_notice() || self.state.escalation;
+        if at_once && !x.notices.is_empty() {
             let notice = x.notices.join("\n");
             let msgs = self.state.reprompt(prompt, &x.replies[0], &notice);
             let reads = oracle(self.ep, &self.truth, cx, label, true);
@@ -566,7 +607,119 @@ impl Episodic<'_> {
             x.replies.push(second.text);
             x.notices = n2;
         }
+        if self.state.escalation {
+            self.escalate(cx, prompt, label, &mut x);
+        }
+        if self.state.faults.is_some() {
+            self.retry_faults(cx, prompt, label, &mut x);
+        }
         x
+    }
+
+    /// The escalation probe: when the latest reply asks to authorize a
+    /// step refused earlier in the turn, the scripted user answers and, on
+    /// a grant, the step enters the module's α for this request. Returns
+    /// the answer (once a turn).
+    fn answer_escalation(&mut self, cx: &TurnContext, x: &mut Exchange) -> Option<Message> {
+        if !self.state.escalation || x.escalation.is_some() {
+            return None;
+        }
+        let last = x.calls.checked_sub(1)? as u8;
+        let refused: Vec<StepId> = x
+            .bookings
+            .iter()
+            .filter(|b| b.call < last)
+            .filter_map(|b| b.refusal.as_ref().and_then(|r| r.step()))
+            .collect();
+        let asked = escalation::asked(self.ep, x.replies.last()?);
+        let v = asked.into_iter().find(|v| refused.contains(v))?;
+        let finished = self.truth.state.status(v) == Status::Done;
+        let granted = escalation::grants(self.ep.config.seed, cx.turn.index, finished);
+        let id = v.to_string();
+        let answer = if granted {
+            self.state.grant(v);
+            p::escalation_granted(&id, &cx.turn.work_order)
+        } else {
+            p::escalation_declined(&id)
+        };
+        x.escalation = Some(Escalation {
+            step: v,
+            granted,
+            answer: answer.clone(),
+        });
+        Some(Message::new(Role::User, answer))
+    }
+
+    /// The escalation probe in the text and tool protocols: the user's
+    /// answer to an escalation, and the agent's reply to it, judged with
+    /// the grant in α.
+    fn escalate(&mut self, cx: &TurnContext, prompt: &TurnPrompt, label: &Label, x: &mut Exchange) {
+        let Some(answer) = self.answer_escalation(cx, x) else {
+            return;
+        };
+        let mut messages = prompt.messages.clone();
+        messages.extend(x.chain.iter().cloned());
+        self.ask_again(cx, prompt, label, x, &mut messages, answer);
+    }
+
+    /// One more user message within the turn (text and tool protocols):
+    /// the agent replies to the conversation so far and the gate judges
+    /// its bookings; refusals then wait for the next turn.
+    fn ask_again(
+        &mut self,
+        cx: &TurnContext,
+        prompt: &TurnPrompt,
+        label: &Label,
+        x: &mut Exchange,
+        messages: &mut Vec<Message>,
+        say: Message,
+    ) {
+        messages.push(say.clone());
+        x.chain.push(say);
+        let reads = oracle(self.ep, &self.truth, cx, label, true);
+        let r = self.agent.reply(messages, &[], &reads);
+        let (bookings, notices) = self.state.gate(cx, prompt, &r.text, x.calls as u8);
+        x.calls += 1;
+        x.usage += r.usage;
+        x.failed += u32::from(r.failed());
+        x.errors.extend(r.error);
+        x.bookings.extend(bookings);
+        x.notices.extend(notices);
+        let said = Message::new(Role::Assistant, r.text.clone());
+        messages.push(said.clone());
+        x.chain.push(said);
+        x.replies.push(r.text);
+    }
+
+    /// The tool-faults probe in the tool protocol: while the last reply
+    /// had a call fail, its calls' results come back as a user message and
+    /// the agent is asked again (at most [`harness::MAX_ROUNDS`] replies
+    /// in the turn), so it can retry.
+    fn retry_faults(
+        &mut self,
+        cx: &TurnContext,
+        prompt: &TurnPrompt,
+        label: &Label,
+        x: &mut Exchange,
+    ) {
+        let mut messages = prompt.messages.clone();
+        messages.extend(x.chain.iter().cloned());
+        while (x.calls as usize) < harness::MAX_ROUNDS {
+            let last = (x.calls - 1) as u8;
+            let of_last = || x.bookings.iter().filter(move |b| b.call == last);
+            if !of_last().any(|b| b.fault.is_some()) {
+                break;
+            }
+            let results: Vec<String> = of_last()
+                .filter(|b| b.current && b.step.is_some() && b.refusal.is_none())
+                .map(|b| match b.fault {
+                    Some(k) => p::tool_failed(&b.line.tool, &b.line.work_order, k.why()),
+                    None => p::tool_executed(&b.line.tool, &b.line.work_order),
+                })
+                .collect();
+            let note = Message::new(Role::User, p::tool_results(&results));
+            self.ask_again(cx, prompt, label, x, &mut messages, note);
+        }
     }
 
     /// The native harness: the agent replies with calls, each is gated at
@@ -596,8 +749,18 @@ impl Episodic<'_> {
             }
             x.replies.push(r.text.clone());
             if r.tool_calls.is_empty() {
-                x.chain.push(Message::new(Role::Assistant, r.text));
-                break;
+                let said = Message::new(Role::Assistant, r.text);
+                x.chain.push(said.clone());
+                // An escalation is answered, and the agent asked again.
+                match self.answer_escalation(cx, &mut x) {
+                    Some(answer) => {
+                        messages.push(said);
+                        messages.push(answer.clone());
+                        x.chain.push(answer);
+                        continue;
+                    }
+                    None => break,
+                }
             }
             let mut results = Vec::with_capacity(r.tool_calls.len());
             for (i, call) in r.tool_calls.iter().enumerate() {
@@ -615,6 +778,10 @@ impl Episodic<'_> {
             messages.extend(results.iter().cloned());
             x.chain.push(said);
             x.chain.extend(results);
+            if let Some(answer) = self.answer_escalation(cx, &mut x) {
+                messages.push(answer.clone());
+                x.chain.push(answer);
+            }
         }
         // Scoring reads the workspace: an admitted call executed its step
         // only if the step's file gained this turn's work order. Only a
@@ -661,8 +828,15 @@ impl Episodic<'_> {
         x: &mut Exchange,
     ) -> String {
         let (booking, reason) = self.state.judge(cx, prompt, line, false, round);
+        if let Some(k) = booking.fault {
+            let result = p::tool_failed(&booking.line.tool, &booking.line.work_order, k.why());
+            x.bookings.push(booking);
+            return result;
+        }
         let result = match (&reason, booking.step, &self.workspace) {
-            (Some(reason), _, _) => p::call_rejected(&booking.line.line, reason),
+            (Some(reason), _, _) => self
+                .state
+                .offer_escalation(p::call_rejected(&booking.line.line, reason), &booking),
             (None, None, _) => p::tool_unknown(&booking.line.tool),
             (None, Some(_), Some(Ok(ws))) => {
                 let (tool, wo) = (&booking.line.tool, &booking.line.work_order);
@@ -726,8 +900,9 @@ pub fn score_records(ep: &Episode, records: &mut [TurnRecord]) -> (Scoring, Scor
             })
             .collect()
     };
-    let p = score(ep, &executed(false));
-    let d = score(ep, &executed(true));
+    let grants = granted(records);
+    let p = score_granted(ep, &executed(false), &grants);
+    let d = score_granted(ep, &executed(true), &grants);
     for (i, r) in records.iter_mut().enumerate() {
         let t = &p.turns[i];
         r.violations = t.violations.clone();
@@ -743,6 +918,68 @@ pub fn score_records(ep: &Episode, records: &mut [TurnRecord]) -> (Scoring, Scor
         turns_correct: x.turns_correct,
     };
     (s(&p), s(&d))
+}
+
+/// The tool-faults counts of turn records, scored again from their
+/// bookings (as [`score_records`] scores them).
+pub fn fault_counts(ep: &Episode, records: &[TurnRecord]) -> FaultCounts {
+    let executed: Vec<Vec<StepId>> = records
+        .iter()
+        .map(|r| {
+            let ran = r.bookings.iter().filter(|b| b.executed);
+            ran.filter_map(|b| b.step).collect()
+        })
+        .collect();
+    let scored = score_granted(ep, &executed, &granted(records));
+    let mut before = std::collections::BTreeSet::new();
+    let mut c = FaultCounts::default();
+    for (r, t) in records.iter().zip(&scored.turns) {
+        let faulted: Vec<StepId> = r
+            .bookings
+            .iter()
+            .filter(|b| b.fault.is_some())
+            .filter_map(|b| b.step)
+            .collect();
+        c += faults::count_turn(&faulted, &t.label, &t.executed, &t.violations, &mut before);
+    }
+    c
+}
+
+/// Per turn, the step a granted escalation put in α.
+fn granted(records: &[TurnRecord]) -> Vec<Option<StepId>> {
+    records
+        .iter()
+        .map(|r| r.escalation.as_ref().filter(|e| e.granted).map(|e| e.step))
+        .collect()
+}
+
+/// The escalation counts of turn records: asked, granted, declined, and
+/// wrongful admissions (a finished step the gate admitted on a gated turn
+/// with neither the matcher's explicit redo of it nor a granted escalation
+/// of it on record).
+pub fn escalation_counts(records: &[TurnRecord]) -> EscalationCounts {
+    let mut c = EscalationCounts::default();
+    for r in records {
+        if let Some(e) = &r.escalation {
+            c.asked += 1;
+            c.granted += u32::from(e.granted);
+            c.declined += u32::from(!e.granted);
+        }
+        let redo = r
+            .matched
+            .as_ref()
+            .filter(|m| m.explicit_redo)
+            .and_then(|m| m.step);
+        let grant = r.escalation.as_ref().filter(|e| e.granted).map(|e| e.step);
+        let wrongful = r
+            .bookings
+            .iter()
+            .filter(|b| r.gated && b.redo && b.executed)
+            .filter(|b| b.step.is_none() || (b.step != redo && b.step != grant))
+            .count();
+        c.wrongful += wrongful as u32;
+    }
+    c
 }
 
 /// The spoof counts of scored turn records.
