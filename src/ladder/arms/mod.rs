@@ -358,9 +358,9 @@ pub struct Booking {
     /// ran nothing).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<FaultKind>,
-    /// The gate admitted a step its state holds finished: an authorized
-    /// redo (the escalation probe counts any without an authorization on
-    /// record).
+    /// Under the escalation probe: the gate admitted a step its state holds
+    /// finished, an authorized redo (the probe counts any without an
+    /// authorization on record).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub redo: bool,
     /// A citation inside a decline under decline-aware scoring (A.2).
@@ -675,7 +675,9 @@ impl<'p> ArmState<'p> {
                     refusal = Some(r);
                 }
                 Ok(v) => {
-                    redo = prompt.gated && m.state.status(v) == Status::Done;
+                    // Kept only under the escalation probe, which counts
+                    // them (logs without it stay as they were).
+                    redo = self.escalation && prompt.gated && m.state.status(v) == Status::Done;
                     receipt = module_step;
                 }
                 // Receipts advance the module whether or not it gates.
