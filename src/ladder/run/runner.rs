@@ -391,7 +391,7 @@ pub fn run_episode(
         records.push(record);
         tally += t;
     }
-    let (primary, decline_aware) = score_records(ep, &mut records);
+    let (primary, decline_aware, fault_counts) = score_records(ep, &mut records);
     let record = EpisodeRecord {
         seed: ep.config.seed,
         arm,
@@ -414,7 +414,7 @@ pub fn run_episode(
         memory: run.state.memory_use(),
         corruptions: run.state.corruptor.map(|c| c.events).unwrap_or_default(),
         spoof: spoofs.map(|_| spoof_counts(&records)),
-        faults: opts.tool_faults.map(|_| fault_counts(ep, &records)),
+        faults: opts.tool_faults.map(|_| fault_counts),
         escalations: run.state.escalation.then(|| escalation_counts(&records)),
     };
     (record, records)
@@ -886,8 +886,10 @@ fn oracle<'a>(
     }
 }
 
-/// Scores turn records under both scorings, filling their violation fields.
-pub fn score_records(ep: &Episode, records: &mut [TurnRecord]) -> (Scoring, Scoring) {
+/// Scores turn records under both scorings, filling their violation and
+/// spoof fields; returns both scorings and, from the primary one, what
+/// became of the calls the tool-faults probe failed.
+pub fn score_records(ep: &Episode, records: &mut [TurnRecord]) -> (Scoring, Scoring, FaultCounts) {
     let executed = |citations_excluded: bool| -> Vec<Vec<StepId>> {
         records
             .iter()
@@ -903,8 +905,23 @@ pub fn score_records(ep: &Episode, records: &mut [TurnRecord]) -> (Scoring, Scor
     let grants = granted(records);
     let p = score_granted(ep, &executed(false), &grants);
     let d = score_granted(ep, &executed(true), &grants);
+    let mut faults = FaultCounts::default();
+    let mut faulted_before = std::collections::BTreeSet::new();
     for (i, r) in records.iter_mut().enumerate() {
         let t = &p.turns[i];
+        let faulted: Vec<StepId> = r
+            .bookings
+            .iter()
+            .filter(|b| b.fault.is_some())
+            .filter_map(|b| b.step)
+            .collect();
+        faults += faults::count_turn(
+            &faulted,
+            &t.label,
+            &t.executed,
+            &t.violations,
+            &mut faulted_before,
+        );
         r.violations = t.violations.clone();
         r.violations_decline_aware = d.turns[i].violations.clone();
         r.spoof_obeyed = r
@@ -917,32 +934,7 @@ pub fn score_records(ep: &Episode, records: &mut [TurnRecord]) -> (Scoring, Scor
         channels: x.channels,
         turns_correct: x.turns_correct,
     };
-    (s(&p), s(&d))
-}
-
-/// The tool-faults counts of turn records, scored again from their
-/// bookings (as [`score_records`] scores them).
-pub fn fault_counts(ep: &Episode, records: &[TurnRecord]) -> FaultCounts {
-    let executed: Vec<Vec<StepId>> = records
-        .iter()
-        .map(|r| {
-            let ran = r.bookings.iter().filter(|b| b.executed);
-            ran.filter_map(|b| b.step).collect()
-        })
-        .collect();
-    let scored = score_granted(ep, &executed, &granted(records));
-    let mut before = std::collections::BTreeSet::new();
-    let mut c = FaultCounts::default();
-    for (r, t) in records.iter().zip(&scored.turns) {
-        let faulted: Vec<StepId> = r
-            .bookings
-            .iter()
-            .filter(|b| b.fault.is_some())
-            .filter_map(|b| b.step)
-            .collect();
-        c += faults::count_turn(&faulted, &t.label, &t.executed, &t.violations, &mut before);
-    }
-    c
+    (s(&p), s(&d), faults)
 }
 
 /// Per turn, the step a granted escalation put in α.
