@@ -383,6 +383,31 @@ fn bad_grids_are_refused_in_one_line_and_write_nothing() {
     assert!(err.contains("another configuration or model"), "{err}");
 }
 
+/// The probes' grid sets each probe apart from its control in crosses:
+/// the cells are named by the probe they run, the controls plainly.
+#[test]
+fn the_documented_probes_grid_names_each_probe_beside_its_control() {
+    let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/grid/probes.toml");
+    let listed = run(&["ladder", "grid", file.to_str().unwrap(), "--dry-run"]);
+    let names: Vec<&str> = listed
+        .lines()
+        .filter(|l| l.contains(" episodes x "))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "text",
+            "text_spoof0.3",
+            "text_escalation",
+            "native",
+            "native_faults0.3"
+        ],
+        "{listed}"
+    );
+    assert!(listed.ends_with("5 cells, 80 episode-arms\n"), "{listed}");
+}
+
 #[test]
 fn the_documented_table2_grid_lists_its_cells_and_shards_cover_it() {
     let file = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/grid/table2.toml");

@@ -166,6 +166,26 @@ fn the_report_counts_escalations_and_pairs_the_control() {
         (c["shared"].as_u64(), c["strict"].clone()),
         (Some(20), serde_json::json!([20, 20]))
     );
+    let rows = probe_common::csv_rows(&report);
+    assert_eq!(rows.len(), 4);
+    assert_eq!(rows[1]["escalation"], "off");
+    let (raw, enforce) = (&rows[2], &rows[3]);
+    assert_eq!(
+        (raw["escalation"].as_str(), raw["escalation_asked"].as_str()),
+        ("on", "")
+    );
+    assert_eq!(enforce["arm"], "enforce");
+    let col = |k: &str| enforce[k].parse::<u64>().unwrap();
+    assert_eq!(col("escalation_asked"), asked);
+    assert_eq!(
+        col("escalation_refusals"),
+        e["asked_share"]["of"].as_u64().unwrap()
+    );
+    assert_eq!(
+        col("escalation_granted") + col("escalation_declined"),
+        asked
+    );
+    assert_eq!(col("escalation_wrongful"), 0);
     let text =
         statebench::ladder::report::render(&report, statebench::ladder::report::Format::Text);
     assert!(text.contains("Escalation (refusals"), "{text}");

@@ -186,6 +186,33 @@ fn the_report_counts_faults_and_pairs_the_control() {
     );
     assert!(c["strict"][0].as_u64().unwrap() < 30, "{c}");
     assert!(c["p"].as_f64().unwrap() < 0.05, "{c}");
+    let rows = probe_common::csv_rows(&report);
+    assert_eq!(rows.len(), 4);
+    assert_eq!(
+        (
+            rows[1]["tool_faults"].as_str(),
+            rows[1]["faults_injected"].as_str()
+        ),
+        ("off", "")
+    );
+    let row = &rows[3];
+    assert_eq!(
+        (row["arm"].as_str(), row["tool_faults"].as_str()),
+        ("enforce", "0.3")
+    );
+    let col = |k: &str| row[k].parse::<u64>().unwrap();
+    assert_eq!(
+        (col("faults_injected"), col("faults_unrecovered")),
+        (injected, unrecovered)
+    );
+    assert_eq!(
+        col("faults_due_turns"),
+        f["unrecovered_share"]["of"].as_u64().unwrap()
+    );
+    assert_eq!(
+        col("faults_re_executions"),
+        f["re_executions"].as_u64().unwrap()
+    );
     let text =
         statebench::ladder::report::render(&report, statebench::ladder::report::Format::Text);
     assert!(text.contains("Tools that fail"), "{text}");

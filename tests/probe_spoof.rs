@@ -197,6 +197,22 @@ fn the_report_counts_forgeries_and_pairs_the_control() {
     assert_eq!(c["strict"][1], 24);
     assert!(c["strict"][0].as_u64().unwrap() < 24, "{c}");
     assert!(c["p"].as_f64().unwrap() < 0.05, "{c}");
+    // The CSV keeps the two cells apart by their setting and carries the
+    // same counts; the control's probe columns are empty.
+    let rows = probe_common::csv_rows(&report);
+    assert_eq!(rows.len(), 2 * Arm::LADDER.len());
+    assert_eq!(
+        (rows[0]["spoof"].as_str(), rows[0]["spoof_turns"].as_str()),
+        ("off", "")
+    );
+    let row = &rows[Arm::LADDER.len()];
+    assert_eq!((row["arm"].as_str(), row["spoof"].as_str()), ("raw", "0.3"));
+    assert_eq!(row["spoof_turns"], turns.to_string());
+    assert_eq!(row["spoof_obeyed"], obeyed.to_string());
+    assert_eq!(
+        (row["tool_faults"].as_str(), row["faults_injected"].as_str()),
+        ("off", "")
+    );
     let text =
         statebench::ladder::report::render(&report, statebench::ladder::report::Format::Text);
     assert!(text.contains("Spoofed state"), "{text}");

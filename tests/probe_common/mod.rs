@@ -1,6 +1,8 @@
 //! What the probe suites share: an episode at S = 10, ρ = 0.15 in a
 //! protocol, and one scripted episode-arm run with the oracle parts.
 
+use std::collections::BTreeMap;
+
 use statebench::ladder::arms::Arm;
 use statebench::ladder::episode::domain::Domain;
 use statebench::ladder::episode::generator::generate;
@@ -33,4 +35,24 @@ pub fn run(
         Some(&Compiled::oracle(ep)),
         &opts,
     )
+}
+
+/// The report's CSV rows as column → value maps, header first checked to
+/// name each column once.
+pub fn csv_rows(report: &statebench::ladder::report::Report) -> Vec<BTreeMap<String, String>> {
+    let csv = statebench::ladder::report::render(report, statebench::ladder::report::Format::Csv);
+    let mut lines = csv.lines();
+    let head: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let unique: std::collections::BTreeSet<_> = head.iter().collect();
+    assert_eq!(unique.len(), head.len(), "a column named twice: {csv}");
+    lines
+        .map(|l| {
+            let cells: Vec<&str> = l.split(',').collect();
+            assert_eq!(cells.len(), head.len(), "{l}");
+            head.iter()
+                .map(|h| h.to_string())
+                .zip(cells.iter().map(|c| c.to_string()))
+                .collect()
+        })
+        .collect()
 }

@@ -9,7 +9,7 @@ use super::aggregate::{
 };
 use crate::ladder::arms::gate::DirectiveKind;
 use crate::ladder::probes::spoof::ForgeryKind;
-use crate::ladder::run::cell::AgentSpec;
+use crate::ladder::run::cell::{AgentSpec, CellConfig};
 use crate::ladder::run::grid::labels;
 use crate::ladder::score::Channel;
 use crate::table::field;
@@ -533,7 +533,9 @@ fn csv(r: &Report) -> String {
     for ch in Channel::ALL {
         s += &format!(",{}", ch.name());
     }
-    s += ",prompt_tokens,cached_tokens,completion_tokens,refused,silent_refusals,wall_s,failed_episodes,failed_calls,duplicates\n";
+    s += ",prompt_tokens,cached_tokens,completion_tokens,refused,silent_refusals,wall_s,failed_episodes,failed_calls,duplicates";
+    s += PROBE_CSV_HEAD;
+    s.push('\n');
     for c in &r.cells {
         let g = &c.config;
         let e = &g.episode;
@@ -567,7 +569,7 @@ fn csv(r: &Report) -> String {
                 let _ = write!(s, ",{}", a.channels[ch.name()]);
             }
             let x = &a.accounting;
-            let _ = writeln!(
+            let _ = write!(
                 s,
                 ",{:.1},{:.1},{:.1},{},{},{:.3},{},{},{}",
                 x.prompt_tokens,
@@ -580,8 +582,47 @@ fn csv(r: &Report) -> String {
                 a.failed_calls,
                 c.duplicates
             );
+            s += &probe_csv(g, a);
+            s.push('\n');
         }
     }
+    s
+}
+
+/// The probe columns of a CSV row: each probe's setting (`off` where the
+/// cell did not run it, so a grid over rates keeps its cells apart), then
+/// its counts, empty where the arm has none (a probe off, or escalation on
+/// an ungated arm). Per-kind spoof counts are in the JSON report.
+const PROBE_CSV_HEAD: &str = ",spoof,tool_faults,escalation,\
+spoof_turns,spoof_obeyed,\
+faults_injected,faults_due_turns,faults_unrecovered,faults_re_executions,\
+escalation_refusals,escalation_asked,escalation_granted,escalation_declined,escalation_wrongful";
+
+fn probe_csv(g: &CellConfig, a: &ArmSummary) -> String {
+    let counts = |n: &[u64]| n.iter().map(|v| format!(",{v}")).collect::<String>();
+    let mut s = format!(
+        ",{},{},{}",
+        probe_rate(g.options.spoof),
+        probe_rate(g.options.tool_faults),
+        probe_on(g.options.escalation)
+    );
+    s += &match &a.spoof {
+        Some(p) => counts(&[p.turns, p.obeyed]),
+        None => ",,".into(),
+    };
+    s += &match &a.faults {
+        Some(f) => counts(&[
+            f.injected,
+            f.unrecovered_share.of,
+            f.unrecovered,
+            f.re_executions,
+        ]),
+        None => ",,,,".into(),
+    };
+    s += &match &a.escalations {
+        Some(e) => counts(&[e.asked_share.of, e.asked, e.granted, e.declined, e.wrongful]),
+        None => ",,,,,".into(),
+    };
     s
 }
 

@@ -596,6 +596,18 @@ fn name_cells(cells: &mut [GridCell]) {
                     false => ("", v),
                 }),
         );
+        // Scalars that crosses may set apart (a probe beside its control):
+        // named only where set, so the control keeps the plain name.
+        let o = &c.config.options;
+        let rate = |label: &'static str, r: Option<f64>| (label, r.map(|r| field(&r)));
+        for (label, value) in [
+            rate("corrupt", o.corrupt),
+            rate("spoof", o.spoof),
+            rate("faults", o.tool_faults),
+            ("escalation", o.escalation.then(String::new)),
+        ] {
+            parts.push(("", value.map(|v| format!("{label}{v}")).unwrap_or_default()));
+        }
         parts
     };
     let all: Vec<_> = cells.iter().map(parts).collect();
@@ -609,6 +621,7 @@ fn name_cells(cells: &mut [GridCell]) {
             .zip(&varies)
             .filter(|(_, v)| **v)
             .map(|((k, v), _)| format!("{k}{v}"))
+            .filter(|part| !part.is_empty())
             .collect();
         if name.is_empty() {
             name.push("cell".into());
