@@ -160,6 +160,7 @@ fn resuming_across_a_change_of_engine_arithmetic_is_refused() {
             arithmetic: arithmetic.into(),
             device: String::new(),
         }),
+        cpu_kernels: String::new(),
         crate_version: "0".into(),
         git_commit: "unknown".into(),
     };

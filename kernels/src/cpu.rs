@@ -1,11 +1,169 @@
-//! What this CPU runs: the widest SIMD kernel family, whether the AMX tiles
-//! run, and how far ahead of use the kernels ask for weights. The kernel
-//! modules read it; it reads none of them.
+//! What this CPU runs: the kernel family (the widest the CPU has, or the
+//! one `STATEBENCH_CPU_ISA` caps it at), whether the AMX tiles run, and how
+//! far ahead of use the kernels ask for weights. The kernel modules read it;
+//! it reads none of them.
 
 #[cfg(target_arch = "x86_64")]
 use std::sync::atomic::{AtomicBool, Ordering};
-#[cfg(target_arch = "x86_64")]
 use std::sync::OnceLock;
+
+/// A family of CPU kernels. Every family computes the same integers and
+/// the same f32 operations in the same order, so a cap changes speed, never
+/// bits. On x86-64 each family includes those below it (`amx` ⊃ `avx512` ⊃
+/// `avx2` ⊃ `scalar`); on aarch64 `neon` ⊃ `scalar`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Isa {
+    /// Plain Rust, every host.
+    Scalar,
+    /// AVX2, FMA and F16C: the matrix products (integer dots in 256-bit
+    /// lanes) and weight widening.
+    Avx2,
+    /// AVX-512: the matrix products by VNNI (with BW and VL), the
+    /// elementwise kernels, attention and weight pairing (AVX-512F).
+    Avx512,
+    /// AMX int8 tiles for products of sixteen rows or more, AVX-512 for the
+    /// rest.
+    Amx,
+    /// aarch64 NEON.
+    Neon,
+}
+
+/// The variable that caps the kernel family.
+pub const ISA_VAR: &str = "STATEBENCH_CPU_ISA";
+
+impl Isa {
+    pub const ALL: [Isa; 5] = [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Amx, Isa::Neon];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Isa::Scalar => "scalar",
+            Isa::Avx2 => "avx2",
+            Isa::Avx512 => "avx512",
+            Isa::Amx => "amx",
+            Isa::Neon => "neon",
+        }
+    }
+
+    /// The families this host runs, narrowest first: `scalar` and each
+    /// wider one whose instructions the CPU (and, for AMX, the OS) grants.
+    pub fn available() -> Vec<Isa> {
+        let widest = widest();
+        Isa::ALL
+            .into_iter()
+            .filter(|i| *i == Isa::Scalar || (same_arch(*i, widest) && *i <= widest))
+            .collect()
+    }
+}
+
+impl std::fmt::Display for Isa {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Both x86 families, or both `neon`: `scalar` belongs to every host.
+fn same_arch(a: Isa, b: Isa) -> bool {
+    a == Isa::Scalar || b == Isa::Scalar || ((a == Isa::Neon) == (b == Isa::Neon))
+}
+
+/// The widest family this CPU runs.
+fn widest() -> Isa {
+    static W: OnceLock<Isa> = OnceLock::new();
+    *W.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if cpu_has_amx_int8() && request_tile_state() {
+                return Isa::Amx;
+            }
+            if is_x86_feature_detected!("avx512f") {
+                return Isa::Avx512;
+            }
+            if avx2_fma_f16c() {
+                return Isa::Avx2;
+            }
+        }
+        // aarch64 runs the scalar family until it has NEON kernels of its
+        // own: naming `neon` before then would misname what ran.
+        Isa::Scalar
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2_fma_f16c() -> bool {
+    is_x86_feature_detected!("avx2")
+        && is_x86_feature_detected!("fma")
+        && is_x86_feature_detected!("f16c")
+}
+
+/// Why the kernel-family cap cannot be taken: one line naming the variable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IsaError(String);
+
+impl std::fmt::Display for IsaError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for IsaError {}
+
+/// The family the kernels run: `STATEBENCH_CPU_ISA` where set (an unknown
+/// value, or one this host cannot run, is an error), else the widest the
+/// host has, narrowed by the older switches `STATEBENCH_NO_AMX` (to
+/// `avx512`) and `STATEBENCH_NO_VNNI` (to `avx2`). Read once per process.
+pub fn isa() -> Result<Isa, IsaError> {
+    static CAP: OnceLock<Result<Isa, IsaError>> = OnceLock::new();
+    CAP.get_or_init(|| {
+        let var = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+        let mut cap = match std::env::var(ISA_VAR) {
+            Ok(v) if !v.is_empty() => parse_cap(&v, &Isa::available())?,
+            Err(std::env::VarError::NotUnicode(v)) => {
+                return Err(IsaError(format!("{ISA_VAR}={v:?}: not a kernel family")))
+            }
+            _ => widest(),
+        };
+        if var("STATEBENCH_NO_AMX") && cap == Isa::Amx {
+            cap = Isa::Avx512;
+        }
+        if var("STATEBENCH_NO_VNNI") && matches!(cap, Isa::Amx | Isa::Avx512) {
+            cap = Isa::Avx2;
+        }
+        Ok(cap)
+    })
+    .clone()
+}
+
+/// A cap's value against the families `available` here.
+fn parse_cap(value: &str, available: &[Isa]) -> Result<Isa, IsaError> {
+    let names = || Isa::ALL.map(Isa::name).join("|");
+    let isa = Isa::ALL
+        .into_iter()
+        .find(|i| i.name() == value.trim().to_ascii_lowercase())
+        .ok_or_else(|| {
+            IsaError(format!(
+                "{ISA_VAR}={value}: not a kernel family (one of {})",
+                names()
+            ))
+        })?;
+    if !available.contains(&isa) {
+        let have: Vec<_> = available.iter().map(|i| i.name()).collect();
+        return Err(IsaError(format!(
+            "{ISA_VAR}={value}: the {isa} kernels do not run on this host (it runs {})",
+            have.join(", ")
+        )));
+    }
+    Ok(isa)
+}
+
+/// The family in force; a cap that [`isa`] refuses stops the process here,
+/// so the engine asks [`isa`] at load and reports the refusal first.
+#[cfg(target_arch = "x86_64")]
+fn cap() -> Isa {
+    match isa() {
+        Ok(i) => i,
+        Err(e) => panic!("{e}"),
+    }
+}
 
 #[cfg(target_arch = "x86_64")]
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -15,24 +173,33 @@ pub(crate) enum Simd {
     Vnni,
 }
 
-/// The widest kernel family this CPU runs (`STATEBENCH_NO_VNNI` forces AVX2).
+/// The matrix products' instructions under the cap: VNNI where the family
+/// is `avx512` or wider and the CPU has VNNI, BW and VL; AVX2 where it is
+/// `avx2` or wider; else none.
 #[cfg(target_arch = "x86_64")]
 pub(crate) fn simd_level() -> Simd {
     static LEVEL: OnceLock<Simd> = OnceLock::new();
     *LEVEL.get_or_init(|| {
-        let avx2 = is_x86_feature_detected!("avx2")
-            && is_x86_feature_detected!("fma")
-            && is_x86_feature_detected!("f16c");
-        let vnni = is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl");
-        if std::env::var_os("STATEBENCH_NO_VNNI").is_some() {
-            return if avx2 { Simd::Avx2 } else { Simd::None };
-        }
+        let cap = cap();
+        let avx2 = cap >= Isa::Avx2 && avx2_fma_f16c();
+        let vnni = cap >= Isa::Avx512
+            && is_x86_feature_detected!("avx512vnni")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl");
         match (avx2, vnni) {
             (true, true) => Simd::Vnni,
             (true, false) => Simd::Avx2,
             _ => Simd::None,
         }
     })
+}
+
+/// Whether the elementwise, attention and pairing kernels take their
+/// AVX-512F paths: the family is `avx512` or wider.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn avx512() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| cap() >= Isa::Avx512 && is_x86_feature_detected!("avx512f"))
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -46,22 +213,15 @@ pub fn set_amx_tiles(on: bool) {
     AMX_ENABLED.store(on, Ordering::Relaxed);
 }
 
-/// Whether the AMX kernels run here: the CPU and OS have AMX int8 tiles for
-/// this process (Linux grants the tile state on request),
-/// `STATEBENCH_NO_AMX` and `STATEBENCH_NO_VNNI` are unset, and
-/// [`set_amx_tiles`] did not turn them off. Where they do, weights held
-/// sixteen rows at a time ([`crate::pair`]) need no copy per product.
+/// Whether the AMX kernels run here: the family is `amx` (the CPU and OS
+/// have AMX int8 tiles for this process: Linux grants the tile state on
+/// request, and no cap narrows it) and [`set_amx_tiles`] did not turn them
+/// off. Where they do, weights held sixteen rows at a time ([`crate::pair`])
+/// need no copy per product.
 pub fn amx_tiles() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        static YES: OnceLock<bool> = OnceLock::new();
-        AMX_ENABLED.load(Ordering::Relaxed)
-            && *YES.get_or_init(|| {
-                let off = ["STATEBENCH_NO_AMX", "STATEBENCH_NO_VNNI"]
-                    .iter()
-                    .any(|v| std::env::var_os(v).is_some());
-                !off && cpu_has_amx_int8() && request_tile_state()
-            })
+        AMX_ENABLED.load(Ordering::Relaxed) && cap() == Isa::Amx
     }
     #[cfg(not(target_arch = "x86_64"))]
     false

@@ -26,7 +26,7 @@ pub mod pair;
 pub mod q8;
 
 pub use attention::attend;
-pub use cpu::amx_tiles;
+pub use cpu::{amx_tiles, isa, Isa, IsaError, ISA_VAR};
 pub use matmul::{Matrix, MatrixError, WeightData};
 pub use ops::{dot_f32, rms_norm, rope_neox, silu_mul, RopeTable};
 

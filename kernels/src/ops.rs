@@ -128,13 +128,8 @@ pub fn dots<E: Float, const WR: usize, const XR: usize>(
     ws.map(|w| xs.map(|x| dot(w, x)))
 }
 
-/// Whether the CPU has AVX-512F.
 #[cfg(target_arch = "x86_64")]
-pub(crate) fn avx512() -> bool {
-    use std::sync::OnceLock;
-    static HAS: OnceLock<bool> = OnceLock::new();
-    *HAS.get_or_init(|| is_x86_feature_detected!("avx512f"))
-}
+pub(crate) use crate::cpu::avx512;
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]

@@ -571,6 +571,10 @@ pub enum BackendError {
     /// kernel that did not compile).
     #[error("{device}: {cause}")]
     Device { device: String, cause: String },
+    /// `STATEBENCH_CPU_ISA` names a kernel family that is unknown or that
+    /// this host cannot run.
+    #[error(transparent)]
+    CpuIsa(#[from] statebench_kernels::IsaError),
     /// An I/O error on a named file.
     #[error("{path}")]
     Io {

@@ -192,14 +192,18 @@ fn invariance<D: Device>(a: &InvarianceArgs, engine: &mut Engine<D>) -> Result<(
 #[derive(Serialize)]
 struct LogitsOut {
     device: String,
+    /// The hardware; on the CPU, the kernel family that ran.
+    hardware: String,
     last_logits: Vec<f32>,
     greedy: Vec<u32>,
 }
 
 fn logits<D: Device>(a: &LogitArgs, engine: &mut Engine<D>) -> Result<()> {
     let (first, greedy) = check::greedy_path(engine, &a.tokens, a.greedy)?;
+    let info = engine.model().device.info();
     let out = LogitsOut {
-        device: engine.model().device.info().name,
+        device: info.name,
+        hardware: info.hardware,
         last_logits: first,
         greedy,
     };

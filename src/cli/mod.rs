@@ -60,6 +60,9 @@ enum Command {
 
 /// Runs one parsed command line.
 pub fn run(cli: Cli) -> Result<()> {
+    // A kernel-family cap that cannot be honoured is refused before any
+    // command starts, in one line naming the variable.
+    statebench_kernels::isa()?;
     match cli.command {
         Command::Ladder(c) => ladder::run(c),
         Command::Run(a) => ladder::quickstart(a),

@@ -215,6 +215,9 @@ impl Engine<Cpu> {
 impl<D: Device> Engine<D> {
     /// Loads a model onto `device`.
     pub fn load_on(device: D, spec: &str, opts: EngineOptions) -> Result<Self, BackendError> {
+        // Weights are packed for the CPU kernels' family: refuse a bad cap
+        // before any is read.
+        statebench_kernels::isa()?;
         let mut loaded = weights::load(spec, device, opts.weights, opts.quantize)?;
         if let Some(max) = opts.max_context {
             loaded.model.cap_context(max)?;

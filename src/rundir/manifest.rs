@@ -95,6 +95,12 @@ pub struct Manifest<C> {
     /// Resuming requires it unchanged.
     #[serde(serialize_with = "sorted_keys")]
     pub model: Identity,
+    /// The CPU kernel family of the process that created the directory,
+    /// for a model on the CPU (`avx512`, `amx`, …; see
+    /// `STATEBENCH_CPU_ISA`). Not pinned: every family gives the same
+    /// bits, so a run resumes on any.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub cpu_kernels: String,
     /// statebench version that created the directory.
     pub crate_version: String,
     /// Git commit of the source tree, when known.
@@ -104,10 +110,17 @@ pub struct Manifest<C> {
 impl<C: Serialize + DeserializeOwned> Manifest<C> {
     /// A manifest of this build.
     pub fn new(format: &str, config: C, model: Identity) -> Manifest<C> {
+        let cpu_kernels = match &model {
+            Identity::Model(m) if m.arithmetic.starts_with(statebench_kernels::ARITHMETIC) => {
+                statebench_kernels::isa().map_or_else(|_| String::new(), |i| i.name().into())
+            }
+            _ => String::new(),
+        };
         Manifest {
             format: format.into(),
             config,
             model,
+            cpu_kernels,
             crate_version: env!("CARGO_PKG_VERSION").into(),
             git_commit: git_commit(),
         }

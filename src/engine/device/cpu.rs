@@ -51,7 +51,9 @@ impl Device for Cpu {
     fn info(&self) -> DeviceInfo {
         DeviceInfo {
             name: "cpu".into(),
-            hardware: String::new(),
+            // The kernel family (results do not depend on it).
+            hardware: statebench_kernels::isa()
+                .map_or_else(|e| e.to_string(), |i| format!("{i} kernels")),
             detail: String::new(),
             arithmetic: statebench_kernels::ARITHMETIC.into(),
         }

@@ -1,0 +1,122 @@
+//! `STATEBENCH_CPU_ISA` caps every CPU kernel family at once, and every
+//! family gives the same bits: the default GGUF's logits, its greedy path
+//! and a seeded sample are compared under each cap this host runs, in both
+//! weight layouts. A cap that is unknown, or that the host cannot run, is
+//! refused in one line naming the variable.
+
+mod engine_common;
+
+use std::process::{Command, Output};
+
+use engine_common::default_model;
+use statebench_kernels::{Isa, ISA_VAR};
+
+fn statebench(cap: Option<&str>, args: &[&str]) -> Output {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_statebench"));
+    c.args(args)
+        .env_remove(ISA_VAR)
+        .env_remove("STATEBENCH_NO_AMX")
+        .env_remove("STATEBENCH_NO_VNNI");
+    if let Some(cap) = cap {
+        c.env(ISA_VAR, cap);
+    }
+    c.output().expect("statebench runs")
+}
+
+fn stdout(cap: Option<&str>, args: &[&str]) -> String {
+    let o = statebench(cap, args);
+    assert!(
+        o.status.success(),
+        "{cap:?} {args:?}: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8(o.stdout).unwrap()
+}
+
+/// What one cap computes: the logits after a 40-token prompt (a prefill of
+/// many rows, where the AMX and VNNI paths take over) with 8 greedy steps,
+/// and 24 tokens sampled at temperature 0.9 from a chat prompt.
+fn outputs(cap: Option<&str>, weights: &str) -> (serde_json::Value, String) {
+    let model = default_model();
+    let model = model.to_str().unwrap();
+    let tokens: Vec<String> = (0..40).map(|i| (100 + 37 * i).to_string()).collect();
+    let engine = ["--model", model, "--weights", weights, "--threads", "2"];
+    let tokens = tokens.join(",");
+    let run = |head: &[&str], tail: &[&str]| stdout(cap, &[head, &engine, tail].concat());
+    let logits = run(
+        &["check", "logits"],
+        &["--tokens", &tokens, "--greedy", "8"],
+    );
+    let prompt = "Name three rivers in Europe and say where each one rises.";
+    let sample = run(
+        &["generate"],
+        &[
+            "--prompt",
+            prompt,
+            "--max-tokens",
+            "24",
+            "--temperature",
+            "0.9",
+            "--seed",
+            "7",
+        ],
+    );
+    (
+        serde_json::from_str(&logits).expect("check logits prints JSON"),
+        sample,
+    )
+}
+
+#[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
+fn every_kernel_family_gives_the_same_bits() {
+    let caps = Isa::available();
+    assert!(caps.contains(&Isa::Scalar) && caps.len() >= 2, "{caps:?}");
+    let widest = *caps.last().unwrap();
+    for weights in ["widened", "native"] {
+        let (logits, sample) = outputs(None, weights);
+        assert_eq!(logits["hardware"], format!("{widest} kernels"));
+        assert_eq!(logits["greedy"].as_array().unwrap().len(), 8);
+        assert!(!sample.trim().is_empty());
+        for cap in &caps {
+            let (l, s) = outputs(Some(cap.name()), weights);
+            // The family that ran is the one asked for, and its bits are the widest's.
+            assert_eq!(l["hardware"], format!("{cap} kernels"));
+            for k in ["last_logits", "greedy"] {
+                assert_eq!(l[k], logits[k], "{cap} {k}, {weights} weights");
+            }
+            assert_eq!(s, sample, "{cap} sample, {weights} weights");
+        }
+    }
+}
+
+#[test]
+fn a_cap_that_cannot_run_is_refused_in_one_line() {
+    let x86 = cfg!(target_arch = "x86_64");
+    let mut bad = vec!["avx1024", "AVX-512", " "];
+    // A family of the other architecture never runs here.
+    bad.push(if x86 { "neon" } else { "avx2" });
+    for value in bad {
+        let o = statebench(Some(value), &["ladder", "episode", "--steps", "5"]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success(), "{value:?} was taken");
+        assert_eq!(err.trim_end().lines().count(), 1, "{value:?}: {err}");
+        assert!(err.contains(&format!("{ISA_VAR}={value}")), "{err}");
+        assert!(o.stdout.is_empty());
+    }
+    // Every family the host runs is taken, in any case.
+    for cap in Isa::available() {
+        let o = statebench(
+            Some(&cap.name().to_uppercase()),
+            &["ladder", "episode", "--steps", "5"],
+        );
+        assert!(
+            o.status.success(),
+            "{cap}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+}
