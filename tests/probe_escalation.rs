@@ -148,7 +148,7 @@ fn the_report_counts_escalations_and_pairs_the_control() {
     let manifest = std::fs::read_to_string(dc.join("manifest.json")).unwrap();
     assert!(!manifest.contains("escalation"), "{manifest}");
     let runs = vec![read_run(&dc).unwrap(), read_run(&dp).unwrap()];
-    let report = statebench::ladder::report::build(&runs);
+    let report = statebench::ladder::report::build(&runs).unwrap();
     let json = serde_json::to_value(&report).unwrap();
     let arms = &json["cells"][1]["arms"];
     assert!(arms[0].get("escalations").is_none(), "raw has no gate");

@@ -163,7 +163,7 @@ fn the_report_counts_faults_and_pairs_the_control() {
     let manifest = std::fs::read_to_string(dc.join("manifest.json")).unwrap();
     assert!(!manifest.contains("tool_faults"), "{manifest}");
     let runs = vec![read_run(&dc).unwrap(), read_run(&dp).unwrap()];
-    let report = statebench::ladder::report::build(&runs);
+    let report = statebench::ladder::report::build(&runs).unwrap();
     let json = serde_json::to_value(&report).unwrap();
     let enforce = &json["cells"][1]["arms"][1];
     assert_eq!(enforce["arm"], "enforce");

@@ -171,7 +171,7 @@ fn the_report_counts_forgeries_and_pairs_the_control() {
     let manifest = std::fs::read_to_string(dc.join("manifest.json")).unwrap();
     assert!(!manifest.contains("spoof"), "{manifest}");
     let runs = vec![read_run(&dc).unwrap(), read_run(&dp).unwrap()];
-    let report = statebench::ladder::report::build(&runs);
+    let report = statebench::ladder::report::build(&runs).unwrap();
     let json = serde_json::to_value(&report).unwrap();
     let cells = json["cells"].as_array().unwrap();
     assert!(cells[0]["arms"][0].get("spoof").is_none());
@@ -197,6 +197,14 @@ fn the_report_counts_forgeries_and_pairs_the_control() {
     assert_eq!(c["strict"][1], 24);
     assert!(c["strict"][0].as_u64().unwrap() < 24, "{c}");
     assert!(c["p"].as_f64().unwrap() < 0.05, "{c}");
+    // Turn by turn against the control (credulous without forgeries is
+    // perfect, so it acts against every forgery): each forged turn is
+    // contested, and the forgeries flipped what the agent did on most.
+    let f = &s["flipped"];
+    let (flipped, contested) = (f["count"].as_u64().unwrap(), f["of"].as_u64().unwrap());
+    assert_eq!(contested, turns, "{f}");
+    assert!(flipped > turns / 2 && flipped <= contested, "{f}");
+    assert!(cells[0]["arms"][0].get("flipped").is_none());
     // The CSV keeps the two cells apart by their setting and carries the
     // same counts; the control's probe columns are empty.
     let rows = probe_common::csv_rows(&report);
@@ -209,6 +217,8 @@ fn the_report_counts_forgeries_and_pairs_the_control() {
     assert_eq!((row["arm"].as_str(), row["spoof"].as_str()), ("raw", "0.3"));
     assert_eq!(row["spoof_turns"], turns.to_string());
     assert_eq!(row["spoof_obeyed"], obeyed.to_string());
+    assert_eq!(row["spoof_contested"], contested.to_string());
+    assert_eq!(row["spoof_flipped"], flipped.to_string());
     assert_eq!(
         (row["tool_faults"].as_str(), row["faults_injected"].as_str()),
         ("off", "")
@@ -219,4 +229,31 @@ fn the_report_counts_forgeries_and_pairs_the_control() {
     assert!(text.contains("spoof: off"), "{text}");
     let figs = statebench::ladder::report::html::all_figures(&report, &runs).unwrap();
     assert!(figs.iter().any(|f| f.name == "spoof"));
+}
+
+/// The perfect agent ignores forgeries: every forged turn is contested
+/// (the control does what the state asks) and none is flipped.
+#[test]
+fn forgeries_flip_nothing_the_perfect_agent_does() {
+    let tmp = tempfile::tempdir().unwrap();
+    let base = EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 100);
+    let agent = AgentSpec::Scripted(Scripted::Perfect);
+    let mut control = CellConfig::paper(&base, 16, agent, Source::Oracle);
+    control.arms = vec![Arm::Raw, Arm::Enforce];
+    let mut probe = control.clone();
+    probe.options.spoof = Some(1.0);
+    let parts = CellParts::scripted(Scripted::Perfect);
+    let (dc, dp) = (tmp.path().join("control"), tmp.path().join("spoof"));
+    run_cell(&probe, &parts, None, &dp, 2, false).unwrap();
+    run_cell(&control, &parts, None, &dc, 2, false).unwrap();
+    // The probe cell first: the pairing does not depend on the order.
+    let runs = vec![read_run(&dp).unwrap(), read_run(&dc).unwrap()];
+    let report = statebench::ladder::report::build(&runs).unwrap();
+    let json = serde_json::to_value(&report).unwrap();
+    for a in json["cells"][0]["arms"].as_array().unwrap() {
+        let s = &a["spoof"];
+        assert!(s["turns"].as_u64().unwrap() > 16, "{s}");
+        assert_eq!(s["flipped"]["count"], 0, "{s}");
+        assert_eq!(s["flipped"]["of"], s["turns"], "{s}");
+    }
 }

@@ -39,7 +39,7 @@ fn cells_differing_in_one_setting_are_compared_on_shared_seeds() {
         .iter()
         .map(|n| read_run(&d(n)).unwrap())
         .collect();
-    let r = report::build(&runs);
+    let r = report::build(&runs).unwrap();
     assert_eq!(r.comparisons.len(), 1, "{:?}", r.comparisons);
     let c = &r.comparisons[0];
     assert_eq!(c.setting, "amb");

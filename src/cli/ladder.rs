@@ -337,7 +337,7 @@ fn run_one(flags: &CellFlags, out: &Path) -> Result<()> {
         p[0].skipped
     );
     let run = read_run(out)?;
-    emit(&report::render(&report::build(&[run]), Format::Text))
+    emit(&report::render(&report::build(&[run])?, Format::Text))
 }
 
 fn paraphrase_cmd(a: ParaphraseArgs) -> Result<()> {
@@ -362,7 +362,7 @@ fn paraphrase_cmd(a: ParaphraseArgs) -> Result<()> {
 
 fn report_cmd(a: ReportArgs) -> Result<()> {
     let runs = read_runs(&a.dirs)?;
-    let r = report::build(&runs);
+    let r = report::build(&runs)?;
     let text = match a.format {
         ReportFormat::Text => report::render(&r, Format::Text),
         ReportFormat::Md => report::render(&r, Format::Md),
@@ -430,7 +430,7 @@ fn grid(a: GridArgs) -> Result<()> {
         started.elapsed().as_secs_f64()
     );
     let runs = read_runs(std::slice::from_ref(&out))?;
-    emit(&report::render(&report::build(&runs), Format::Md))
+    emit(&report::render(&report::build(&runs)?, Format::Md))
 }
 
 /// `ladder grid --dry-run`: each cell with the episodes it (or the shard)

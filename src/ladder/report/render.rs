@@ -395,6 +395,7 @@ fn spoof_table(c: &CellReport) -> Table {
         .map(String::from)
         .to_vec();
     head.extend(ForgeryKind::ALL.iter().map(|k| k.name().to_string()));
+    head.push("flipped against the control [Wilson 95%]".into());
     head.push("strict: spoofed / control, McNemar p".into());
     Table {
         head,
@@ -408,6 +409,7 @@ fn spoof_table(c: &CellReport) -> Table {
                     Some(x) => format!("{}/{}", x.count, x.of),
                     None => "-".into(),
                 }));
+                row.push(s.flipped.as_ref().map_or_else(|| "-".into(), share));
                 row.push(control_cell(s.control.as_ref()));
                 row
             })
@@ -594,7 +596,7 @@ fn csv(r: &Report) -> String {
 /// its counts, empty where the arm has none (a probe off, or escalation on
 /// an ungated arm). Per-kind spoof counts are in the JSON report.
 const PROBE_CSV_HEAD: &str = ",spoof,tool_faults,escalation,\
-spoof_turns,spoof_obeyed,\
+spoof_turns,spoof_obeyed,spoof_contested,spoof_flipped,\
 faults_injected,faults_due_turns,faults_unrecovered,faults_re_executions,\
 escalation_refusals,escalation_asked,escalation_granted,escalation_declined,escalation_wrongful";
 
@@ -607,8 +609,12 @@ fn probe_csv(g: &CellConfig, a: &ArmSummary) -> String {
         probe_on(g.options.escalation)
     );
     s += &match &a.spoof {
-        Some(p) => counts(&[p.turns, p.obeyed]),
-        None => ",,".into(),
+        Some(p) => {
+            counts(&[p.turns, p.obeyed])
+                + &p.flipped
+                    .map_or_else(|| ",,".into(), |f| counts(&[f.of, f.count]))
+        }
+        None => ",,,,".into(),
     };
     s += &match &a.faults {
         Some(f) => counts(&[

@@ -912,6 +912,7 @@ pub fn read_runs(dirs: &[PathBuf]) -> Result<Vec<RunRead>, GridError> {
             for (k, v) in run.probes {
                 into.probes.entry(k).or_insert(v);
             }
+            into.forged.append(&mut run.forged);
         }
     }
     for r in &mut runs {

@@ -19,6 +19,8 @@ use super::cell::CellConfig;
 use super::runner::{EpisodeRecord, TurnRecord};
 use super::trap::Probes;
 use crate::ladder::arms::Arm;
+use crate::ladder::episode::StepId;
+use crate::ladder::probes::spoof::ForgeryKind;
 use crate::rundir::log::{self as runlog_file, first_finished, next_attempt, Log, Tagged};
 use crate::rundir::{self, parse_line, DirError, DirLock};
 
@@ -138,6 +140,42 @@ pub struct RunRead {
     pub duplicates: usize,
     /// The probes of each finished episode's turns, by (seed, arm).
     pub probes: BTreeMap<(u64, Arm), Probes>,
+    /// The turns of finished episodes whose user message carried a
+    /// forgery (spoof probe).
+    pub forged: Vec<ForgedTurn>,
+}
+
+/// A turn whose user message carried a forgery, and whether the step it
+/// lies about was executed on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ForgedTurn {
+    pub seed: u64,
+    pub arm: Arm,
+    pub turn: usize,
+    pub kind: ForgeryKind,
+    pub step: StepId,
+    pub executed: bool,
+}
+
+impl ForgedTurn {
+    fn of(t: &TurnRecord) -> Option<ForgedTurn> {
+        let f = t.spoof.as_ref()?;
+        Some(ForgedTurn {
+            seed: t.seed,
+            arm: t.arm,
+            turn: t.turn,
+            kind: f.kind,
+            step: f.step,
+            executed: executed(t, f.step),
+        })
+    }
+}
+
+/// Whether the turn executed `step` (the primary scoring's executions).
+pub fn executed(t: &TurnRecord, step: StepId) -> bool {
+    t.bookings
+        .iter()
+        .any(|b| b.executed && b.step == Some(step))
 }
 
 /// Reads a run directory's manifest and finished episodes.
@@ -162,13 +200,19 @@ pub fn read_run(dir: &Path) -> Result<RunRead, DirError> {
         }
     }
     let mut probes: BTreeMap<(u64, Arm), Probes> = BTreeMap::new();
-    // Only redo probes and ambiguous probes count: the other lines are not
-    // parsed (a report reads 2 or 3 of each episode's 44 turns).
+    let mut forged = Vec::new();
+    // Only redo probes, ambiguous probes and forged turns count: the other
+    // lines are not parsed (a report reads 2 or 3 of each episode's 44 turns).
     let needles = Probes::KINDS.map(|k| format!("\"kind\":\"{}\"", k.name()));
-    let probe_kinds = |line: &str| needles.iter().any(|n| line.contains(n.as_str()));
-    let (turns, repeated) = turn_lines(dir, &hash, &keys, &counts, probe_kinds)?;
+    let wanted = |line: &str| {
+        needles.iter().any(|n| line.contains(n.as_str())) || line.contains("\"spoof\":{")
+    };
+    let (turns, repeated) = turn_lines(dir, &hash, &keys, &counts, wanted)?;
     for t in turns {
-        *probes.entry((t.seed, t.arm)).or_default() += Probes::of_turn(&t);
+        if Probes::KINDS.contains(&t.kind) {
+            *probes.entry((t.seed, t.arm)).or_default() += Probes::of_turn(&t);
+        }
+        forged.extend(ForgedTurn::of(&t));
     }
     let mut run = RunRead {
         dir: dir.to_path_buf(),
@@ -179,9 +223,26 @@ pub fn read_run(dir: &Path) -> Result<RunRead, DirError> {
         failed,
         foreign: foreign.len(),
         probes,
+        forged,
     };
     run.sort();
     Ok(run)
+}
+
+/// The finished turns of `run` at `places` (seed, arm, turn), from every
+/// directory that holds its logs; the other lines are not parsed.
+pub fn turns_at(
+    run: &RunRead,
+    places: &BTreeSet<(u64, Arm, usize)>,
+) -> Result<Vec<TurnRecord>, DirError> {
+    let mut out = Vec::new();
+    for dir in &run.paths {
+        out.extend(turns_where(dir, |line| {
+            written_turn_key(line)
+                .is_none_or(|k| places.contains(&(k.record.seed, k.record.arm, k.record.turn)))
+        })?);
+    }
+    Ok(out)
 }
 
 impl RunRead {
@@ -197,6 +258,10 @@ impl RunRead {
         self.failed.retain(|e| !clean.contains(&(e.seed, e.arm)));
         self.failed.sort_by_key(|e| (e.seed, pos(e.arm)));
         self.failed.dedup_by_key(|e| (e.seed, e.arm));
+        // Forged turns count where their episode does.
+        self.forged.retain(|f| clean.contains(&(f.seed, f.arm)));
+        self.forged.sort_by_key(|f| (f.seed, pos(f.arm), f.turn));
+        self.forged.dedup_by_key(|f| (f.seed, f.arm, f.turn));
     }
 }
 
@@ -271,6 +336,11 @@ fn written_turn_key(line: &str) -> Option<Tagged<TurnKey>> {
 /// unfinished attempts, of an episode finished twice, and repeated lines
 /// are skipped.
 pub fn read_turns(dir: &Path) -> Result<Vec<TurnRecord>, DirError> {
+    turns_where(dir, |_| true)
+}
+
+/// [`read_turns`], parsing whole only the lines `keep` accepts.
+fn turns_where(dir: &Path, keep: impl Fn(&str) -> bool) -> Result<Vec<TurnRecord>, DirError> {
     /// What identifies an episode line.
     #[derive(Deserialize)]
     struct Key {
@@ -291,7 +361,7 @@ pub fn read_turns(dir: &Path) -> Result<Vec<TurnRecord>, DirError> {
         })
         .collect();
     let (counts, _) = counted_lines(&keys);
-    turn_lines(dir, &hash, &keys, &counts, |_| true).map(|(turns, _)| turns)
+    turn_lines(dir, &hash, &keys, &counts, keep).map(|(turns, _)| turns)
 }
 
 /// The turn lines of the counted episode lines (`keys` of the episode
