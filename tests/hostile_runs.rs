@@ -268,6 +268,58 @@ fn failed_agent_calls_are_counted_apart_stop_the_cell_and_run_again() {
 }
 
 // 4. Reads stay bounded whatever sits at a path.
+/// A grid run in shards: the report over the shards counts every shard's
+/// failed episodes, as it counts every shard's finished ones.
+#[test]
+fn failed_episodes_of_every_shard_are_counted() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad_request = FakeEndpoint::start(400, br#"{"error":{"message":"no"}}"#.to_vec());
+    let shards: Vec<_> = (0..2).map(|i| tmp.path().join(format!("g{i}"))).collect();
+    for (i, out) in shards.iter().enumerate() {
+        let shard = format!("{i}/2");
+        statebench(&[
+            "ladder",
+            "grid",
+            "--agent",
+            "model",
+            "--matcher",
+            "oracle",
+            "--compiler",
+            "oracle",
+            "--steps",
+            "3",
+            "--episodes",
+            "4",
+            "--arms",
+            "raw",
+            "--concurrency",
+            "1",
+            "--quiet",
+            "--endpoint",
+            &bad_request.url,
+            "--shard",
+            &shard,
+            "--out",
+            p(out),
+        ]);
+    }
+    let logged: usize = shards
+        .iter()
+        .map(|d| lines(&d.join("cell/episodes.jsonl")).len())
+        .sum();
+    assert_eq!(logged, 4, "every episode failed and was logged");
+    let json: Value = serde_json::from_str(&ok(&[
+        "ladder",
+        "report",
+        p(&shards[0]),
+        p(&shards[1]),
+        "--format",
+        "json",
+    ]))
+    .unwrap();
+    assert_eq!(json["cells"][0]["arms"][0]["failed_episodes"], 4, "{json}");
+}
+
 #[test]
 fn logs_and_manifests_are_read_only_from_regular_files_within_bounds() {
     let tmp = tempfile::tempdir().unwrap();

@@ -909,6 +909,7 @@ pub fn read_runs(dirs: &[PathBuf]) -> Result<Vec<RunRead>, GridError> {
             into.duplicates += run.duplicates;
             into.paths.append(&mut run.paths);
             into.episodes.append(&mut run.episodes);
+            into.failed.append(&mut run.failed);
             for (k, v) in run.probes {
                 into.probes.entry(k).or_insert(v);
             }
