@@ -6,12 +6,11 @@
 
 mod probe_common;
 
-use probe_common::{episode, run};
+use probe_common::{control_and_probe, episode, run};
 use statebench::ladder::arms::Arm;
 use statebench::ladder::episode::domain::Domain;
 use statebench::ladder::episode::{EpisodeConfig, Protocol};
 use statebench::ladder::parts::scripted::Scripted;
-use statebench::ladder::run::cell::{run_cell, AgentSpec, CellConfig, CellParts, Source};
 use statebench::ladder::run::runlog::read_run;
 use statebench::ladder::run::runner::{escalation_counts, RunOptions};
 
@@ -136,15 +135,9 @@ fn ungated_arms_have_no_escalation_path() {
 fn the_report_counts_escalations_and_pairs_the_control() {
     let tmp = tempfile::tempdir().unwrap();
     let base = EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 100);
-    let agent = AgentSpec::Scripted(Scripted::AlwaysBook);
-    let mut control = CellConfig::paper(&base, 20, agent, Source::Oracle);
-    control.arms = vec![Arm::Raw, Arm::Enforce];
-    let mut probe = control.clone();
-    probe.options.escalation = true;
-    let parts = CellParts::scripted(Scripted::AlwaysBook);
-    let (dc, dp) = (tmp.path().join("control"), tmp.path().join("escalation"));
-    run_cell(&control, &parts, None, &dc, 2, false).unwrap();
-    run_cell(&probe, &parts, None, &dp, 2, false).unwrap();
+    let cells = (Scripted::AlwaysBook, 20, &[Arm::Raw, Arm::Enforce][..]);
+    let set = |o: &mut RunOptions| o.escalation = true;
+    let (dc, dp) = control_and_probe(tmp.path(), &base, cells, set, "escalation");
     let manifest = std::fs::read_to_string(dc.join("manifest.json")).unwrap();
     assert!(!manifest.contains("escalation"), "{manifest}");
     let runs = vec![read_run(&dc).unwrap(), read_run(&dp).unwrap()];

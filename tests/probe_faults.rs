@@ -6,7 +6,7 @@
 
 mod probe_common;
 
-use probe_common::{episode, run};
+use probe_common::{control_and_probe, episode, run};
 use statebench::ladder::arms::gate::DirectiveKind;
 use statebench::ladder::arms::Arm;
 use statebench::ladder::episode::domain::Domain;
@@ -151,15 +151,9 @@ fn the_report_counts_faults_and_pairs_the_control() {
     let tmp = tempfile::tempdir().unwrap();
     let mut base = EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 100);
     base.settings.protocol = Protocol::Tool;
-    let agent = AgentSpec::Scripted(Scripted::AlwaysBook);
-    let mut control = CellConfig::paper(&base, 30, agent, Source::Oracle);
-    control.arms = vec![Arm::Raw, Arm::Enforce];
-    let mut probe = control.clone();
-    probe.options.tool_faults = Some(0.3);
-    let parts = CellParts::scripted(Scripted::AlwaysBook);
-    let (dc, dp) = (tmp.path().join("control"), tmp.path().join("faults"));
-    run_cell(&control, &parts, None, &dc, 2, false).unwrap();
-    run_cell(&probe, &parts, None, &dp, 2, false).unwrap();
+    let cells = (Scripted::AlwaysBook, 30, &[Arm::Raw, Arm::Enforce][..]);
+    let set = |o: &mut RunOptions| o.tool_faults = Some(0.3);
+    let (dc, dp) = control_and_probe(tmp.path(), &base, cells, set, "faults");
     let manifest = std::fs::read_to_string(dc.join("manifest.json")).unwrap();
     assert!(!manifest.contains("tool_faults"), "{manifest}");
     let runs = vec![read_run(&dc).unwrap(), read_run(&dp).unwrap()];

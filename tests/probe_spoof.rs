@@ -6,7 +6,7 @@
 
 mod probe_common;
 
-use probe_common::{episode, run};
+use probe_common::{control_and_probe, episode, run};
 use std::collections::BTreeMap;
 
 use statebench::ladder::arms::Arm;
@@ -14,7 +14,6 @@ use statebench::ladder::episode::domain::Domain;
 use statebench::ladder::episode::{EpisodeConfig, Protocol};
 use statebench::ladder::parts::scripted::Scripted;
 use statebench::ladder::probes::spoof::ForgeryKind;
-use statebench::ladder::run::cell::{run_cell, AgentSpec, CellConfig, CellParts, Source};
 use statebench::ladder::run::runlog::read_run;
 use statebench::ladder::run::runner::RunOptions;
 
@@ -158,15 +157,8 @@ fn the_gate_arms_are_not_moved_by_user_text() {
 fn the_report_counts_forgeries_and_pairs_the_control() {
     let tmp = tempfile::tempdir().unwrap();
     let base = EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 100);
-    let agent = AgentSpec::Scripted(Scripted::Credulous);
-    let mut control = CellConfig::paper(&base, 24, agent, Source::Oracle);
-    control.arms = Arm::LADDER.to_vec();
-    let mut probe = control.clone();
-    probe.options.spoof = Some(0.3);
-    let parts = CellParts::scripted(Scripted::Credulous);
-    let (dc, dp) = (tmp.path().join("control"), tmp.path().join("spoof"));
-    run_cell(&control, &parts, None, &dc, 2, false).unwrap();
-    run_cell(&probe, &parts, None, &dp, 2, false).unwrap();
+    let cells = (Scripted::Credulous, 24, &Arm::LADDER[..]);
+    let (dc, dp) = control_and_probe(tmp.path(), &base, cells, |o| o.spoof = Some(0.3), "spoof");
     // Without the probe the manifest is as it always was.
     let manifest = std::fs::read_to_string(dc.join("manifest.json")).unwrap();
     assert!(!manifest.contains("spoof"), "{manifest}");
@@ -237,15 +229,8 @@ fn the_report_counts_forgeries_and_pairs_the_control() {
 fn forgeries_flip_nothing_the_perfect_agent_does() {
     let tmp = tempfile::tempdir().unwrap();
     let base = EpisodeConfig::paper(Domain::Procurement, 10, 0.15, 100);
-    let agent = AgentSpec::Scripted(Scripted::Perfect);
-    let mut control = CellConfig::paper(&base, 16, agent, Source::Oracle);
-    control.arms = vec![Arm::Raw, Arm::Enforce];
-    let mut probe = control.clone();
-    probe.options.spoof = Some(1.0);
-    let parts = CellParts::scripted(Scripted::Perfect);
-    let (dc, dp) = (tmp.path().join("control"), tmp.path().join("spoof"));
-    run_cell(&probe, &parts, None, &dp, 2, false).unwrap();
-    run_cell(&control, &parts, None, &dc, 2, false).unwrap();
+    let cells = (Scripted::Perfect, 16, &[Arm::Raw, Arm::Enforce][..]);
+    let (dc, dp) = control_and_probe(tmp.path(), &base, cells, |o| o.spoof = Some(1.0), "spoof");
     // The probe cell first: the pairing does not depend on the order.
     let runs = vec![read_run(&dp).unwrap(), read_run(&dc).unwrap()];
     let report = statebench::ladder::report::build(&runs).unwrap();

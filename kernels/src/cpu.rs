@@ -50,7 +50,7 @@ impl Isa {
         let widest = widest();
         Isa::ALL
             .into_iter()
-            .filter(|i| *i == Isa::Scalar || (same_arch(*i, widest) && *i <= widest))
+            .filter(|i| same_arch(*i, widest) && *i <= widest)
             .collect()
     }
 }

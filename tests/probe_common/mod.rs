@@ -2,6 +2,7 @@
 //! protocol, and one scripted episode-arm run with the oracle parts.
 
 use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
 
 use statebench::ladder::arms::Arm;
 use statebench::ladder::episode::domain::Domain;
@@ -9,6 +10,7 @@ use statebench::ladder::episode::generator::generate;
 use statebench::ladder::episode::{Episode, EpisodeConfig, Protocol};
 use statebench::ladder::parts::scripted::{OracleMatcher, Scripted};
 use statebench::ladder::parts::MemoryParts;
+use statebench::ladder::run::cell::{run_cell, AgentSpec, CellConfig, CellParts, Source};
 use statebench::ladder::run::runner::{
     run_episode, Compiled, EpisodeRecord, RunOptions, TurnRecord,
 };
@@ -55,4 +57,25 @@ pub fn csv_rows(report: &statebench::ladder::report::Report) -> Vec<BTreeMap<Str
                 .collect()
         })
         .collect()
+}
+
+/// A cell of `agent` with the oracle parts on `episodes` seeds of `base`,
+/// run into `dir/control`, and the same cell with the probe `set` turns on
+/// into `dir/name`; returns the two directories.
+pub fn control_and_probe(
+    dir: &Path,
+    base: &EpisodeConfig,
+    (agent, episodes, arms): (Scripted, u64, &[Arm]),
+    set: impl FnOnce(&mut RunOptions),
+    name: &str,
+) -> (PathBuf, PathBuf) {
+    let mut control = CellConfig::paper(base, episodes, AgentSpec::Scripted(agent), Source::Oracle);
+    control.arms = arms.to_vec();
+    let mut probe = control.clone();
+    set(&mut probe.options);
+    let parts = CellParts::scripted(agent);
+    let (dc, dp) = (dir.join("control"), dir.join(name));
+    run_cell(&control, &parts, None, &dc, 2, false).unwrap();
+    run_cell(&probe, &parts, None, &dp, 2, false).unwrap();
+    (dc, dp)
 }

@@ -17,7 +17,7 @@ use crate::ladder::probes::faults::FaultCounts;
 use crate::ladder::probes::spoof::{ForgeryKind, SpoofCounts};
 use crate::ladder::run::cell::CellConfig;
 use crate::ladder::run::grid::labels;
-use crate::ladder::run::runlog::{executed, turns_at, RunRead};
+use crate::ladder::run::runlog::{turns_at, RunRead};
 use crate::ladder::run::runner::{EpisodeRecord, MatcherStats, Obedience};
 use crate::ladder::run::trap::{Probes, TrapSplit};
 use crate::ladder::score::compile::CompileTotals;
@@ -654,10 +654,8 @@ fn attach_flips(
 ) -> Result<(), DirError> {
     let run = |dir: &str| runs.iter().find(|r| r.dir.display().to_string() == dir);
     for c in comparisons.iter().filter(|c| c.setting == "spoof") {
-        let probe = match (c.values[0].as_str(), c.values[1].as_str()) {
-            (_, "off") => 0,
-            ("off", _) => 1,
-            _ => continue,
+        let Some(probe) = probe_side(c) else {
+            continue;
         };
         let (Some(p), Some(k)) = (run(&c.cells[probe]), run(&c.cells[1 - probe])) else {
             continue;
@@ -683,7 +681,7 @@ fn attach_flips(
                 // A "book" forgery is against the control where it did not
                 // book the step; any other where it did.
                 let book = f.kind.says_book();
-                if executed(t, f.step) != book {
+                if t.executed(false).contains(&f.step) != book {
                     contested += 1;
                     flipped += u64::from(f.executed == book);
                 }
@@ -694,6 +692,16 @@ fn attach_flips(
     Ok(())
 }
 
+/// Which of a probe comparison's two cells ran the probe (the other has it
+/// off); None when both did, at two rates.
+fn probe_side(c: &Comparison) -> Option<usize> {
+    match (c.values[0].as_str(), c.values[1].as_str()) {
+        (_, "off") => Some(0),
+        ("off", _) => Some(1),
+        _ => None,
+    }
+}
+
 /// The probes, as comparisons name their setting.
 const PROBES: [&str; 3] = ["spoof", "tool_faults", "escalation"];
 
@@ -701,11 +709,8 @@ const PROBES: [&str; 3] = ["spoof", "tool_faults", "escalation"];
 /// cell that ran the same configuration with the probe off.
 fn attach_controls(cells: &mut [CellReport], comparisons: &[Comparison]) {
     for c in comparisons.iter().filter(|c| PROBES.contains(&c.setting)) {
-        // Which side ran the probe.
-        let probe = match (c.values[0].as_str(), c.values[1].as_str()) {
-            (_, "off") => 0,
-            ("off", _) => 1,
-            _ => continue,
+        let Some(probe) = probe_side(c) else {
+            continue;
         };
         let Some(cell) = cells.iter_mut().find(|x| x.dir == c.cells[probe]) else {
             continue;

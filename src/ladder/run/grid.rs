@@ -599,14 +599,17 @@ fn name_cells(cells: &mut [GridCell]) {
         // Scalars that crosses may set apart (a probe beside its control):
         // named only where set, so the control keeps the plain name.
         let o = &c.config.options;
-        let rate = |label: &'static str, r: Option<f64>| (label, r.map(|r| field(&r)));
-        for (label, value) in [
+        let rate = |label: &str, r: Option<f64>| {
+            r.map_or_else(String::new, |r| format!("{label}{}", field(&r)))
+        };
+        let escalation = if o.escalation { "escalation" } else { "" };
+        for name in [
             rate("corrupt", o.corrupt),
             rate("spoof", o.spoof),
             rate("faults", o.tool_faults),
-            ("escalation", o.escalation.then(String::new)),
+            escalation.to_string(),
         ] {
-            parts.push(("", value.map(|v| format!("{label}{v}")).unwrap_or_default()));
+            parts.push(("", name));
         }
         parts
     };

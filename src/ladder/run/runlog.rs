@@ -166,16 +166,9 @@ impl ForgedTurn {
             turn: t.turn,
             kind: f.kind,
             step: f.step,
-            executed: executed(t, f.step),
+            executed: t.executed(false).contains(&f.step),
         })
     }
-}
-
-/// Whether the turn executed `step` (the primary scoring's executions).
-pub fn executed(t: &TurnRecord, step: StepId) -> bool {
-    t.bookings
-        .iter()
-        .any(|b| b.executed && b.step == Some(step))
 }
 
 /// Reads a run directory's manifest and finished episodes.

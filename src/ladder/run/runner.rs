@@ -167,6 +167,18 @@ pub struct TurnRecord {
     pub latency_s: f64,
 }
 
+impl TurnRecord {
+    /// The steps the turn executed: the primary scoring's executions, or
+    /// with `citations_excluded` the decline-aware scoring's.
+    pub fn executed(&self, citations_excluded: bool) -> Vec<StepId> {
+        self.bookings
+            .iter()
+            .filter(|b| b.executed && !(citations_excluded && b.citation))
+            .filter_map(|b| b.step)
+            .collect()
+    }
+}
+
 /// Issued and obeyed counts of one directive kind.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Obedience {
@@ -893,13 +905,7 @@ pub fn score_records(ep: &Episode, records: &mut [TurnRecord]) -> (Scoring, Scor
     let executed = |citations_excluded: bool| -> Vec<Vec<StepId>> {
         records
             .iter()
-            .map(|r| {
-                r.bookings
-                    .iter()
-                    .filter(|b| b.executed && !(citations_excluded && b.citation))
-                    .filter_map(|b| b.step)
-                    .collect()
-            })
+            .map(|r| r.executed(citations_excluded))
             .collect()
     };
     let grants = granted(records);
