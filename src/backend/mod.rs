@@ -1,10 +1,16 @@
 //! The one interface studies call: chat requests in, replies with token
 //! accounting out, many conversations driven at once through `submit`/`step`.
+//!
+//! Layer: the interface between the engine and the studies. It defines the
+//! types both sides use, and reaches a server through [`crate::wire`]; it uses
+//! neither the engine (which implements [`Backend`]) nor any study.
 
 pub mod http_client;
+pub mod reply;
 pub mod shared;
 pub mod tools;
 
+pub use reply::first_json_object;
 pub use tools::{split_tool_calls, Tool, ToolCall};
 
 use std::path::PathBuf;

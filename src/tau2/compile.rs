@@ -119,8 +119,7 @@ pub fn schema() -> Value {
 /// Reads a compile reply: the first JSON object in it (fenced or not),
 /// which must have exactly the rule set's fields.
 pub fn parse(reply_text: &str) -> Result<RuleSet, CompileError> {
-    let v =
-        crate::ladder::parts::model::first_json_object(reply_text).ok_or(CompileError::NoJson)?;
+    let v = crate::backend::first_json_object(reply_text).ok_or(CompileError::NoJson)?;
     serde_json::from_value(v).map_err(CompileError::Shape)
 }
 

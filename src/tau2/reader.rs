@@ -144,7 +144,7 @@ pub fn schema(rules: &RuleSet, to_read: ToRead) -> Value {
 /// Reads a matcher's reply: the first JSON object in it, holding every
 /// field asked with a value of its kind.
 pub fn parse(reply: &str, rules: &RuleSet, to_read: ToRead) -> Result<MatcherRead, String> {
-    let v = crate::ladder::parts::model::first_json_object(reply)
+    let v = crate::backend::first_json_object(reply)
         .ok_or_else(|| "no JSON object in the reply".to_string())?;
     let confirmed = match to_read.confirmation {
         false => None,

@@ -15,7 +15,8 @@ use super::{
 };
 use crate::backend::shared::{Client, Conversation};
 use crate::backend::{
-    split_tool_calls, BackendError, ChatReply, ChatRequest, Embeddings, Message, Role, Tool, Usage,
+    first_json_object, split_tool_calls, BackendError, ChatReply, ChatRequest, Embeddings, Message,
+    Role, Tool, Usage,
 };
 use crate::ladder::arms::gate::{CompiledGraph, CompiledRevision};
 use crate::ladder::episode::{Episode, StepId, Turn};
@@ -171,43 +172,6 @@ impl Agent for ModelAgent {
     fn broken(&self) -> Option<&str> {
         self.broken.as_deref()
     }
-}
-
-/// The first balanced `{…}` object in a reply, parsed.
-pub fn first_json_object(text: &str) -> Option<Value> {
-    let bytes = text.as_bytes();
-    let mut start = 0;
-    while let Some(off) = text[start..].find('{') {
-        let s = start + off;
-        let (mut depth, mut in_str, mut esc) = (0i32, false, false);
-        for (i, &c) in bytes.iter().enumerate().skip(s) {
-            if in_str {
-                match c {
-                    _ if esc => esc = false,
-                    b'\\' => esc = true,
-                    b'"' => in_str = false,
-                    _ => {}
-                }
-                continue;
-            }
-            match c {
-                b'"' => in_str = true,
-                b'{' => depth += 1,
-                b'}' => {
-                    depth -= 1;
-                    if depth == 0 {
-                        if let Ok(v) = serde_json::from_str(&text[s..=i]) {
-                            return Some(v);
-                        }
-                        break;
-                    }
-                }
-                _ => {}
-            }
-        }
-        start = s + 1;
-    }
-    None
 }
 
 /// Why a matcher or compiler reply could not be used. The text is logged
@@ -619,12 +583,5 @@ mod tests {
         let r =
             parse_revision("{\"cancel\": \"s2\", \"rewires\": {}, \"relax\": null}", 4).unwrap();
         assert_eq!(r.relax, None);
-    }
-
-    #[test]
-    fn json_object_with_braces_in_strings() {
-        let v = first_json_object("x {\"a\": \"}{\", \"b\": {\"c\": 1}} y").unwrap();
-        assert_eq!(v["b"]["c"], 1);
-        assert!(first_json_object("{broken").is_none());
     }
 }
