@@ -1,4 +1,6 @@
 //! Standard base64 (RFC 4648, padded), for embeddings sent as bytes.
+//!
+//! Layer: a leaf; it uses nothing else of the crate, and any layer may use it.
 
 const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
 

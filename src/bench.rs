@@ -2,6 +2,9 @@
 //! batched decode, a growing conversation with and without prefix reuse)
 //! and a live cell run batched against one episode-arm at a time. Each
 //! returns its figures; the command line prints them.
+//!
+//! Layer: on top. It drives the engine directly and runs the ladder's cells,
+//! to measure both.
 
 use std::path::Path;
 use std::time::Instant;

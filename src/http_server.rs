@@ -14,7 +14,7 @@
 //! and decode in the same batched forward steps.
 //!
 //! Each choice runs on a session of its own. A finished session is kept
-//! idle ([`SessionPool`]) with the prompt it read, and a later request that
+//! idle (`SessionPool`) with the prompt it read, and a later request that
 //! extends that prompt (a conversation's next turn) runs on it, reusing its
 //! keys and values as an in-process session would; the engine evicts idle
 //! caches under its KV budget. Replies are the same tokens either way,
@@ -22,9 +22,12 @@
 //! nor on the batch.
 //!
 //! The fields each endpoint reads, and what it refuses, are typed in
-//! [`crate::wire`] and listed in the README's Serving section. Sampling
+//! [`crate::wire`] and listed in the book (docs/src/serve.md). Sampling
 //! fields the engine has no use for (`top_p`, penalties, …) are accepted
 //! and ignored: it samples from the plain softmax.
+//!
+//! Layer: beside the studies, on the engine: it serves the engine through
+//! [`crate::wire`] and uses no study.
 
 use std::hash::{BuildHasher, Hasher};
 use std::io::{Read, Write};

@@ -1,14 +1,22 @@
 //! statebench: how strongly should task state act on an LLM agent?
 //!
-//! The crate holds the in-process engine (`engine`), the one chat interface
-//! the studies call (`backend`), the paper's testbed (`ladder`, with its
-//! reports), what every study's run directory is made of (`rundir`),
-//! statistics (`stats`) and tables (`table`), EAL-Bench's authorization-
-//! memory study (`eal`: its own generator, writers, executor, scorer and
-//! report over the same engine), and the OpenAI-compatible
-//! server (`http_server`, over the wire format in `wire`). Data flows one
-//! way: generator → episode → runner → arm → agent → receipts → task state →
-//! scorer → log line. The scorer never calls a model.
+//! Three layers, each using only those below it:
+//!
+//! ```text
+//! studies   ladder (the paper's testbed) · eal (EAL-Bench) · tau2 (τ²-bench airline)
+//!               │  call models only through
+//! backend   the Backend interface · the HTTP client · the wire format
+//!               │  implemented in-process by
+//! engine    scheduler · KV cache · Qwen layers · device kernels
+//! ```
+//!
+//! What two studies share lives once, below both: run directories
+//! ([`rundir`]), statistics ([`stats`]), tables ([`table`]), progress lines
+//! ([`progress`]) and seeded streams ([`rng`]). On top sit the
+//! OpenAI-compatible server ([`http_server`], over [`wire`]) and the
+//! measurements of `statebench bench` ([`mod@bench`]). Within a study data flows
+//! one way: generator → episode → runner → arm → agent → receipts → task
+//! state → scorer → log line. The scorer never calls a model.
 
 pub mod backend;
 pub mod base64;

@@ -1,6 +1,8 @@
 //! How far a long run has got, on stderr: a bar on a terminal; elsewhere
 //! (CI and Slurm logs, `nohup`), where a bar draws nothing, a line about
 //! once a minute with what is done, the rate and the time left.
+//!
+//! Layer: a leaf; it uses nothing else of the crate, and any layer may use it.
 
 use std::io::IsTerminal;
 use std::sync::Mutex;

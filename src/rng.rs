@@ -3,6 +3,8 @@
 //! Episodes must be the same bytes on any machine and any crate version, so
 //! the generator does not depend on an external RNG crate whose algorithms
 //! may change between releases.
+//!
+//! Layer: a leaf; it uses nothing else of the crate, and any layer may use it.
 
 /// SplitMix64 (Steele, Lea and Flood 2014); every draw is a pure function of the seed and the draw count.
 #[derive(Debug, Clone)]

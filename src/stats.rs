@@ -1,4 +1,6 @@
 //! Statistics used in the paper: Wilson (1927) score interval, exact McNemar (1947) test, Holm (1979) step-down adjustment.
+//!
+//! Layer: a leaf; it uses nothing else of the crate, and any layer may use it.
 
 /// The 0.975 quantile of the standard normal distribution (two-sided 95%).
 pub const Z_95: f64 = 1.959963984540054;

@@ -1,5 +1,7 @@
 //! Plain tables rendered as aligned text, Markdown or HTML: every study's
 //! reports write their tables through this one type.
+//!
+//! Layer: a leaf; it uses nothing else of the crate, and any layer may use it.
 
 use std::fmt::Write as _;
 

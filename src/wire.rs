@@ -4,6 +4,9 @@
 //!
 //! Fields a server may leave out have serde defaults, so replies from vLLM,
 //! SGLang, llama.cpp's server and `statebench serve` all parse.
+//!
+//! Layer: with the backend, whose message types it converts; it uses no
+//! engine and no study.
 
 use serde::{Deserialize, Serialize};
 

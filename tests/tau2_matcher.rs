@@ -3,7 +3,7 @@
 //! 4WQ150, and the matcher reads (in one batch, schema-bounded) whether it
 //! confirms and which covered reason it gives. Every reply must be the JSON
 //! asked; the counts are a golden of the engine at temperature 0, and the
-//! README quotes them.
+//! book (docs/src/tau2.md) quotes them.
 
 mod engine_common;
 mod tau2_replies;

@@ -13,7 +13,7 @@
 //! lanes wide with the accumulators in registers.
 //!
 //! Blocks alternate between two sets of tiles, and their sums are stored
-//! [`AHEAD`] blocks before the f32 work reads them, so tile multiplies and
+//! `AHEAD` blocks before the f32 work reads them, so tile multiplies and
 //! vector work overlap. A block's scales cannot be folded into the tile
 //! multiply, which is why one multiply covers one block of 32 columns (half
 //! of what a tile could take) and its sums pass through memory.

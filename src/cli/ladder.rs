@@ -55,7 +55,7 @@ pub fn run(c: LadderCommand) -> Result<()> {
 pub struct EpisodeArgs {
     #[command(flatten)]
     settings: EpisodeSettings,
-    /// Tier-2 rewrite cache (format in the README).
+    /// Tier-2 rewrite cache (format in the book: docs/src/testbed.md).
     #[arg(long)]
     paraphrase_cache: Option<PathBuf>,
     /// Episode seed.
@@ -74,7 +74,7 @@ pub struct CellFlags {
     axes: Axes,
     #[command(flatten)]
     backend: BackendArgs,
-    /// Tier-2 rewrite cache (format in the README).
+    /// Tier-2 rewrite cache (format in the book: docs/src/testbed.md).
     #[arg(long)]
     paraphrase_cache: Option<PathBuf>,
     /// No progress bar.
@@ -220,7 +220,7 @@ enum ReportFormat {
     Md,
     /// Comma-separated values, one row per cell and arm.
     Csv,
-    /// The JSON document described in the README.
+    /// The JSON document described in the book (docs/src/reports.md).
     Json,
     /// The figures, one SVG file each, into the --out directory.
     Svg,

@@ -20,6 +20,11 @@
 //! - [`report`]: the measurements (it reads files, never a model).
 //!
 //! [`prompts`] holds every string EAL sends to a model.
+//!
+//! Layer: a study. It calls models only through [`crate::backend`], never
+//! the engine's insides, and builds on what every study shares below it
+//! ([`crate::rundir`], [`crate::stats`], [`crate::table`], [`crate::progress`],
+//! [`crate::rng`]); it uses no other study.
 
 pub mod case;
 pub mod closed_loop;

@@ -6,6 +6,10 @@
 //! sequence's keys and values), the [`model`] layers (the forward pass) and
 //! the [`device`] kernels they call. [`Engine`] ties them to the tokenizer
 //! and the chat template and implements [`Backend`].
+//!
+//! Layer: the bottom. The engine implements [`crate::backend::Backend`] and
+//! uses the backend's request and reply types; it knows nothing of episodes
+//! or studies.
 
 pub mod constrain;
 pub mod device;
@@ -577,7 +581,7 @@ impl<D: Device> Backend for Engine<D> {
         self.embed_prepared(texts, tokens)
     }
 
-    /// Texts go through in groups of at most [`EMBED_BATCH_TOKENS`] tokens,
+    /// Texts go through in groups of at most `EMBED_BATCH_TOKENS` tokens,
     /// each group prefilled chunk by chunk in fresh caches of its own; the
     /// kernels make neither the grouping nor the chunking visible.
     fn embed_prepared(

@@ -9,6 +9,11 @@
 //!
 //! [`prompts`] holds every string the experiment sends, [`state`] the task
 //! state machine, [`receipt`] the extraction of bookings from replies.
+//!
+//! Layer: a study. It calls models only through [`crate::backend`], never
+//! the engine's insides, and builds on what every study shares below it
+//! ([`crate::rundir`], [`crate::stats`], [`crate::table`], [`crate::progress`],
+//! [`crate::rng`]); it uses no other study.
 
 pub mod arms;
 pub mod episode;

@@ -16,6 +16,9 @@
 //! Logs and manifests are read only from regular files (a link to a device
 //! or a FIFO would grow a reader without end or hang it), manifests up to
 //! [`MANIFEST_CAP`] bytes and log lines up to [`LINE_CAP`] bytes.
+//!
+//! Layer: below every study. It records a backend's model identity in the
+//! manifest and uses no study.
 
 use std::fs::{self, File, OpenOptions, TryLockError};
 use std::io::{BufRead, BufReader, Read, Write};

@@ -5,6 +5,11 @@
 //! The data (policy, tasks, database, simulator guidelines) is read from a
 //! τ²-bench airline data directory the user names; none of it is part of
 //! statebench.
+//!
+//! Layer: a study. It calls models only through [`crate::backend`], never
+//! the engine's insides, and builds on what every study shares below it
+//! ([`crate::rundir`], [`crate::stats`], [`crate::table`], [`crate::progress`],
+//! [`crate::rng`]); it uses no other study.
 
 pub mod compile;
 pub mod db;

@@ -234,7 +234,7 @@ impl EpisodeRecord {
     }
 
     /// The record as it is written: within [`RECORD_CAP`] bytes, each text
-    /// cut to the longest of [`TEXT_CAPS`] that fits, and as a last resort
+    /// cut to the longest of `TEXT_CAPS` that fits, and as a last resort
     /// the middle of the conversation left out; every cut listed in `cut`.
     /// The reward was computed before, on the whole record; a re-score of a
     /// cut record replays the cut arguments.

@@ -2,7 +2,7 @@
 //! paraphrase tier 2, the rewrite cache). Same inputs, same bytes, on any
 //! machine: every random draw comes from a named [`Rng`] stream of the seed.
 //!
-//! Sampler and schedule, as documented in the README:
+//! Sampler and schedule, as documented in the book (docs/src/testbed.md):
 //! - **Steps.** S templates drawn uniformly without replacement from the
 //!   domain's 18; their order after a second shuffle assigns the ids s1..sS,
 //!   so id order is not phase order.

@@ -1,6 +1,6 @@
 //! Rendering a report: the ladder, contrast, channel, accounting, obedience
 //! and compile tables as aligned text or Markdown, one CSV row per cell and
-//! arm, or the JSON document described in the README.
+//! arm, or the JSON document described in the book (docs/src/reports.md).
 
 use std::fmt::Write as _;
 
@@ -24,7 +24,7 @@ pub enum Format {
     Md,
     /// Comma-separated values, one row per cell and arm.
     Csv,
-    /// The JSON document described in the README.
+    /// The JSON document described in the book (docs/src/reports.md).
     Json,
 }
 

@@ -136,7 +136,7 @@ pub struct Axes {
     pub corrupt: Option<f64>,
     /// Spoofed-state probe: forge state in the scripted user's message on
     /// this share of the turns that execute or confirm a step, in [0, 1]
-    /// (the README's "Probes beyond the paper").
+    /// (the book's docs/src/probes.md).
     #[arg(long)]
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub spoof: Option<f64>,
