@@ -13,6 +13,6 @@
 set -euo pipefail
 statebench ladder grid docs/grid/table2.toml \
     --model "${MODEL:-Qwen/Qwen3-8B}" \
-    --live 64 \
+    --concurrency 64 \
     --out "runs/table2/shard-${SLURM_ARRAY_TASK_ID}" \
     --quiet
