@@ -133,7 +133,7 @@ EOF
 if [ "$CELL" -eq 1 ]; then
     # The same live cell (procurement S = 5, 2 episodes x 4 rungs, 8 live),
     # in-process and through llama-server with 8 slots driven by --endpoint.
-    CELL_ARGS=(ladder cell --agent model --steps 5 --episodes 2 --live 8 --quiet)
+    CELL_ARGS=(ladder cell --agent model --steps 5 --episodes 2 --concurrency 8 --quiet)
     t0=$(date +%s.%N)
     "$SB" "${CELL_ARGS[@]}" --device cpu --model "$MODEL" --threads "$THREADS" \
         --out "$OUT/in-process" >/dev/null
