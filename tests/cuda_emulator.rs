@@ -637,6 +637,35 @@ fn a_read_of_device_memory_nothing_wrote_is_reported() {
     );
 }
 
+/// The ucontext fibers (what hosts other than x86-64 run, forced here by
+/// `STATEBENCH_EMULATOR_FIBERS=ucontext`) meet at warp collectives in any
+/// schedule, and a block stuck at a barrier is reported as a deadlock.
+#[test]
+#[cfg_attr(
+    not(has_cuda_emulator),
+    ignore = "needs the CUDA emulator: a C++ compiler when statebench builds"
+)]
+fn the_ucontext_fibers_exchange_lanes_and_report_a_deadlock() {
+    engine_common::require_emulator();
+    let ucontext = ("STATEBENCH_EMULATOR_FIBERS", "ucontext");
+    for seed in ["0", "99"] {
+        let (ok, text) = in_child_with(
+            "lanes_exchange+sync",
+            &[("STATEBENCH_EMULATOR_SCHEDULE_SEED", seed), ucontext],
+        );
+        let swapped: Vec<String> = (0..32).map(|i| format!("{}.0", i ^ 1)).collect();
+        assert!(
+            ok && text.contains(&format!("out: [{}]", swapped.join(", "))),
+            "seed {seed}: {text}"
+        );
+    }
+    let (_, text) = in_child_with("divergent_warp", &[ucontext]);
+    assert!(
+        text.contains("deadlock") && text.contains("CUDA_ERROR_LAUNCH_FAILED"),
+        "{text}"
+    );
+}
+
 /// A schedule seed that is not a number is refused by name, at the launch.
 #[test]
 #[cfg_attr(

@@ -21,6 +21,7 @@ fn statebench_with(args: &[&str], env: &[(&str, &str)]) -> Output {
         "STATEBENCH_EMULATOR_CHECKS",
         "STATEBENCH_EMULATOR_ASAN",
         "STATEBENCH_EMULATOR_SCHEDULE_SEED",
+        "STATEBENCH_EMULATOR_FIBERS",
         "STATEBENCH_CUDA_SOURCE_DIR",
     ] {
         cmd.env_remove(var);
@@ -101,8 +102,10 @@ fn removing_any_syncthreads_of_the_kernels_is_reported_as_a_race() {
 }
 
 /// The kernels' results do not depend on the order the emulator runs their
-/// threads and blocks in: `check kernels` and `check invariance` give the
-/// same figures and hashes in thread order and under two seeds.
+/// threads and blocks in, nor on how it switches between them: `check
+/// kernels` and `check invariance` give the same figures and hashes in
+/// thread order, under two seeds, and on the ucontext fibers that hosts
+/// other than x86-64 run (`STATEBENCH_EMULATOR_FIBERS=ucontext`).
 #[test]
 #[cfg_attr(
     not(has_cuda_emulator),
@@ -114,12 +117,20 @@ fn the_schedule_seed_changes_no_bit_of_what_the_kernels_compute() {
     let model = model.to_str().expect("utf-8");
     let mut kernels = Vec::new();
     let mut hashes = Vec::new();
-    for seed in ["0", "1", "8146"] {
-        let env = [("STATEBENCH_EMULATOR_SCHEDULE_SEED", seed)];
+    for (seed, fibers) in [
+        ("0", "native"),
+        ("1", "native"),
+        ("8146", "native"),
+        ("8146", "ucontext"),
+    ] {
+        let env = [
+            ("STATEBENCH_EMULATOR_SCHEDULE_SEED", seed),
+            ("STATEBENCH_EMULATOR_FIBERS", fibers),
+        ];
         let o = check_kernels(&env);
         assert!(
             o.status.success(),
-            "seed {seed}: {}",
+            "seed {seed}, {fibers} fibers: {}",
             String::from_utf8_lossy(&o.stderr)
         );
         kernels.push(String::from_utf8_lossy(&o.stdout).into_owned());
@@ -142,7 +153,7 @@ fn the_schedule_seed_changes_no_bit_of_what_the_kernels_compute() {
         );
         assert!(
             o.status.success(),
-            "seed {seed}: {}",
+            "seed {seed}, {fibers} fibers: {}",
             String::from_utf8_lossy(&o.stderr)
         );
         hashes.push(String::from_utf8_lossy(&o.stdout).into_owned());
@@ -169,6 +180,11 @@ fn a_refused_emulator_setting_is_one_line_naming_it() {
             "STATEBENCH_EMULATOR_CHECKS",
             "all",
             "STATEBENCH_EMULATOR_CHECKS=all is not one of races, asan, off",
+        ),
+        (
+            "STATEBENCH_EMULATOR_FIBERS",
+            "green",
+            "STATEBENCH_EMULATOR_FIBERS=green is not one of native, ucontext",
         ),
     ] {
         let o = check_kernels(&[(var, value)]);
@@ -234,6 +250,12 @@ fn kernel_sources_from_a_directory_are_compiled_and_recorded() {
             ", kernels checked for races, uninitialized reads and out-of-bounds accesses, schedule seed 42"
         ),
         "{plain}"
+    );
+    assert!(!plain.contains("fibers"), "{plain}");
+    let fibers = device_info(&[("STATEBENCH_EMULATOR_FIBERS", "ucontext")]);
+    assert!(
+        fibers.contains(", schedule seed 1, ucontext fibers"),
+        "{fibers}"
     );
     let asan = device_info(&[("STATEBENCH_EMULATOR_CHECKS", "asan")]);
     assert!(

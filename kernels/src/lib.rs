@@ -168,8 +168,8 @@ pub mod cuda {
         })
     }
 
-    /// The checks the CUDA emulator builds its kernels with, and its
-    /// schedule's seed, as the environment sets them.
+    /// The checks the CUDA emulator builds its kernels with, its schedule's
+    /// seed and its fibers, as the environment sets them.
     #[derive(Debug, Clone, Copy, PartialEq, Eq)]
     pub struct EmulatorChecks {
         /// `races` (the default: races in shared memory, uninitialized
@@ -180,6 +180,11 @@ pub mod cuda {
         /// `STATEBENCH_EMULATOR_SCHEDULE_SEED` (default 1; 0 runs a block's
         /// threads and a grid's blocks in order).
         pub seed: u64,
+        /// How a block's threads switch, `STATEBENCH_EMULATOR_FIBERS`:
+        /// `native` (the default: a hand-written switch on x86-64, ucontext
+        /// elsewhere) or `ucontext` (everywhere, so the path other hosts run
+        /// is tested on x86-64 too).
+        pub fibers: &'static str,
     }
 
     /// The emulator's [`EmulatorChecks`], or the setting it refuses (as its
@@ -213,6 +218,15 @@ pub mod cuda {
                     )
                 })?,
         };
-        Ok(EmulatorChecks { mode, seed })
+        let fibers = match var("STATEBENCH_EMULATOR_FIBERS").as_deref() {
+            None | Some("native") => "native",
+            Some("ucontext") => "ucontext",
+            Some(other) => {
+                return Err(format!(
+                    "STATEBENCH_EMULATOR_FIBERS={other} is not one of native, ucontext"
+                ))
+            }
+        };
+        Ok(EmulatorChecks { mode, seed, fibers })
     }
 }

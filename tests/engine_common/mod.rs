@@ -393,8 +393,9 @@ pub fn edit_tensor(file: &Path, name: &str, edit: impl Fn(&mut [f32])) {
 
 /// The emulator's and the CUDA engine's settings, none of which a child
 /// process of a CUDA test inherits unless the test sets it.
-pub const CUDA_SETTINGS: [&str; 8] = [
+pub const CUDA_SETTINGS: [&str; 9] = [
     "STATEBENCH_EMULATOR_CHECKS",
+    "STATEBENCH_EMULATOR_FIBERS",
     "STATEBENCH_EMULATOR_MEMORY_GIB",
     "STATEBENCH_EMULATOR_ASAN",
     "STATEBENCH_EMULATOR_SCHEDULE_SEED",

@@ -83,7 +83,13 @@
 #define EMU_CHECKS 0
 #endif
 
-#if !defined(__x86_64__)
+// Fibers switch by a hand-written x86-64 context switch, or by ucontext
+// elsewhere and wherever STATEBENCH_EMU_UCONTEXT is defined (the emulated
+// NVRTC defines it under STATEBENCH_EMULATOR_FIBERS=ucontext, so the
+// fallback other hosts run is tested on x86-64 too).
+#if defined(__x86_64__) && !defined(STATEBENCH_EMU_UCONTEXT)
+#define EMU_ASM_FIBERS 1
+#else
 #include <ucontext.h>
 #endif
 
@@ -140,7 +146,7 @@ enum class State { Runnable, Barrier, Warp, Done };
 // Where a switched-out fiber (or the scheduler) resumes.
 struct Context {
     void* sp = nullptr;
-#if !defined(__x86_64__)
+#if !defined(EMU_ASM_FIBERS)
     ucontext_t uc;
 #endif
 };
@@ -334,7 +340,7 @@ EMU_RUNTIME uint64_t next_random(Block& b) {
 
 constexpr size_t kStackBytes = 256 * 1024;
 
-#if defined(__x86_64__)
+#if defined(EMU_ASM_FIBERS)
 extern "C" void statebench_emu_switch(void** save_sp, void* to_sp);
 extern "C" void statebench_emu_fiber_entry();
 asm(R"(
@@ -397,7 +403,7 @@ EMU_RUNTIME void sanitizer_resumed(Block& b, Fiber& f) {
 }
 
 EMU_RUNTIME void jump(Context& from, Context& to) {
-#if defined(__x86_64__)
+#if defined(EMU_ASM_FIBERS)
     statebench_emu_switch(&from.sp, to.sp);
 #else
     swapcontext(&from.uc, &to.uc);
@@ -468,7 +474,7 @@ EMU_RUNTIME void to_fiber(Block& b, Fiber& f) {
 }
 
 EMU_RUNTIME void start_fiber(Fiber& f) {
-#if defined(__x86_64__)
+#if defined(EMU_ASM_FIBERS)
     // The first switch "returns" into fiber_entry with a 16-byte-aligned
     // stack: below it the return address, six registers, mxcsr and the x87
     // control word, as statebench_emu_switch pops them.

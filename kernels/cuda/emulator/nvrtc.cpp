@@ -14,7 +14,10 @@
 // bounds accesses; cuda_emulator.h), `asan` (AddressSanitizer: out of
 // bounds only) or `off` (STATEBENCH_EMULATOR_ASAN=0, its older name, is
 // `off`); STATEBENCH_EMULATOR_CACHE is where built modules are kept
-// (default: $TMPDIR/statebench-cuda-emulator-<uid>).
+// (default: $TMPDIR/statebench-cuda-emulator-<uid>);
+// STATEBENCH_EMULATOR_FIBERS how a block's threads switch: `native` (the
+// default: a hand-written switch on x86-64, ucontext elsewhere) or
+// `ucontext` (everywhere: the fallback tested on an x86-64 host).
 
 #include <dlfcn.h>
 #include <fcntl.h>
@@ -235,6 +238,14 @@ Result compile(Program& p, const std::vector<std::string>& options) {
     }
     const bool asan = checks == "asan";
     const bool races = checks == "races";
+    // How fibers switch: `native` (x86-64's own switch, ucontext elsewhere)
+    // or `ucontext` everywhere, so the other hosts' path runs here too.
+    const std::string fibers = env_or("STATEBENCH_EMULATOR_FIBERS", "native");
+    if (fibers != "native" && fibers != "ucontext") {
+        p.log = "nvrtc (statebench CUDA emulator): error: STATEBENCH_EMULATOR_FIBERS=" + fibers +
+                " is not one of native, ucontext\n";
+        return NVRTC_ERROR_INVALID_OPTION;
+    }
     const std::string cxx = env_or("STATEBENCH_EMULATOR_CXX", env_or("CXX", "c++"));
 
     std::string tu = "#include \"cuda_emulator.h\"\n#line 1 \"" + p.name + "\"\n" +
@@ -275,6 +286,7 @@ Result compile(Program& p, const std::vector<std::string>& options) {
         argv.push_back("-shared");
     }
     for (const auto& d : defines) argv.push_back(d);
+    if (fibers == "ucontext") argv.push_back("-DSTATEBENCH_EMU_UCONTEXT");
 
     std::string key_text = tu + header + abi + __DATE__ __TIME__ + "\nchecks=" + checks;
     for (const auto& a : argv) key_text += "\n" + a;

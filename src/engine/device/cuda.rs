@@ -1099,14 +1099,21 @@ impl Cuda {
         let checks = if emulated {
             match statebench_kernels::cuda::emulator_checks() {
                 Ok(c) => format!(
-                    ", kernels {}, schedule seed {}",
+                    ", kernels {}, schedule seed {}{}",
                     match c.mode {
                         "races" =>
                             "checked for races, uninitialized reads and out-of-bounds accesses",
                         "asan" => "under AddressSanitizer",
                         _ => "unchecked",
                     },
-                    c.seed
+                    c.seed,
+                    // Only the forced fallback is named: the default
+                    // detail stays what earlier manifests recorded.
+                    if c.fibers == "ucontext" {
+                        ", ucontext fibers"
+                    } else {
+                        ""
+                    }
                 ),
                 Err(e) => format!(", {e}"),
             }
