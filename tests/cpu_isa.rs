@@ -1,18 +1,39 @@
 //! `STATEBENCH_CPU_ISA` caps every CPU kernel family at once, and every
 //! family gives the same bits: the default GGUF's logits, its greedy path
 //! and a seeded sample are compared under each cap this host runs, in both
-//! weight layouts. A cap that is unknown, or that the host cannot run, is
+//! weight layouts, and against the aarch64 Linux build run under
+//! qemu-user. A cap that is unknown, or that the host cannot run, is
 //! refused in one line naming the variable.
 
 mod engine_common;
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use engine_common::default_model;
+use engine_common::{default_model, missing};
 use statebench_kernels::{Isa, ISA_VAR};
 
+/// Which statebench runs: this build, or another architecture's binary
+/// under qemu-user.
+#[derive(Clone, Copy)]
+enum Build<'a> {
+    Here,
+    Aarch64(&'a Path),
+}
+
 fn statebench(cap: Option<&str>, args: &[&str]) -> Output {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_statebench"));
+    statebench_on(Build::Here, cap, args)
+}
+
+fn statebench_on(build: Build, cap: Option<&str>, args: &[&str]) -> Output {
+    let mut c = match build {
+        Build::Here => Command::new(env!("CARGO_BIN_EXE_statebench")),
+        Build::Aarch64(exe) => {
+            let mut c = Command::new("qemu-aarch64");
+            c.args(["-L", "/usr/aarch64-linux-gnu"]).arg(exe);
+            c
+        }
+    };
     c.args(args)
         .env_remove(ISA_VAR)
         .env_remove("STATEBENCH_NO_AMX")
@@ -23,8 +44,8 @@ fn statebench(cap: Option<&str>, args: &[&str]) -> Output {
     c.output().expect("statebench runs")
 }
 
-fn stdout(cap: Option<&str>, args: &[&str]) -> String {
-    let o = statebench(cap, args);
+fn stdout(build: Build, cap: Option<&str>, args: &[&str]) -> String {
+    let o = statebench_on(build, cap, args);
     assert!(
         o.status.success(),
         "{cap:?} {args:?}: {}",
@@ -35,14 +56,19 @@ fn stdout(cap: Option<&str>, args: &[&str]) -> String {
 
 /// What one cap computes: the logits after a 40-token prompt (a prefill of
 /// many rows, where the AMX and VNNI paths take over) with 8 greedy steps,
-/// and 24 tokens sampled at temperature 0.9 from a chat prompt.
-fn outputs(cap: Option<&str>, weights: &str) -> (serde_json::Value, String) {
+/// and `sampled` tokens drawn at temperature 0.9 from a chat prompt.
+fn outputs(
+    build: Build,
+    cap: Option<&str>,
+    weights: &str,
+    sampled: usize,
+) -> (serde_json::Value, String) {
     let model = default_model();
     let model = model.to_str().unwrap();
     let tokens: Vec<String> = (0..40).map(|i| (100 + 37 * i).to_string()).collect();
     let engine = ["--model", model, "--weights", weights, "--threads", "2"];
     let tokens = tokens.join(",");
-    let run = |head: &[&str], tail: &[&str]| stdout(cap, &[head, &engine, tail].concat());
+    let run = |head: &[&str], tail: &[&str]| stdout(build, cap, &[head, &engine, tail].concat());
     let logits = run(
         &["check", "logits"],
         &["--tokens", &tokens, "--greedy", "8"],
@@ -54,7 +80,7 @@ fn outputs(cap: Option<&str>, weights: &str) -> (serde_json::Value, String) {
             "--prompt",
             prompt,
             "--max-tokens",
-            "24",
+            &sampled.to_string(),
             "--temperature",
             "0.9",
             "--seed",
@@ -77,12 +103,12 @@ fn every_kernel_family_gives_the_same_bits() {
     assert!(caps.contains(&Isa::Scalar) && caps.len() >= 2, "{caps:?}");
     let widest = *caps.last().unwrap();
     for weights in ["widened", "native"] {
-        let (logits, sample) = outputs(None, weights);
+        let (logits, sample) = outputs(Build::Here, None, weights, 24);
         assert_eq!(logits["hardware"], format!("{widest} kernels"));
         assert_eq!(logits["greedy"].as_array().unwrap().len(), 8);
         assert!(!sample.trim().is_empty());
         for cap in &caps {
-            let (l, s) = outputs(Some(cap.name()), weights);
+            let (l, s) = outputs(Build::Here, Some(cap.name()), weights, 24);
             // The family that ran is the one asked for, and its bits are the widest's.
             assert_eq!(l["hardware"], format!("{cap} kernels"));
             for k in ["last_logits", "greedy"] {
@@ -91,6 +117,55 @@ fn every_kernel_family_gives_the_same_bits() {
             assert_eq!(s, sample, "{cap} sample, {weights} weights");
         }
     }
+}
+
+/// The aarch64 Linux build, cross-compiled by `.ci/run` (`cargo build
+/// --release --target aarch64-unknown-linux-gnu`, linked as
+/// `.cargo/config.toml` says) and run under qemu-user, computes this host's
+/// bits: the same logits, greedy path and seeded sample under its default
+/// family (`scalar` until NEON kernels exist: `neon` is refused there by
+/// name). Emulated, a token costs seconds, so the sample is 8 tokens.
+#[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
+fn the_aarch64_build_gives_this_hosts_bits() {
+    // The binary under test sits in <target>/release: the cross build in
+    // <target>/aarch64-unknown-linux-gnu/release.
+    let target: PathBuf = Path::new(env!("CARGO_BIN_EXE_statebench"))
+        .ancestors()
+        .nth(2)
+        .expect("a target directory")
+        .to_path_buf();
+    let exe = target.join("aarch64-unknown-linux-gnu/release/statebench");
+    if !exe.is_file() {
+        missing(&format!(
+            "no aarch64 build at {} (cargo build --release --target aarch64-unknown-linux-gnu)",
+            exe.display()
+        ));
+        return;
+    }
+    if Command::new("qemu-aarch64")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        missing("qemu-aarch64 does not run (Debian: qemu-user)");
+        return;
+    }
+    let arm = Build::Aarch64(&exe);
+    let (logits, sample) = outputs(Build::Here, None, "widened", 8);
+    let (l, s) = outputs(arm, None, "widened", 8);
+    assert_eq!(l["hardware"], "scalar kernels");
+    for k in ["last_logits", "greedy"] {
+        assert_eq!(l[k], logits[k], "aarch64 {k}");
+    }
+    assert_eq!(s, sample, "aarch64 sample");
+    let o = statebench_on(arm, Some("neon"), &["ladder", "episode", "--steps", "5"]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success(), "neon was taken: {err}");
+    assert!(err.contains(&format!("{ISA_VAR}=neon")), "{err}");
 }
 
 #[test]
