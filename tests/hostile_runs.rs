@@ -177,18 +177,11 @@ fn lines_written_twice_are_counted_once_and_the_count_reported() {
     );
 }
 
-// 2. Failed model calls are not agent behaviour.
-#[test]
-fn failed_agent_calls_are_counted_apart_stop_the_cell_and_run_again() {
-    let tmp = tempfile::tempdir().unwrap();
-    let bad_request = FakeEndpoint::start(
-        400,
-        br#"{"error":{"message":"unsupported parameter","type":"invalid_request_error"}}"#.to_vec(),
-    );
-    let out = tmp.path().join("c");
-    let args = [
-        "ladder",
-        "cell",
+/// The flags of a small cell whose agent is the model at `url` (matcher
+/// and compiler oracle, so only agent calls reach it), one episode-arm at
+/// a time.
+fn model_agent_on<'a>(url: &'a str, arms: &'a str) -> Vec<&'a str> {
+    vec![
         "--agent",
         "model",
         "--matcher",
@@ -200,15 +193,30 @@ fn failed_agent_calls_are_counted_apart_stop_the_cell_and_run_again() {
         "--episodes",
         "4",
         "--arms",
-        "raw,checklist",
+        arms,
         "--concurrency",
         "1",
         "--quiet",
         "--endpoint",
-        &bad_request.url,
-        "--out",
-        p(&out),
-    ];
+        url,
+    ]
+}
+
+// 2. Failed model calls are not agent behaviour.
+#[test]
+fn failed_agent_calls_are_counted_apart_stop_the_cell_and_run_again() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bad_request = FakeEndpoint::start(
+        400,
+        br#"{"error":{"message":"unsupported parameter","type":"invalid_request_error"}}"#.to_vec(),
+    );
+    let out = tmp.path().join("c");
+    let args = [
+        &["ladder", "cell"][..],
+        &model_agent_on(&bad_request.url, "raw,checklist"),
+        &["--out", p(&out)],
+    ]
+    .concat();
     refused(&args, "3 episodes in a row ended in failed agent calls");
     let first = lines(&out.join("episodes.jsonl"));
     assert_eq!(first.len(), 3, "the failed episodes are logged");
@@ -277,31 +285,14 @@ fn failed_episodes_of_every_shard_are_counted() {
     let shards: Vec<_> = (0..2).map(|i| tmp.path().join(format!("g{i}"))).collect();
     for (i, out) in shards.iter().enumerate() {
         let shard = format!("{i}/2");
-        statebench(&[
-            "ladder",
-            "grid",
-            "--agent",
-            "model",
-            "--matcher",
-            "oracle",
-            "--compiler",
-            "oracle",
-            "--steps",
-            "3",
-            "--episodes",
-            "4",
-            "--arms",
-            "raw",
-            "--concurrency",
-            "1",
-            "--quiet",
-            "--endpoint",
-            &bad_request.url,
-            "--shard",
-            &shard,
-            "--out",
-            p(out),
-        ]);
+        statebench(
+            &[
+                &["ladder", "grid"][..],
+                &model_agent_on(&bad_request.url, "raw"),
+                &["--shard", &shard, "--out", p(out)],
+            ]
+            .concat(),
+        );
     }
     let logged: usize = shards
         .iter()
