@@ -13,12 +13,13 @@ use std::process::{Command, Output};
 use engine_common::{default_model, missing};
 use statebench_kernels::{Isa, ISA_VAR};
 
-/// Which statebench runs: this build, or another architecture's binary
-/// under qemu-user.
+/// Which statebench runs: this build, or the aarch64 binary under
+/// qemu-user emulating `cpu` (`max` has the dot-product extension, a
+/// Cortex-A72 has plain NEON only).
 #[derive(Clone, Copy)]
 enum Build<'a> {
     Here,
-    Aarch64(&'a Path),
+    Aarch64 { exe: &'a Path, cpu: &'a str },
 }
 
 fn statebench(cap: Option<&str>, args: &[&str]) -> Output {
@@ -28,9 +29,10 @@ fn statebench(cap: Option<&str>, args: &[&str]) -> Output {
 fn statebench_on(build: Build, cap: Option<&str>, args: &[&str]) -> Output {
     let mut c = match build {
         Build::Here => Command::new(env!("CARGO_BIN_EXE_statebench")),
-        Build::Aarch64(exe) => {
+        Build::Aarch64 { exe, cpu } => {
             let mut c = Command::new("qemu-aarch64");
-            c.args(["-L", "/usr/aarch64-linux-gnu"]).arg(exe);
+            c.args(["-cpu", cpu, "-L", "/usr/aarch64-linux-gnu"])
+                .arg(exe);
             c
         }
     };
@@ -123,8 +125,9 @@ fn every_kernel_family_gives_the_same_bits() {
 /// --release --target aarch64-unknown-linux-gnu`, linked as
 /// `.cargo/config.toml` says) and run under qemu-user, computes this host's
 /// bits: the same logits, greedy path and seeded sample under its default
-/// family (`scalar` until NEON kernels exist: `neon` is refused there by
-/// name). Emulated, a token costs seconds, so the sample is 8 tokens.
+/// family (`neon`, taking `sdot`), under `neon` on a CPU without the
+/// dot-product extension, and under `scalar`; an x86 family is refused by
+/// name. Emulated, a token costs seconds, so the sample is 8 tokens.
 #[test]
 #[cfg_attr(
     not(has_default_model),
@@ -154,18 +157,29 @@ fn the_aarch64_build_gives_this_hosts_bits() {
         missing("qemu-aarch64 does not run (Debian: qemu-user)");
         return;
     }
-    let arm = Build::Aarch64(&exe);
     let (logits, sample) = outputs(Build::Here, None, "widened", 8);
-    let (l, s) = outputs(arm, None, "widened", 8);
-    assert_eq!(l["hardware"], "scalar kernels");
-    for k in ["last_logits", "greedy"] {
-        assert_eq!(l[k], logits[k], "aarch64 {k}");
+    let runs = [
+        ("max", None, "neon"),
+        ("cortex-a72", Some("neon"), "neon"),
+        ("max", Some("scalar"), "scalar"),
+    ];
+    for (cpu, cap, family) in runs {
+        let arm = Build::Aarch64 { exe: &exe, cpu };
+        let (l, s) = outputs(arm, cap, "widened", 8);
+        assert_eq!(l["hardware"], format!("{family} kernels"), "{cpu} {cap:?}");
+        for k in ["last_logits", "greedy"] {
+            assert_eq!(l[k], logits[k], "aarch64 {k} on {cpu}, cap {cap:?}");
+        }
+        assert_eq!(s, sample, "aarch64 sample on {cpu}, cap {cap:?}");
     }
-    assert_eq!(s, sample, "aarch64 sample");
-    let o = statebench_on(arm, Some("neon"), &["ladder", "episode", "--steps", "5"]);
+    let arm = Build::Aarch64 {
+        exe: &exe,
+        cpu: "max",
+    };
+    let o = statebench_on(arm, Some("avx512"), &["ladder", "episode", "--steps", "5"]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success(), "neon was taken: {err}");
-    assert!(err.contains(&format!("{ISA_VAR}=neon")), "{err}");
+    assert!(!o.status.success(), "avx512 was taken: {err}");
+    assert!(err.contains(&format!("{ISA_VAR}=avx512")), "{err}");
 }
 
 #[test]

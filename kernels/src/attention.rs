@@ -95,9 +95,10 @@ pub fn attend_rows(
             && kvh < n_kv_heads,
         "attention operands of their shapes"
     );
-    #[cfg(target_arch = "x86_64")]
-    if crate::ops::avx512() && lens.iter().all(|&l| l > 0) {
-        // SAFETY: AVX-512F was detected; the shapes were checked above.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if crate::cpu::wide_lanes() && lens.iter().all(|&l| l > 0) {
+        // SAFETY: the CPU has the lanes' instructions; the shapes were
+        // checked above.
         match head_dim {
             64 => {
                 return unsafe {
@@ -240,17 +241,16 @@ fn weighted_values<const HD: usize, const G: usize>(
     }
 }
 
-/// [`attend_scalar`] in AVX-512 registers, sixteen positions (scores) or
-/// sixteen head dimensions (values) a register: each lane performs the scalar
-/// path's operations in its order. Up to eight query heads go through a key
+/// [`attend_scalar`] in sixteen-lane registers ([`crate::lanes`]: AVX-512 or
+/// NEON), sixteen positions (scores) or sixteen head dimensions (values) a
+/// register: each lane performs the scalar path's operations in its order. Up to eight query heads go through a key
 /// block together, and through a run of value rows 32 dimensions at a time,
 /// so each key or value vector loaded serves every head; rows of one sequence
 /// take each key block and each run of value rows in turn while it is in L1.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod wide {
     use super::{key_block_len, KEY_BLOCK as L};
-    use crate::ops::exp_approx16;
-    use std::arch::x86_64::*;
+    use crate::lanes::{self as simd, F32x16};
 
     /// Runs `$f` with the const `$h` set to `$n` heads, eight for more.
     macro_rules! by_heads {
@@ -278,10 +278,10 @@ mod wide {
     /// `V` = `HD / 16` registers a head.
     ///
     /// # Safety
-    /// The CPU has AVX-512F; the operands have the shapes
+    /// The CPU has the lanes' instructions; the operands have the shapes
     /// [`super::attend_rows`] checks, and every length is positive.
     #[allow(clippy::too_many_arguments)]
-    #[target_feature(enable = "avx512f")]
+    #[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
     pub(super) unsafe fn attend<const HD: usize, const V: usize>(
         qs: &[&[f32]],
         lens: &[usize],
@@ -364,22 +364,19 @@ mod wide {
         at: *mut f32,
         padded: usize,
     ) {
-        let mut acc = [[_mm512_setzero_ps(); 4]; H];
+        let mut acc = [[simd::zero(); 4]; H];
         let q = q.as_ptr().add(g * HD);
         for d in (0..HD).step_by(4) {
             for j in 0..4 {
-                let kd = _mm512_loadu_ps(kb.add((d + j) * L));
+                let kd = simd::load(kb.add((d + j) * L));
                 for (h, a) in acc.iter_mut().enumerate() {
-                    a[j] = _mm512_fmadd_ps(_mm512_set1_ps(*q.add(h * HD + d + j)), kd, a[j]);
+                    a[j] = simd::fma(simd::splat(*q.add(h * HD + d + j)), kd, a[j]);
                 }
             }
         }
         for (h, a) in acc.iter().enumerate() {
-            let sum = _mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3]));
-            _mm512_storeu_ps(
-                at.add(h * padded),
-                _mm512_mul_ps(sum, _mm512_set1_ps(scale)),
-            );
+            let sum = simd::add(simd::add(a[0], a[1]), simd::add(a[2], a[3]));
+            simd::store(at.add(h * padded), simd::mul(sum, simd::splat(scale)));
         }
     }
 
@@ -391,24 +388,22 @@ mod wide {
         // Maximum of the scores (order-free; NaN is passed over as
         // `f32::max` does).
         let full = len / L;
-        let mut m = _mm512_set1_ps(f32::NEG_INFINITY);
+        let mut m = simd::splat(f32::NEG_INFINITY);
         for b in 0..full {
-            m = _mm512_max_ps(_mm512_loadu_ps(s.add(b * L)), m);
+            m = simd::max(simd::load(s.add(b * L)), m);
         }
-        let mut max = _mm512_reduce_max_ps(m);
+        let mut max = simd::reduce_max(m);
         for t in full * L..len {
             max = max.max(*s.add(t));
         }
-        let mut lanes = _mm512_setzero_ps();
+        let mut lanes = simd::zero();
         for b in 0..blocks {
-            let live = (len - b * L).min(L);
-            let keep: __mmask16 = if live == L { !0 } else { (1u16 << live) - 1 };
-            let x = _mm512_sub_ps(_mm512_loadu_ps(s.add(b * L)), _mm512_set1_ps(max));
-            let e = _mm512_maskz_mov_ps(keep, exp_approx16(x));
-            _mm512_storeu_ps(s.add(b * L), e);
-            lanes = _mm512_add_ps(lanes, e);
+            let x = simd::sub(simd::load(s.add(b * L)), simd::splat(max));
+            let e = simd::keep_first(simd::exp(x), len - b * L);
+            simd::store(s.add(b * L), e);
+            lanes = simd::add(lanes, e);
         }
-        let mut lanes = std::mem::transmute::<__m512, [f32; L]>(lanes);
+        let mut lanes = simd::to_array(lanes);
         let mut width = L;
         while width > 1 {
             width /= 2;
@@ -416,12 +411,9 @@ mod wide {
                 lanes[l] += lanes[l + width];
             }
         }
-        let inv = _mm512_set1_ps(1.0 / lanes[0]);
+        let inv = simd::splat(1.0 / lanes[0]);
         for b in 0..blocks {
-            _mm512_storeu_ps(
-                s.add(b * L),
-                _mm512_mul_ps(_mm512_loadu_ps(s.add(b * L)), inv),
-            );
+            simd::store(s.add(b * L), simd::mul(simd::load(s.add(b * L)), inv));
         }
     }
 
@@ -452,23 +444,23 @@ mod wide {
             hd,
         }: Run,
     ) {
-        let mut acc: [[__m512; 2]; H] = std::array::from_fn(|h| {
+        let mut acc: [[F32x16; 2]; H] = std::array::from_fn(|h| {
             let o = out.add(h * hd);
-            [_mm512_loadu_ps(o), _mm512_loadu_ps(o.add(16))]
+            [simd::load(o), simd::load(o.add(16))]
         });
         for t in ts {
             let row = v.add(t * kv_dim);
-            let vt = [_mm512_loadu_ps(row), _mm512_loadu_ps(row.add(16))];
+            let vt = [simd::load(row), simd::load(row.add(16))];
             for (h, a) in acc.iter_mut().enumerate() {
-                let w = _mm512_set1_ps(*p.add(h * padded + t));
-                a[0] = _mm512_fmadd_ps(w, vt[0], a[0]);
-                a[1] = _mm512_fmadd_ps(w, vt[1], a[1]);
+                let w = simd::splat(*p.add(h * padded + t));
+                a[0] = simd::fma(w, vt[0], a[0]);
+                a[1] = simd::fma(w, vt[1], a[1]);
             }
         }
         for (h, a) in acc.iter().enumerate() {
             let o = out.add(h * hd);
-            _mm512_storeu_ps(o, a[0]);
-            _mm512_storeu_ps(o.add(16), a[1]);
+            simd::store(o, a[0]);
+            simd::store(o.add(16), a[1]);
         }
     }
 }

@@ -24,7 +24,9 @@ pub enum Isa {
     /// AMX int8 tiles for products of sixteen rows or more, AVX-512 for the
     /// rest.
     Amx,
-    /// aarch64 NEON.
+    /// aarch64 NEON: the matrix products (`sdot` where the CPU has the
+    /// dot-product extension, widening multiplies otherwise), the
+    /// elementwise kernels and attention.
     Neon,
 }
 
@@ -82,8 +84,10 @@ fn widest() -> Isa {
                 return Isa::Avx2;
             }
         }
-        // aarch64 runs the scalar family until it has NEON kernels of its
-        // own: naming `neon` before then would misname what ran.
+        // NEON is part of every aarch64 target Rust builds for.
+        #[cfg(target_arch = "aarch64")]
+        return Isa::Neon;
+        #[allow(unreachable_code)]
         Isa::Scalar
     })
 }
@@ -157,7 +161,7 @@ fn parse_cap(value: &str, available: &[Isa]) -> Result<Isa, IsaError> {
 
 /// The family in force; a cap that [`isa`] refuses stops the process here,
 /// so the engine asks [`isa`] at load and reports the refusal first.
-#[cfg(target_arch = "x86_64")]
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 fn cap() -> Isa {
     match isa() {
         Ok(i) => i,
@@ -200,6 +204,33 @@ pub(crate) fn simd_level() -> Simd {
 pub(crate) fn avx512() -> bool {
     static HAS: OnceLock<bool> = OnceLock::new();
     *HAS.get_or_init(|| cap() >= Isa::Avx512 && is_x86_feature_detected!("avx512f"))
+}
+
+/// Whether the NEON kernels run: the family is `neon`.
+#[cfg(target_arch = "aarch64")]
+pub(crate) fn neon() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| cap() == Isa::Neon)
+}
+
+/// Whether the NEON matrix products take `sdot`: the family is `neon` and
+/// the CPU has the dot-product extension (Armv8.2 and later; not the
+/// Cortex-A72 of a Raspberry Pi 4, say).
+#[cfg(target_arch = "aarch64")]
+pub(crate) fn dotprod() -> bool {
+    static HAS: OnceLock<bool> = OnceLock::new();
+    *HAS.get_or_init(|| neon() && std::arch::is_aarch64_feature_detected!("dotprod"))
+}
+
+/// Whether the sixteen-lane kernels ([`crate::lanes`]) run: AVX-512F on
+/// x86-64, NEON on aarch64.
+pub(crate) fn wide_lanes() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return avx512();
+    #[cfg(target_arch = "aarch64")]
+    return neon();
+    #[allow(unreachable_code)]
+    false
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -273,14 +304,7 @@ const PREFETCH: usize = 2048;
 #[inline(always)]
 pub(crate) fn prefetch_ahead<T>(b: *const T) {
     use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    static D: OnceLock<usize> = OnceLock::new();
-    let dist = *D.get_or_init(|| {
-        std::env::var("PF")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(PREFETCH)
-    });
-    let p = (b as *const i8).wrapping_add(dist);
+    let p = (b as *const i8).wrapping_add(PREFETCH);
     for line in 0..std::mem::size_of::<T>().div_ceil(64) {
         // SAFETY: a prefetch never faults; SSE is part of x86-64.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line)) };

@@ -4,7 +4,7 @@
 //!
 //! A block's dot product with a Q8_0 activation block is two exact integer
 //! half-dots (columns 0..16 and 16..32) times their scales, minus
-//! `m · dx · Σx`. As in [`crate::q8`], every path performs the same f32
+//! `m · dx · Σx`. As in [`crate::q8`], every path (VNNI, AVX2, NEON, scalar) performs the same f32
 //! operations in the same order, so batching never changes a result.
 
 use crate::q8::{int_dots, slot, Packed, Q8Row};
@@ -66,6 +66,67 @@ impl Packed for K8 {
     unsafe fn avx2<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
         simd::group_avx2(w, xs)
     }
+    #[cfg(target_arch = "aarch64")]
+    unsafe fn sdot<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        neon::group_sdot(w, xs)
+    }
+    #[cfg(target_arch = "aarch64")]
+    unsafe fn neon<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        neon::group_plain(w, xs)
+    }
+}
+
+/// The NEON group kernels: [`crate::q8::neon`]'s integer dots, then the
+/// scalar path's f32 steps, four rows a register.
+#[cfg(target_arch = "aarch64")]
+mod neon {
+    use super::K8;
+    use crate::q8::neon::{dots_plain, dots_sdot, load};
+    use crate::q8::Q8Row;
+    use std::arch::aarch64::*;
+
+    macro_rules! k_group {
+        ($name:ident, $(#[$attr:meta])* $dots:path) => {
+            $(#[$attr])*
+            pub(super) unsafe fn $name<const XR: usize>(
+                w: &[K8],
+                x: &[Q8Row<'_>; XR],
+            ) -> [[f32; 8]; XR] {
+                let z = vdupq_n_f32(0.0);
+                let mut acc = [[z; 2]; XR];
+                let mut corr = [[z; 2]; XR];
+                let two = |v: &[f32; 8]| [vld1q_f32(v.as_ptr()), vld1q_f32(v.as_ptr().add(4))];
+                for (i, b) in w.iter().enumerate() {
+                    let (s0, s1, m) = (two(&b.s0), two(&b.s1), two(&b.m));
+                    let q = load(&b.qs);
+                    for r in 0..XR {
+                        let xr = x.get_unchecked(r);
+                        let s = *xr.sums.get_unchecked(i);
+                        let [lo0, lo1, hi0, hi1] = $dots(&q, xr.qs.get_unchecked(i));
+                        let (lo, hi) = ([lo0, lo1], [hi0, hi1]);
+                        let dx = *xr.scales.get_unchecked(i);
+                        let sx = vdupq_n_f32((s[0] + s[1]) as f32);
+                        for h in 0..2 {
+                            let a = vfmaq_f32(acc[r][h], vmulq_n_f32(s0[h], dx), vcvtq_f32_s32(lo[h]));
+                            acc[r][h] = vfmaq_f32(a, vmulq_n_f32(s1[h], dx), vcvtq_f32_s32(hi[h]));
+                            corr[r][h] = vfmaq_f32(corr[r][h], vmulq_n_f32(m[h], dx), sx);
+                        }
+                    }
+                }
+                std::array::from_fn(|r| {
+                    let d = [0, 1].map(|h| vsubq_f32(acc[r][h], corr[r][h]));
+                    std::mem::transmute::<[float32x4_t; 2], [f32; 8]>(d)
+                })
+            }
+        };
+    }
+
+    k_group!(
+        group_sdot,
+        #[target_feature(enable = "dotprod")]
+        dots_sdot
+    );
+    k_group!(group_plain, dots_plain);
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -187,6 +248,12 @@ mod tests {
                         // SAFETY: VNNI implies AVX2, FMA and F16C were detected.
                         let avx = unsafe { simd::group_avx2(wg, &[xs[r]]) };
                         assert_eq!(avx[0], one[0], "{name}: AVX2 vs VNNI");
+                    }
+                    #[cfg(target_arch = "aarch64")]
+                    if crate::cpu::dotprod() {
+                        // SAFETY: the lengths were checked by `group`.
+                        let plain = unsafe { neon::group_plain(wg, &[xs[r]]) };
+                        assert_eq!(plain[0], one[0], "{name}: widening multiplies vs sdot");
                     }
                     for (kk, &got) in eight[r].iter().enumerate() {
                         let row = 8 * g + kk;

@@ -19,6 +19,9 @@ pub mod amx;
 pub mod attention;
 pub mod cpu;
 pub mod kq;
+// Public only because `ops::Float::load16` names its register type.
+#[doc(hidden)]
+pub mod lanes;
 pub mod matmul;
 pub mod native;
 pub mod ops;

@@ -18,21 +18,25 @@ pub trait Float: Copy + Send + Sync {
     /// Sixteen values at `p` as f32 lanes (exact).
     ///
     /// # Safety
-    /// The CPU has AVX-512F; `p` points at sixteen values.
-    #[cfg(target_arch = "x86_64")]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512;
+    /// The sixteen-lane kernels run ([`crate::cpu::wide_lanes`]); `p` points
+    /// at sixteen values.
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[doc(hidden)]
+    unsafe fn load16(p: *const Self) -> F32x16;
 }
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+use crate::lanes::{self, F32x16};
 
 impl Float for f32 {
     #[inline]
     fn f32(self) -> f32 {
         self
     }
-    #[cfg(target_arch = "x86_64")]
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
-        std::arch::x86_64::_mm512_loadu_ps(p)
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> F32x16 {
+        lanes::load(p)
     }
 }
 
@@ -47,12 +51,27 @@ impl Float for Bf16 {
         f32::from_bits((self.0 as u32) << 16)
     }
     #[cfg(target_arch = "x86_64")]
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> F32x16 {
         use std::arch::x86_64::*;
         let h = _mm256_loadu_si256(p as *const __m256i);
         _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    }
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> F32x16 {
+        use std::arch::aarch64::*;
+        let (a, b) = (
+            vld1q_u16(p as *const u16),
+            vld1q_u16((p as *const u16).add(8)),
+        );
+        let wide = |h: uint32x4_t| vreinterpretq_f32_u32(h);
+        F32x16([
+            wide(vshll_n_u16::<16>(vget_low_u16(a))),
+            wide(vshll_high_n_u16::<16>(a)),
+            wide(vshll_n_u16::<16>(vget_low_u16(b))),
+            wide(vshll_high_n_u16::<16>(b)),
+        ])
     }
 }
 
@@ -62,11 +81,18 @@ impl Float for half::f16 {
         self.to_f32()
     }
     #[cfg(target_arch = "x86_64")]
-    #[inline]
-    #[target_feature(enable = "avx512f")]
-    unsafe fn load16(p: *const Self) -> std::arch::x86_64::__m512 {
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> F32x16 {
         use std::arch::x86_64::*;
         _mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i))
+    }
+    #[cfg(target_arch = "aarch64")]
+    #[inline(always)]
+    unsafe fn load16(p: *const Self) -> F32x16 {
+        let p = p as *const u16;
+        let (a, b) = crate::q8::neon::f16x8(p);
+        let (c, d) = crate::q8::neon::f16x8(p.add(8));
+        F32x16([a, b, c, d])
     }
 }
 
@@ -120,10 +146,10 @@ pub fn dots<E: Float, const WR: usize, const XR: usize>(
         ws.iter().all(|w| w.len() == n) && xs.iter().all(|x| x.len() == n),
         "row lengths"
     );
-    #[cfg(target_arch = "x86_64")]
-    if avx512() {
-        // SAFETY: AVX-512F was detected; the lengths were checked.
-        return unsafe { dots_avx512(ws, xs) };
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    if crate::cpu::wide_lanes() {
+        // SAFETY: the CPU has the lanes' instructions; the lengths were checked.
+        return unsafe { dots_wide(ws, xs) };
     }
     ws.map(|w| xs.map(|x| dot(w, x)))
 }
@@ -131,29 +157,28 @@ pub fn dots<E: Float, const WR: usize, const XR: usize>(
 #[cfg(target_arch = "x86_64")]
 pub(crate) use crate::cpu::avx512;
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn dots_avx512<E: Float, const WR: usize, const XR: usize>(
+/// [`dots`] in sixteen-lane registers: lane `l` is [`dot`]'s partial sum `l`.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx512f"))]
+unsafe fn dots_wide<E: Float, const WR: usize, const XR: usize>(
     ws: [&[E]; WR],
     xs: [&[f32]; XR],
 ) -> [[f32; XR]; WR] {
-    use std::arch::x86_64::*;
     let n = ws[0].len();
     let chunks = n / LANES;
-    let mut acc = [[_mm512_setzero_ps(); XR]; WR];
+    let mut acc = [[lanes::zero(); XR]; WR];
     for c in 0..chunks {
-        let x: [__m512; XR] =
-            std::array::from_fn(|r| _mm512_loadu_ps(xs[r].as_ptr().add(c * LANES)));
+        let x: [F32x16; XR] = std::array::from_fn(|r| lanes::load(xs[r].as_ptr().add(c * LANES)));
         for (k, w) in ws.iter().enumerate() {
             let w = E::load16(w.as_ptr().add(c * LANES));
             for r in 0..XR {
-                acc[k][r] = _mm512_fmadd_ps(w, x[r], acc[k][r]);
+                acc[k][r] = lanes::fma(w, x[r], acc[k][r]);
             }
         }
     }
     std::array::from_fn(|k| {
         std::array::from_fn(|r| {
-            let lanes = std::mem::transmute::<__m512, [f32; LANES]>(acc[k][r]);
+            let lanes = lanes::to_array(acc[k][r]);
             finish(lanes, &ws[k][chunks * LANES..], &xs[r][chunks * LANES..])
         })
     })
@@ -174,11 +199,11 @@ pub fn exp_approx(x: f32) -> f32 {
     y * f32::from_bits(((n as i32 + 127) << 23) as u32)
 }
 
-const EXP_LOG2E: f32 = std::f32::consts::LOG2_E;
-const EXP_LN2_HI: f32 = 0.693_359_4;
-const EXP_LN2_LO: f32 = -2.121_944_4e-4;
+pub(crate) const EXP_LOG2E: f32 = std::f32::consts::LOG2_E;
+pub(crate) const EXP_LN2_HI: f32 = 0.693_359_4;
+pub(crate) const EXP_LN2_LO: f32 = -2.121_944_4e-4;
 /// Coefficients of `(eʳ − 1 − r) / r²`, highest degree first.
-const EXP_POLY: [f32; 6] = [
+pub(crate) const EXP_POLY: [f32; 6] = [
     1.987_569_1e-4,
     1.398_199_9e-3,
     8.333_452e-3,
@@ -204,30 +229,6 @@ pub(crate) unsafe fn round_small(t: std::arch::x86_64::__m512) -> std::arch::x86
         t,
         _mm512_castsi512_ps(_mm512_or_si512(half, sign)),
     ))
-}
-
-/// [`exp_approx`] of sixteen values, operation for operation (the same bits).
-///
-/// # Safety
-/// The CPU has AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[inline]
-#[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn exp_approx16(x: std::arch::x86_64::__m512) -> std::arch::x86_64::__m512 {
-    use std::arch::x86_64::*;
-    let c = _mm512_set1_ps;
-    // `clamp`: the bound first, so a NaN stays NaN as in `f32::clamp`.
-    let x = _mm512_min_ps(c(88.0), _mm512_max_ps(c(-87.0), x));
-    let ni = round_small(_mm512_mul_ps(x, c(EXP_LOG2E)));
-    let n = _mm512_cvtepi32_ps(ni);
-    let r = _mm512_fmadd_ps(n, c(-EXP_LN2_LO), _mm512_fmadd_ps(n, c(-EXP_LN2_HI), x));
-    let mut p = c(EXP_POLY[0]);
-    for &k in &EXP_POLY[1..] {
-        p = _mm512_fmadd_ps(p, r, c(k));
-    }
-    let y = _mm512_add_ps(_mm512_fmadd_ps(_mm512_mul_ps(p, r), r, r), c(1.0));
-    let two_n = _mm512_slli_epi32::<23>(_mm512_add_epi32(ni, _mm512_set1_epi32(127)));
-    _mm512_mul_ps(y, _mm512_castsi512_ps(two_n))
 }
 
 /// RMSNorm of one row in place: `x * rsqrt(mean(x²) + eps) * weight`.

@@ -8,9 +8,9 @@
 //!
 //! Per output element the arithmetic is fixed: the exact integer dot product
 //! of each block, then `acc = fma(dw · dx, s, acc)` block by block in column
-//! order. The VNNI, AVX2 and scalar paths compute the same integers and the
-//! same f32 operations, so a result never depends on the batch, the tiling or
-//! the CPU.
+//! order. The VNNI, AVX2, NEON and scalar paths compute the same integers and
+//! the same f32 operations, so a result never depends on the batch, the tiling
+//! or the CPU.
 
 use candle_core::quantized::k_quants::BlockQ8_0;
 use half::f16;
@@ -281,6 +281,11 @@ pub fn quantize_block(x: &[f32]) -> (f16, [i8; 32]) {
         // SAFETY: the VNNI level implies AVX-512F, BW and VL.
         return unsafe { quantize_block_avx512(x) };
     }
+    #[cfg(target_arch = "aarch64")]
+    if crate::cpu::neon() {
+        // SAFETY: NEON is part of every aarch64 target.
+        return unsafe { neon::quantize_block(x) };
+    }
     quantize_block_scalar(x)
 }
 
@@ -341,6 +346,18 @@ pub trait Packed: Sized + Sync {
     /// The CPU has AVX2, FMA and F16C; every row covers `w`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx2<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR];
+    /// NEON kernel with `sdot`.
+    ///
+    /// # Safety
+    /// The CPU has the dot-product extension; every row covers `w`.
+    #[cfg(target_arch = "aarch64")]
+    unsafe fn sdot<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR];
+    /// NEON kernel by widening multiplies.
+    ///
+    /// # Safety
+    /// Every row covers `w`.
+    #[cfg(target_arch = "aarch64")]
+    unsafe fn neon<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR];
 
     /// `out[r][k] = dot(weight row k of the group, xs[r])` for a group of
     /// eight weight rows (`w` holds its blocks) and `XR` activation rows.
@@ -356,6 +373,16 @@ pub trait Packed: Sized + Sync {
                 Simd::Vnni => return unsafe { Self::vnni(w, xs) },
                 Simd::Avx2 => return unsafe { Self::avx2(w, xs) },
                 Simd::None => {}
+            }
+        }
+        #[cfg(target_arch = "aarch64")]
+        {
+            // SAFETY: `sdot` only where the CPU has it; lengths were checked.
+            if crate::cpu::dotprod() {
+                return unsafe { Self::sdot(w, xs) };
+            }
+            if crate::cpu::neon() {
+                return unsafe { Self::neon(w, xs) };
             }
         }
         std::array::from_fn(|r| Self::scalar(w, xs[r]))
@@ -381,6 +408,14 @@ impl Packed for Q8x8 {
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx2<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
         avx2::group(w, xs)
+    }
+    #[cfg(target_arch = "aarch64")]
+    unsafe fn sdot<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        neon::group_sdot(w, xs)
+    }
+    #[cfg(target_arch = "aarch64")]
+    unsafe fn neon<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        neon::group_plain(w, xs)
     }
 }
 
@@ -483,6 +518,197 @@ pub(crate) mod avx2 {
     }
 
     q8_group!("avx2,fma,f16c", |q, x, _s| dots(&q, x));
+}
+
+/// The same integer lanes on aarch64, four weight rows a register: the
+/// weights back to signed bytes, then `sdot` (each 32-bit lane a row's
+/// four-column dot) where the CPU has the dot-product extension, else
+/// widening multiplies (`smull`) and pairwise adds; both exact. The f32 steps
+/// are the scalar path's, four rows a register.
+#[cfg(target_arch = "aarch64")]
+pub(crate) mod neon {
+    use std::arch::aarch64::*;
+    use std::arch::asm;
+
+    /// Eight f16 at `p` as f32, rows 0..4 and 4..8 (`fcvtl`, exact; the
+    /// intrinsic's f16 vector type is not stable Rust).
+    #[inline(always)]
+    pub(crate) unsafe fn f16x8(p: *const u16) -> (float32x4_t, float32x4_t) {
+        let h = vld1q_u16(p);
+        let (lo, hi): (float32x4_t, float32x4_t);
+        asm!(
+            "fcvtl {lo:v}.4s, {h:v}.4h",
+            "fcvtl2 {hi:v}.4s, {h:v}.8h",
+            h = in(vreg) h,
+            lo = out(vreg) lo,
+            hi = out(vreg) hi,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+        (lo, hi)
+    }
+
+    /// A packed block's weights as signed bytes: register `2 g` holds
+    /// rows 0..4 of 4-byte group `g`, register `2 g + 1` rows 4..8.
+    #[inline(always)]
+    pub(crate) unsafe fn load(qs: &[u8; 256]) -> [int8x16_t; 16] {
+        let c80 = vdupq_n_u8(0x80);
+        std::array::from_fn(|i| {
+            vreinterpretq_s8_u8(veorq_u8(vld1q_u8(qs.as_ptr().add(16 * i)), c80))
+        })
+    }
+
+    /// The integer dots of a block with one activation block: columns
+    /// 0..16 for rows 0..4 and 4..8, then columns 16..32 likewise.
+    ///
+    /// # Safety
+    /// The CPU has the dot-product extension.
+    #[target_feature(enable = "dotprod")]
+    #[inline]
+    pub(crate) unsafe fn dots_sdot(w: &[int8x16_t; 16], x: &[i8; 32]) -> [int32x4_t; 4] {
+        let (x0, x1) = (vld1q_s8(x.as_ptr()), vld1q_s8(x.as_ptr().add(16)));
+        let z = vdupq_n_s32(0);
+        let (mut a0, mut a1, mut a2, mut a3) = (z, z, z, z);
+        // Group g's four activation bytes are lane g % 4 of x0 or x1 (`sdot`
+        // by element: no broadcast needed).
+        asm!(
+            "sdot {a0:v}.4s, {w0:v}.16b, {x0:v}.4b[0]",
+            "sdot {a1:v}.4s, {w1:v}.16b, {x0:v}.4b[0]",
+            "sdot {a0:v}.4s, {w2:v}.16b, {x0:v}.4b[1]",
+            "sdot {a1:v}.4s, {w3:v}.16b, {x0:v}.4b[1]",
+            "sdot {a0:v}.4s, {w4:v}.16b, {x0:v}.4b[2]",
+            "sdot {a1:v}.4s, {w5:v}.16b, {x0:v}.4b[2]",
+            "sdot {a0:v}.4s, {w6:v}.16b, {x0:v}.4b[3]",
+            "sdot {a1:v}.4s, {w7:v}.16b, {x0:v}.4b[3]",
+            "sdot {a2:v}.4s, {w8:v}.16b, {x1:v}.4b[0]",
+            "sdot {a3:v}.4s, {w9:v}.16b, {x1:v}.4b[0]",
+            "sdot {a2:v}.4s, {w10:v}.16b, {x1:v}.4b[1]",
+            "sdot {a3:v}.4s, {w11:v}.16b, {x1:v}.4b[1]",
+            "sdot {a2:v}.4s, {w12:v}.16b, {x1:v}.4b[2]",
+            "sdot {a3:v}.4s, {w13:v}.16b, {x1:v}.4b[2]",
+            "sdot {a2:v}.4s, {w14:v}.16b, {x1:v}.4b[3]",
+            "sdot {a3:v}.4s, {w15:v}.16b, {x1:v}.4b[3]",
+            a0 = inout(vreg) a0,
+            a1 = inout(vreg) a1,
+            a2 = inout(vreg) a2,
+            a3 = inout(vreg) a3,
+            w0 = in(vreg) w[0],
+            w1 = in(vreg) w[1],
+            w2 = in(vreg) w[2],
+            w3 = in(vreg) w[3],
+            w4 = in(vreg) w[4],
+            w5 = in(vreg) w[5],
+            w6 = in(vreg) w[6],
+            w7 = in(vreg) w[7],
+            w8 = in(vreg) w[8],
+            w9 = in(vreg) w[9],
+            w10 = in(vreg) w[10],
+            w11 = in(vreg) w[11],
+            w12 = in(vreg) w[12],
+            w13 = in(vreg) w[13],
+            w14 = in(vreg) w[14],
+            w15 = in(vreg) w[15],
+            x0 = in(vreg) x0,
+            x1 = in(vreg) x1,
+            options(pure, nomem, nostack, preserves_flags),
+        );
+        [a0, a1, a2, a3]
+    }
+
+    /// [`dots_sdot`] by widening multiplies: each `smull` gives two rows'
+    /// eight products, pairwise-added into their lanes. A product is at most
+    /// 128 · 127 in magnitude (activations are within ±127), so two fit the
+    /// 16-bit sums exactly.
+    #[inline(always)]
+    pub(crate) unsafe fn dots_plain(w: &[int8x16_t; 16], x: &[i8; 32]) -> [int32x4_t; 4] {
+        // p[half][j]: rows 2j, 2j + 1, columns 0..2 and 2..4 of each group.
+        let mut p = [[vdupq_n_s32(0); 4]; 2];
+        for g in 0..8 {
+            let xg = vreinterpretq_s8_s32(vdupq_n_s32(std::ptr::read_unaligned(
+                x.as_ptr().add(4 * g) as *const i32,
+            )));
+            let h = &mut p[g / 4];
+            for (j, wj) in [w[2 * g], w[2 * g + 1]].into_iter().enumerate() {
+                let lo = vmull_s8(vget_low_s8(wj), vget_low_s8(xg));
+                h[2 * j] = vpadalq_s16(h[2 * j], lo);
+                h[2 * j + 1] = vpadalq_s16(h[2 * j + 1], vmull_high_s8(wj, xg));
+            }
+        }
+        [
+            vpaddq_s32(p[0][0], p[0][1]),
+            vpaddq_s32(p[0][2], p[0][3]),
+            vpaddq_s32(p[1][0], p[1][1]),
+            vpaddq_s32(p[1][2], p[1][3]),
+        ]
+    }
+
+    /// Generates `group` for one way of taking the integer dots; only
+    /// `$dots` differs, so both give the same bits.
+    macro_rules! q8_group {
+        ($name:ident, $(#[$attr:meta])* $dots:path) => {
+            $(#[$attr])*
+            pub(crate) unsafe fn $name<const XR: usize>(
+                w: &[super::Q8x8],
+                x: &[super::Q8Row<'_>; XR],
+            ) -> [[f32; 8]; XR] {
+                let mut acc = [[vdupq_n_f32(0.0); 2]; XR];
+                for (i, b) in w.iter().enumerate() {
+                    let dw = f16x8(b.d.as_ptr() as *const u16);
+                    let q = load(&b.qs);
+                    for (a, xr) in acc.iter_mut().zip(x) {
+                        let [lo0, lo1, hi0, hi1] = $dots(&q, xr.qs.get_unchecked(i));
+                        let dx = *xr.scales.get_unchecked(i);
+                        let s0 = vcvtq_f32_s32(vaddq_s32(lo0, hi0));
+                        let s1 = vcvtq_f32_s32(vaddq_s32(lo1, hi1));
+                        a[0] = vfmaq_f32(a[0], vmulq_n_f32(dw.0, dx), s0);
+                        a[1] = vfmaq_f32(a[1], vmulq_n_f32(dw.1, dx), s1);
+                    }
+                }
+                acc.map(|a| std::mem::transmute::<[float32x4_t; 2], [f32; 8]>(a))
+            }
+        };
+    }
+    q8_group!(
+        group_sdot,
+        #[target_feature(enable = "dotprod")]
+        dots_sdot
+    );
+    q8_group!(group_plain, dots_plain);
+
+    /// [`super::quantize_block_scalar`] in eight registers. The maximum of
+    /// finite values does not depend on its order; `fcvtas` rounds half away
+    /// from zero as `f32::round` does, and NaN to 0 as `as i8` does.
+    pub(crate) unsafe fn quantize_block(x: &[f32; 32]) -> (half::f16, [i8; 32]) {
+        let v: [float32x4_t; 8] = std::array::from_fn(|i| vld1q_f32(x.as_ptr().add(4 * i)));
+        let a = v.map(|r| vabsq_f32(r));
+        let m = |p: float32x4_t, q: float32x4_t| vmaxq_f32(p, q);
+        let top = m(
+            m(m(a[0], a[1]), m(a[2], a[3])),
+            m(m(a[4], a[5]), m(a[6], a[7])),
+        );
+        let amax = vmaxvq_f32(top).max(0.0);
+        // Compares false for NaN: finite means every |x| ≤ f32::MAX.
+        let big = vdupq_n_f32(f32::MAX);
+        let ok = a
+            .iter()
+            .fold(vdupq_n_u32(!0), |o, r| vandq_u32(o, vcleq_f32(*r, big)));
+        let d = if vminvq_u32(ok) == !0 {
+            amax / 127.0
+        } else {
+            f32::NAN
+        };
+        let id = if d != 0.0 { 1.0 / d } else { 0.0 };
+        let q = v.map(|r| vcvtaq_s32_f32(vmulq_n_f32(r, id)));
+        let h: [int16x8_t; 4] =
+            std::array::from_fn(|i| vcombine_s16(vmovn_s32(q[2 * i]), vmovn_s32(q[2 * i + 1])));
+        let out = [
+            vcombine_s8(vmovn_s16(h[0]), vmovn_s16(h[1])),
+            vcombine_s8(vmovn_s16(h[2]), vmovn_s16(h[3])),
+        ];
+        (
+            half::f16::from_f32(d),
+            std::mem::transmute::<[int8x16_t; 2], [i8; 32]>(out),
+        )
+    }
 }
 
 #[cfg(test)]
@@ -603,6 +829,12 @@ mod tests {
                     // SAFETY: VNNI implies AVX2, FMA and F16C were detected.
                     let avx = unsafe { avx2::group(wg, &[xs[r]]) };
                     assert_eq!(avx[0], one[0], "group {g}: AVX2 vs VNNI");
+                }
+                #[cfg(target_arch = "aarch64")]
+                if crate::cpu::dotprod() {
+                    // SAFETY: the lengths were checked by `group`.
+                    let plain = unsafe { neon::group_plain(wg, &[xs[r]]) };
+                    assert_eq!(plain[0], one[0], "group {g}: widening multiplies vs sdot");
                 }
                 for (k, &got) in eight[r].iter().enumerate() {
                     let row = 8 * g + k;
