@@ -182,6 +182,84 @@ fn the_aarch64_build_gives_this_hosts_bits() {
     assert!(err.contains(&format!("{ISA_VAR}=avx512")), "{err}");
 }
 
+/// The number after `key` in `line` (commas and units aside).
+fn figure(line: &str, key: &str) -> f64 {
+    let at = line
+        .find(key)
+        .unwrap_or_else(|| panic!("{key:?} in {line:?}"))
+        + key.len();
+    let num: String = line[at..]
+        .trim_start()
+        .chars()
+        .take_while(|c| c.is_ascii_digit() || *c == '.')
+        .collect();
+    num.parse()
+        .unwrap_or_else(|_| panic!("a number after {key:?} in {line:?}"))
+}
+
+/// `bench` measures the host's ceilings on the engine's threads (the int8
+/// dot peak of the family in force, where it has a dot instruction, and the
+/// streaming read) and states prefill and every decode batch as fractions
+/// of them; the matrix products are counted from the model's shape (the
+/// default GGUF's layers hold 0.36 B weights, one MAC each a token).
+#[test]
+#[cfg_attr(
+    not(has_default_model),
+    ignore = "needs the default model: run models/fetch.sh"
+)]
+fn bench_reads_its_figures_against_the_hosts_ceilings() {
+    let model = default_model();
+    for cap in Isa::available() {
+        let out = stdout(
+            Build::Here,
+            Some(cap.name()),
+            &[
+                "bench",
+                "--model",
+                model.to_str().unwrap(),
+                "--threads",
+                "2",
+                "--prefill-tokens",
+                "64",
+                "--batches",
+                "1,4",
+                "--decode-steps",
+                "4",
+                "--turns",
+                "1",
+            ],
+        );
+        let lines = |start: &'static str| {
+            out.lines()
+                .filter(move |l| l.starts_with(start))
+                .collect::<Vec<_>>()
+        };
+        let peak = lines("host: int8 dot peak").first().copied();
+        assert_eq!(peak.is_some(), cap != Isa::Scalar, "{cap}: {out}");
+        let stream = figure(lines("host: streaming read")[0], "read");
+        assert!(stream > 0.0, "{out}");
+        let prefill = lines("prefill:")[0];
+        assert_eq!(figure(prefill, "products:"), 357.8, "{prefill}");
+        if let Some(peak) = peak {
+            let dot = figure(peak, "peak");
+            let (rate, pct) = (figure(prefill, "|"), figure(prefill, "GMAC/s,"));
+            assert!(dot > 0.0 && rate > 0.0, "{out}");
+            assert!(
+                (100.0 * rate / dot - pct).abs() <= 1.0,
+                "{prefill} against {peak}"
+            );
+        }
+        let decode = lines("decode: batch");
+        assert_eq!(decode.len(), 2, "{out}");
+        for d in decode {
+            // The widened default GGUF: 558 MB of weights each step reads.
+            assert_eq!(figure(d, "weights"), 558.0, "{d}");
+            let (rate, pct) = (figure(d, "step:"), figure(d, "GB/s,"));
+            assert!((100.0 * rate / stream - pct).abs() <= 1.0, "{d}");
+        }
+    }
+}
+
 #[test]
 fn a_cap_that_cannot_run_is_refused_in_one_line() {
     let x86 = cfg!(target_arch = "x86_64");

@@ -26,6 +26,7 @@ pub mod matmul;
 pub mod native;
 pub mod ops;
 pub mod pair;
+pub mod peak;
 pub mod q8;
 
 pub use attention::attend;

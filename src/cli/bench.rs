@@ -11,6 +11,7 @@ use statebench::engine::device::{Device, DeviceChoice};
 use statebench::engine::Engine;
 use statebench::ladder::episode::BriefVariant;
 use statebench::ladder::run::cell::CellConfig;
+use statebench_kernels::peak;
 
 use super::{emit, BackendArgs, ModelArgs};
 
@@ -101,6 +102,27 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
         device.hardware,
         device.arithmetic.split(':').next().unwrap_or_default()
     );
+    // The host's own ceilings, measured on the engine's threads, so that
+    // prefill and decode read as fractions of them.
+    let ceilings = (device.name == "cpu")
+        .then(|| engine.on_threads(|| (peak::int8_dot(), peak::stream_read())));
+    if let Some((dot, stream)) = &ceilings {
+        if let Some(d) = dot {
+            println!(
+                "host: int8 dot peak {:.1} GMAC/s ({})",
+                d.per_sec / 1e9,
+                d.how
+            );
+        }
+        println!(
+            "host: streaming read {:.1} GB/s ({})",
+            stream.per_sec / 1e9,
+            stream.how
+        );
+    }
+    let cfg = &engine.model().cfg;
+    let (layer_macs, head_macs) = (cfg.layer_macs_per_token(), cfg.head_macs());
+    let streamed = engine.model().streamed_bytes();
     let b = bench::engine(
         engine,
         &EngineBenchOptions {
@@ -112,11 +134,20 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
             turn_tokens: a.turn_tokens,
         },
     )?;
+    // Matrix products only: the layers' for every token, the output head
+    // for the last.
+    let macs = (b.prefill.tokens * layer_macs + head_macs) as f64 / b.prefill.secs;
+    let of_peak = match ceilings.as_ref().and_then(|c| c.0.as_ref()) {
+        Some(d) => format!(", {:.0}% of the int8 dot peak", 100.0 * macs / d.per_sec),
+        None => String::new(),
+    };
     println!(
-        "prefill: {} tokens in {:.2}s = {:.1} tok/s",
+        "prefill: {} tokens in {:.2}s = {:.1} tok/s | {:.1} GMAC/s{of_peak} (matrix products: {:.1} MMAC a token, the output head once)",
         b.prefill.tokens,
         b.prefill.secs,
-        b.prefill.per_sec()
+        b.prefill.per_sec(),
+        macs / 1e9,
+        layer_macs as f64 / 1e6,
     );
     let base = b
         .decode
@@ -125,8 +156,26 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
         .map(|(_, r)| r.per_sec());
     for (n, r) in &b.decode {
         let tps = r.per_sec();
+        // Each step reads every weight once, whatever the batch.
+        let reads = match streamed {
+            Some(bytes) => {
+                let rate = bytes as f64 * tps / *n as f64;
+                let of = match &ceilings {
+                    Some((_, s)) => {
+                        format!(", {:.0}% of the streaming read", 100.0 * rate / s.per_sec)
+                    }
+                    None => String::new(),
+                };
+                format!(
+                    " | weights {:.0} MB a step: {:.1} GB/s{of}",
+                    bytes as f64 / 1e6,
+                    rate / 1e9
+                )
+            }
+            None => String::new(),
+        };
         println!(
-            "decode: batch {n:>2}: {tps:.1} tok/s aggregate ({:.1} per sequence, {:.2}x batch 1)",
+            "decode: batch {n:>2}: {tps:.1} tok/s aggregate ({:.1} per sequence, {:.2}x batch 1){reads}",
             tps / *n as f64,
             base.map_or(0.0, |x| tps / x)
         );

@@ -289,6 +289,12 @@ impl<D: Device> Engine<D> {
         &self.model
     }
 
+    /// Runs `f` on the engine's threads (what a measurement of the host
+    /// beside the engine's own figures needs).
+    pub fn on_threads<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        self.pool.install(f)
+    }
+
     /// Runs one ragged forward batch on the engine's threads; returns each
     /// item's last logits.
     pub fn forward(

@@ -64,6 +64,19 @@ impl Config {
         self.layers * 2 * self.kv_heads * self.head_dim * 4
     }
 
+    /// Multiply-accumulates of one token's matrix products in the decoder
+    /// layers: q, k, v, o, gate, up and down (attention over the cache aside).
+    pub fn layer_macs_per_token(&self) -> usize {
+        let (h, i) = (self.hidden, self.intermediate);
+        let (q, kv) = (self.heads * self.head_dim, self.kv_heads * self.head_dim);
+        self.layers * (2 * h * q + 2 * h * kv + 3 * h * i)
+    }
+
+    /// Multiply-accumulates of the output head for one row it scores.
+    pub fn head_macs(&self) -> usize {
+        self.hidden * self.vocab
+    }
+
     /// Head counts and size.
     pub fn heads(&self) -> Heads {
         Heads {
@@ -205,6 +218,22 @@ pub struct BatchItem<'a, C = KvCache> {
 }
 
 impl<D: Device> Model<D> {
+    /// Bytes of weights one decode step reads: every layer's projections and
+    /// the output head (the embedding where the head is tied to it; else
+    /// the embedding gives one row a token and is not counted). `None` where
+    /// the device does not say what its weights take.
+    pub fn streamed_bytes(&self) -> Option<usize> {
+        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
+        let mut total = self.device.weight_bytes(head)?;
+        for l in &self.layers {
+            let (a, m) = (&l.attn, &l.mlp);
+            for lin in [&a.q, &a.k, &a.v, &a.o, &m.gate, &m.up, &m.down] {
+                total += self.device.weight_bytes(&lin.w)?;
+            }
+        }
+        Some(total)
+    }
+
     /// Runs the batch; returns the logits of each item's last token.
     pub fn forward(
         &self,

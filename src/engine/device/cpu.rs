@@ -64,6 +64,10 @@ impl Device for Cpu {
             .map_err(|e| BackendError::BadRequest(format!("weight matrix: {e}")))
     }
 
+    fn weight_bytes(&self, w: &Matrix) -> Option<usize> {
+        Some(w.bytes())
+    }
+
     fn vector(&self, v: Vec<f32>) -> Result<Vec<f32>, BackendError> {
         Ok(v)
     }

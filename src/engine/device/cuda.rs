@@ -1825,6 +1825,11 @@ impl Device for Cuda {
         self.info.clone()
     }
 
+    fn weight_bytes(&self, w: &CudaWeight) -> Option<usize> {
+        // bf16 values.
+        Some(w.rows * w.cols * 2)
+    }
+
     fn weight(&self, w: HostWeight) -> Result<CudaWeight, BackendError> {
         let (rows, cols) = (w.rows(), w.cols());
         if !cols.is_multiple_of(8) {

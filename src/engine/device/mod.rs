@@ -263,6 +263,11 @@ pub trait Device: Sync + Send {
     fn info(&self) -> DeviceInfo;
     /// Takes a weight matrix loaded on the host.
     fn weight(&self, w: HostWeight) -> Result<Self::Weight, BackendError>;
+    /// Bytes a weight matrix takes on the device, where the device says.
+    fn weight_bytes(&self, w: &Self::Weight) -> Option<usize> {
+        let _ = w;
+        None
+    }
     /// Takes a parameter vector loaded on the host.
     fn vector(&self, v: Vec<f32>) -> Result<Self::Vector, BackendError>;
     /// The RoPE table for `max_pos` positions.
