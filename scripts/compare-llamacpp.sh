@@ -4,32 +4,60 @@
 # so both see the same neighbours on a shared machine; prints each figure's
 # range per side and the ratio of the medians.
 #
-#   scripts/compare-llamacpp.sh            # engine figures, 2 rounds
+#   scripts/compare-llamacpp.sh            # engine figures, 3 rounds
 #   ROUNDS=4 scripts/compare-llamacpp.sh
 #   scripts/compare-llamacpp.sh --cell     # also a live cell: in-process
 #                                          # against llama-server -np 8
+#   scripts/compare-llamacpp.sh --isa avx512   # statebench capped at a
+#                                          # kernel family (STATEBENCH_CPU_ISA)
+#   scripts/compare-llamacpp.sh --isa avx2 # the laptop path: statebench's
+#                                          # avx2 family against llama.cpp
+#                                          # built with AVX-512 off
 #
 # llama.cpp is built on first use under target/llama.cpp from the vendored
 # copy in the llama-cpp-python sdist on PyPI (cmake from PyPI when missing;
-# native CPU flags; no curl, no OpenSSL). LLAMA_BIN=DIR uses binaries you
-# already have instead.
+# the CPU's own instruction sets, or AVX2 at most with --isa avx2 or
+# scalar, in build-avx2 beside the default build; no curl, no OpenSSL).
+# LLAMA_BIN=DIR uses binaries you already have instead.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-ROUNDS=${ROUNDS:-2}
+ROUNDS=${ROUNDS:-3}
 THREADS=${THREADS:-2}
 MODEL=${MODEL:-models/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf}
 WORK=target/llama.cpp
 CELL=0
-[ "${1:-}" = "--cell" ] && CELL=1
-
+ISA=""
 note() { printf '%s\n' "$*" >&2; }
+while [ $# -gt 0 ]; do
+    case $1 in
+        --cell) CELL=1 ;;
+        --isa)
+            [ $# -ge 2 ] || { note "--isa needs a kernel family (scalar|avx2|avx512|amx|neon)"; exit 2; }
+            ISA=$2
+            shift
+            ;;
+        *) note "unknown argument $1 (--cell, --isa FAMILY)"; exit 2 ;;
+    esac
+    shift
+done
+# The cap reaches every statebench run below; statebench refuses one it
+# cannot take before anything is measured.
+if [ -n "$ISA" ]; then
+    export STATEBENCH_CPU_ISA=$ISA
+fi
+# llama.cpp's counterpart of a family without AVX-512: a build with it off.
+BUILD=build
+case $ISA in
+    avx2 | scalar) BUILD=build-avx2 ;;
+esac
 
 [ -f "$MODEL" ] || bash models/fetch.sh
 
 build_llama() {
     local cmake
     cmake=$(command -v cmake || true)
+    [ -z "$cmake" ] && [ -x "$WORK/tools/cmake/data/bin/cmake" ] && cmake="$WORK/tools/cmake/data/bin/cmake"
     if [ -z "$cmake" ]; then
         note "cmake: installing the PyPI wheel under $WORK/tools"
         python3 -m pip install --quiet --disable-pip-version-check --target "$WORK/tools" cmake
@@ -53,8 +81,10 @@ build_llama() {
     # The CPU's own instruction sets, named one by one rather than
     # -march=native: ggml's AMX path crashed (SIGSEGV in
     # ggml_backend_amx_mul_mat) on a VM that reports AMX, so it stays off.
-    local flags=() f
-    for f in avx avx2 fma f16c bmi2 avx512f avx512_vnni avx512_bf16 avx512vbmi avx_vnni; do
+    local flags=() f wanted="avx avx2 fma f16c bmi2 avx512f avx512_vnni avx512_bf16 avx512vbmi avx_vnni"
+    # The laptop path: AVX2, FMA and F16C, as statebench's avx2 family.
+    [ "$BUILD" = build-avx2 ] && wanted="avx avx2 fma f16c bmi2"
+    for f in $wanted; do
         if grep -qw "$f" /proc/cpuinfo; then
             case $f in
                 avx512f) flags+=(-DGGML_AVX512=ON) ;;
@@ -65,14 +95,15 @@ build_llama() {
             esac
         fi
     done
-    "$cmake" -S "$WORK/src" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
+    note "llama.cpp: building $WORK/$BUILD (${flags[*]})"
+    "$cmake" -S "$WORK/src" -B "$WORK/$BUILD" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=OFF \
         "${flags[@]}" -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF \
         -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF -DBUILD_SHARED_LIBS=OFF >/dev/null
-    "$cmake" --build "$WORK/build" -j "$(nproc)" \
+    "$cmake" --build "$WORK/$BUILD" -j "$(nproc)" \
         --target llama-bench llama-batched-bench llama-server >/dev/null
 }
 
-LLAMA_BIN=${LLAMA_BIN:-$WORK/build/bin}
+LLAMA_BIN=${LLAMA_BIN:-$WORK/$BUILD/bin}
 if [ ! -x "$LLAMA_BIN/llama-bench" ] || [ ! -x "$LLAMA_BIN/llama-batched-bench" ]; then
     build_llama
 fi
@@ -94,6 +125,7 @@ run_llama() {
         -npp 64 -ntg 32 -npl 1,4,16,32 >"$OUT/lbb.$1.txt" 2>/dev/null
 }
 
+note "statebench: ${STATEBENCH_CPU_ISA:-its widest} kernel family; llama.cpp: $LLAMA_BIN"
 for r in $(seq 1 "$ROUNDS"); do
     note "round $r of $ROUNDS"
     if [ $((r % 2)) -eq 1 ]; then
@@ -105,9 +137,15 @@ for r in $(seq 1 "$ROUNDS"); do
     fi
 done
 
-python3 - "$OUT" "$ROUNDS" <<'EOF'
+python3 - "$OUT" "$ROUNDS" "$LLAMA_BIN" <<'EOF'
 import csv, glob, re, statistics, sys
-out, rounds = sys.argv[1], int(sys.argv[2])
+out, rounds, llama = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+first = open(f"{out}/sb.1.txt").read()
+family = re.search(r"\| cpu (\w+) kernels \|", first)
+print(f"statebench: {family.group(1) if family else '?'} kernels; llama.cpp: {llama}; {rounds} rounds")
+for line in first.splitlines():
+    if line.startswith("host:"):
+        print(line)
 sb = {k: [] for k in ["prefill 512", "decode b1", "decode b4", "decode b16", "decode b32"]}
 ll = {k: [] for k in sb}
 for r in range(1, rounds + 1):
