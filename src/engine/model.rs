@@ -223,15 +223,23 @@ impl<D: Device> Model<D> {
     /// the embedding gives one row a token and is not counted). `None` where
     /// the device does not say what its weights take.
     pub fn streamed_bytes(&self) -> Option<usize> {
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        let mut total = self.device.weight_bytes(head)?;
-        for l in &self.layers {
+        std::iter::once(self.head())
+            .chain(self.projections().map(|l| &l.w))
+            .map(|w| self.device.weight_bytes(w))
+            .sum()
+    }
+
+    /// The output head: its own matrix, or the embedding it is tied to.
+    pub fn head(&self) -> &D::Weight {
+        self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// Every layer's projections (q, k, v, o, gate, up, down), layer by layer.
+    pub fn projections(&self) -> impl Iterator<Item = &Linear<D>> {
+        self.layers.iter().flat_map(|l| {
             let (a, m) = (&l.attn, &l.mlp);
-            for lin in [&a.q, &a.k, &a.v, &a.o, &m.gate, &m.up, &m.down] {
-                total += self.device.weight_bytes(&lin.w)?;
-            }
-        }
-        Some(total)
+            [&a.q, &a.k, &a.v, &a.o, &m.gate, &m.up, &m.down]
+        })
     }
 
     /// Runs the batch; returns the logits of each item's last token.
@@ -347,8 +355,7 @@ impl<D: Device> Model<D> {
         bad_layer: Option<&mut Option<usize>>,
     ) -> Option<(D::Act, Vec<usize>)> {
         let (h, spans) = self.hidden_rows(items, every_row, bad_layer)?; // rows × hidden
-        let head = self.lm_head.as_ref().unwrap_or(&self.embed);
-        Some((self.device.logits(head, &h), spans)) // rows × vocab
+        Some((self.device.logits(self.head(), &h), spans)) // rows × vocab
     }
 
     /// Runs the batch; returns each item's last hidden state after the final

@@ -252,17 +252,7 @@ impl Device for Cpu {
 impl crate::engine::model::Model<Cpu> {
     /// Bytes the weight matrices take in memory (norms and biases aside).
     pub fn weight_bytes(&self) -> usize {
-        let layers: usize = self
-            .layers
-            .iter()
-            .map(|l| {
-                let (a, m) = (&l.attn, &l.mlp);
-                [&a.q, &a.k, &a.v, &a.o, &m.gate, &m.up, &m.down]
-                    .iter()
-                    .map(|lin| lin.w.bytes())
-                    .sum::<usize>()
-            })
-            .sum();
+        let layers: usize = self.projections().map(|lin| lin.w.bytes()).sum();
         self.embed.bytes() + self.lm_head.as_ref().map_or(0, Matrix::bytes) + layers
     }
 }
