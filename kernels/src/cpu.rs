@@ -310,3 +310,26 @@ pub(crate) fn prefetch_ahead<T>(b: *const T) {
         unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line)) };
     }
 }
+
+/// Keeps the memory a forward pass frees for the next one. A prefill pass
+/// allocates activations of megabytes per product (512 rows × 4,864 f32 is
+/// 10 MB); glibc serves blocks that large with fresh pages from the kernel
+/// and unmaps them on free, so every pass faulted its pages in again. Blocks
+/// up to 32 MiB (the largest heap threshold glibc takes) now come from the
+/// heap, which is no longer trimmed: the process keeps its peak footprint,
+/// and a pass reuses the pages the last one touched. Process-wide, set once;
+/// results do not depend on it.
+pub fn hold_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        static ONCE: std::sync::Once = std::sync::Once::new();
+        ONCE.call_once(|| {
+            // SAFETY: mallopt only changes the allocator's thresholds; glibc
+            // takes its own lock. A refused value leaves the default.
+            unsafe {
+                libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+                libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
+            }
+        });
+    }
+}

@@ -212,6 +212,8 @@ impl Engine<Cpu> {
     /// Loads a model onto the CPU from a GGUF path, a safetensors directory
     /// or a hub id.
     pub fn load(spec: &str, opts: EngineOptions) -> Result<Self, BackendError> {
+        // The CPU's forward passes allocate their activations per pass.
+        statebench_kernels::cpu::hold_freed_memory();
         Self::load_on(Cpu, spec, opts)
     }
 }
