@@ -174,10 +174,11 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
             }
             None => String::new(),
         };
+        // Against batch 1 only where it was measured.
+        let vs_one = base.map_or(String::new(), |x| format!(", {:.2}x batch 1", tps / x));
         println!(
-            "decode: batch {n:>2}: {tps:.1} tok/s aggregate ({:.1} per sequence, {:.2}x batch 1){reads}",
+            "decode: batch {n:>2}: {tps:.1} tok/s aggregate ({:.1} per sequence{vs_one}){reads}",
             tps / *n as f64,
-            base.map_or(0.0, |x| tps / x)
         );
     }
     println!(
