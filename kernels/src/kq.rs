@@ -48,7 +48,7 @@ impl Packed for K8 {
         let mut corr = [0f32; 8];
         for (i, b) in w.iter().enumerate() {
             let dx = x.scales[i];
-            let sx = (x.sums[i][0] + x.sums[i][1]) as f32;
+            let sx = x.sx[i];
             for k in 0..8 {
                 let [lo, hi] = int_dots(&b.qs, k, &x.qs[i]);
                 acc[k] = (b.s0[k] * dx).mul_add(lo as f32, acc[k]);
@@ -101,11 +101,10 @@ mod neon {
                     let q = load(&b.qs);
                     for r in 0..XR {
                         let xr = x.get_unchecked(r);
-                        let s = *xr.sums.get_unchecked(i);
                         let [lo0, lo1, hi0, hi1] = $dots(&q, xr.qs.get_unchecked(i));
                         let (lo, hi) = ([lo0, lo1], [hi0, hi1]);
                         let dx = *xr.scales.get_unchecked(i);
-                        let sx = vdupq_n_f32((s[0] + s[1]) as f32);
+                        let sx = vdupq_n_f32(*xr.sx.get_unchecked(i));
                         for h in 0..2 {
                             let a = vfmaq_f32(acc[r][h], vmulq_n_f32(s0[h], dx), vcvtq_f32_s32(lo[h]));
                             acc[r][h] = vfmaq_f32(a, vmulq_n_f32(s1[h], dx), vcvtq_f32_s32(hi[h]));
@@ -155,10 +154,10 @@ mod simd {
                     for r in 0..XR {
                         let xr = x.get_unchecked(r);
                         let $x = xr.qs.get_unchecked(i);
-                        let $s = *xr.sums.get_unchecked(i);
+                        let $s = xr.starts.get_unchecked(i);
                         let (lo, hi) = $dots;
                         let dx = _mm256_set1_ps(*xr.scales.get_unchecked(i));
-                        let sx = _mm256_set1_ps(($s[0] + $s[1]) as f32);
+                        let sx = _mm256_set1_ps(*xr.sx.get_unchecked(i));
                         let a =
                             _mm256_fmadd_ps(_mm256_mul_ps(s0, dx), _mm256_cvtepi32_ps(lo), acc[r]);
                         acc[r] = _mm256_fmadd_ps(_mm256_mul_ps(s1, dx), _mm256_cvtepi32_ps(hi), a);

@@ -611,18 +611,20 @@ fn by_eights<const W: usize>(
     s1: usize,
     put: impl Fn(usize, &[[f32; W]]),
 ) {
+    // The rows are borrowed in place, not copied per call.
+    fn rows_at<'a, 'x, const XR: usize>(xrows: &'a [Q8Row<'x>], b: usize) -> &'a [Q8Row<'x>; XR] {
+        xrows[b..b + XR].try_into().expect("XR rows")
+    }
     while b + 8 <= s1 {
-        let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| xrows[b + r]);
-        put(b, &k.rows(&xs));
+        put(b, &k.rows(rows_at::<8>(xrows, b)));
         b += 8;
     }
     if b + 4 <= s1 {
-        let xs: [Q8Row<'_>; 4] = std::array::from_fn(|r| xrows[b + r]);
-        put(b, &k.rows(&xs));
+        put(b, &k.rows(rows_at::<4>(xrows, b)));
         b += 4;
     }
     while b < s1 {
-        put(b, &k.rows(&[xrows[b]]));
+        put(b, &k.rows(rows_at::<1>(xrows, b)));
         b += 1;
     }
 }

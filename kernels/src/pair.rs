@@ -285,7 +285,7 @@ impl Pair for PairK {
         let mut corr = [0f32; 16];
         for (i, b) in w.iter().enumerate() {
             let dx = x.scales[i];
-            let sx = (x.sums[i][0] + x.sums[i][1]) as f32;
+            let sx = x.sx[i];
             for j in 0..16 {
                 let [lo, hi] = pair_dots(&b.qs, j, &x.qs[i]);
                 acc[j] = (b.s0[j] * dx).mul_add(lo as f32, acc[j]);
@@ -323,12 +323,12 @@ mod vnni {
     /// The exact integer dots of sixteen rows with one activation block,
     /// over columns 0..16 and 16..32.
     #[inline(always)]
-    unsafe fn dots(q: &[__m512i; 8], x: &[i8; 32], s: [i32; 2]) -> (__m512i, __m512i) {
+    unsafe fn dots(q: &[__m512i; 8], x: &[i8; 32], start: [i32; 2]) -> (__m512i, __m512i) {
         let group4 = |g: usize| {
             _mm512_set1_epi32(std::ptr::read_unaligned(x.as_ptr().add(4 * g) as *const i32))
         };
-        let mut lo = _mm512_set1_epi32(-128 * s[0]);
-        let mut hi = _mm512_set1_epi32(-128 * s[1]);
+        let mut lo = _mm512_set1_epi32(start[0]);
+        let mut hi = _mm512_set1_epi32(start[1]);
         for g in 0..4 {
             lo = _mm512_dpbusd_epi32(lo, q[g], group4(g));
             hi = _mm512_dpbusd_epi32(hi, q[g + 4], group4(g + 4));
@@ -344,7 +344,7 @@ mod vnni {
             let dw = _mm512_load_ps(b.d.as_ptr());
             let q = load(&b.qs);
             for (a, xr) in acc.iter_mut().zip(x) {
-                let (lo, hi) = dots(&q, xr.qs.get_unchecked(i), *xr.sums.get_unchecked(i));
+                let (lo, hi) = dots(&q, xr.qs.get_unchecked(i), *xr.starts.get_unchecked(i));
                 let s = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi));
                 let d = _mm512_mul_ps(dw, _mm512_set1_ps(*xr.scales.get_unchecked(i)));
                 *a = _mm512_fmadd_ps(d, s, *a);
@@ -365,10 +365,9 @@ mod vnni {
             let q = load(&b.qs);
             for r in 0..XR {
                 let xr = x.get_unchecked(r);
-                let s = *xr.sums.get_unchecked(i);
-                let (lo, hi) = dots(&q, xr.qs.get_unchecked(i), s);
+                let (lo, hi) = dots(&q, xr.qs.get_unchecked(i), *xr.starts.get_unchecked(i));
                 let dx = _mm512_set1_ps(*xr.scales.get_unchecked(i));
-                let sx = _mm512_set1_ps((s[0] + s[1]) as f32);
+                let sx = _mm512_set1_ps(*xr.sx.get_unchecked(i));
                 let a = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(lo), acc[r]);
                 acc[r] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx), _mm512_cvtepi32_ps(hi), a);
                 corr[r] = _mm512_fmadd_ps(_mm512_mul_ps(m, dx), sx, corr[r]);

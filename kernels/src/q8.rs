@@ -135,7 +135,8 @@ pub struct Activations {
     bpr: usize,
     qs: Vec<[i8; 32]>,
     scales: Vec<f32>,
-    sums: Vec<[i32; 2]>,
+    starts: Vec<[i32; 2]>,
+    sx: Vec<f32>,
     #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     tiles: Vec<TileBlock>,
 }
@@ -167,14 +168,19 @@ pub struct Q8Row<'a> {
     pub qs: &'a [[i8; 32]],
     /// Scale of each block, as f32.
     pub scales: &'a [f32],
-    /// Sums of each block's values over columns 0..16 and 16..32.
-    pub sums: &'a [[i32; 2]],
+    /// Per block, `-128 ·` the sums of its values over columns 0..16 and
+    /// 16..32: where `vpdpbusd`'s sums with weights shifted to unsigned
+    /// start, so that they end at the signed products (made once per row,
+    /// not once per weight group).
+    pub starts: &'a [[i32; 2]],
+    /// Per block, the sum of its values as f32 (exact: at most 32 · 127).
+    pub sx: &'a [f32],
 }
 
 impl Q8Row<'_> {
     /// Whether the row has at least `n` blocks.
     pub fn covers(&self, n: usize) -> bool {
-        self.qs.len() >= n && self.scales.len() >= n && self.sums.len() >= n
+        self.qs.len() >= n && self.scales.len() >= n && self.starts.len() >= n && self.sx.len() >= n
     }
 }
 
@@ -186,25 +192,28 @@ impl Activations {
         let bpr = cols / 32;
         let mut qs = vec![[0i8; 32]; n * bpr];
         let mut scales = vec![0f32; n * bpr];
-        let mut sums = vec![[0i32; 2]; n * bpr];
-        qs.par_chunks_mut(bpr.max(1))
-            .zip(scales.par_chunks_mut(bpr.max(1)))
-            .zip(sums.par_chunks_mut(bpr.max(1)))
+        let mut starts = vec![[0i32; 2]; n * bpr];
+        let mut sx = vec![0f32; n * bpr];
+        let c = bpr.max(1);
+        qs.par_chunks_mut(c)
+            .zip(scales.par_chunks_mut(c))
+            .zip(starts.par_chunks_mut(c).zip(sx.par_chunks_mut(c)))
             .zip(x.par_chunks(cols.max(1)))
-            .for_each(|(((q, s), m), row)| {
+            .for_each(|(((q, s), (st, sx)), row)| {
                 for (i, xb) in row.chunks_exact(32).enumerate() {
                     let (d, qs) = quantize_block(xb);
                     q[i] = qs;
                     s[i] = d.to_f32();
                     let lo: i32 = qs[..16].iter().map(|&v| v as i32).sum();
                     let hi: i32 = qs[16..].iter().map(|&v| v as i32).sum();
-                    m[i] = [lo, hi];
+                    st[i] = [-128 * lo, -128 * hi];
+                    sx[i] = (lo + hi) as f32;
                 }
             });
         // What the AMX kernels broadcast, made with the rows (not on first
         // use, so no task waits on another for them) where they run.
         let tiles = if amx_tiles() {
-            tile_blocks(bpr, &scales, &sums)
+            tile_blocks(bpr, &scales, &sx)
         } else {
             Vec::new()
         };
@@ -212,7 +221,8 @@ impl Activations {
             bpr,
             qs,
             scales,
-            sums,
+            starts,
+            sx,
             tiles,
         }
     }
@@ -223,7 +233,8 @@ impl Activations {
         Q8Row {
             qs: &self.qs[r.clone()],
             scales: &self.scales[r.clone()],
-            sums: &self.sums[r],
+            starts: &self.starts[r.clone()],
+            sx: &self.sx[r],
         }
     }
 
@@ -255,14 +266,14 @@ impl Activations {
 
 /// The [`TileBlock`]s of every whole tile of sixteen rows of activations
 /// (`bpr` blocks a row).
-fn tile_blocks(bpr: usize, scales: &[f32], sums: &[[i32; 2]]) -> Vec<TileBlock> {
+fn tile_blocks(bpr: usize, scales: &[f32], sx: &[f32]) -> Vec<TileBlock> {
     let mut all = Vec::with_capacity(scales.len() / 16);
     for t in 0..scales.len() / (16 * bpr.max(1)) {
         for i in 0..bpr {
             let at = |r: usize| (16 * t + r) * bpr + i;
             all.push(TileBlock {
                 dx: std::array::from_fn(|r| scales[at(r)]),
-                sx: std::array::from_fn(|r| (sums[at(r)][0] + sums[at(r)][1]) as f32),
+                sx: std::array::from_fn(|r| sx[at(r)]),
             });
         }
     }
@@ -446,7 +457,7 @@ macro_rules! q8_group {
                 let $q = super::avx2::load(&b.qs);
                 for (a, xr) in acc.iter_mut().zip(x) {
                     let $x = xr.qs.get_unchecked(i);
-                    let $s = *xr.sums.get_unchecked(i);
+                    let $s = xr.starts.get_unchecked(i);
                     let (lo, hi) = $dots;
                     let s = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
                     let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xr.scales.get_unchecked(i)));
@@ -461,7 +472,8 @@ macro_rules! q8_group {
 /// Integer dot products of a packed block (eight registers of 4-byte groups)
 /// with one activation block, as eight i32 lanes (one per weight row) for
 /// columns 0..16 and 16..32. VNNI: weights are unsigned (`q + 128`), so each
-/// `vpdpbusd` starts from `-128 · Σx` to leave the signed products exactly.
+/// `vpdpbusd` starts from `-128 · Σx` (the row's `starts`) to leave the
+/// signed products exactly.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod vnni {
     use std::arch::x86_64::*;
@@ -474,9 +486,13 @@ pub(crate) mod vnni {
 
     #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
     #[inline]
-    pub(crate) unsafe fn dots(q: &[__m256i; 8], x: &[i8; 32], s: [i32; 2]) -> (__m256i, __m256i) {
-        let mut lo = _mm256_set1_epi32(-128 * s[0]);
-        let mut hi = _mm256_set1_epi32(-128 * s[1]);
+    pub(crate) unsafe fn dots(
+        q: &[__m256i; 8],
+        x: &[i8; 32],
+        start: &[i32; 2],
+    ) -> (__m256i, __m256i) {
+        let mut lo = _mm256_set1_epi32(start[0]);
+        let mut hi = _mm256_set1_epi32(start[1]);
         for g in 0..4 {
             lo = _mm256_dpbusd_epi32(lo, q[g], group4(x, g));
             hi = _mm256_dpbusd_epi32(hi, q[g + 4], group4(x, g + 4));
