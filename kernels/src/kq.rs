@@ -181,7 +181,7 @@ mod simd {
         group_avx2,
         "avx2,fma,f16c",
         |q, x, _s| avx2::dots(&q, x),
-        avx2::load
+        avx2::signed
     );
 }
 

@@ -444,7 +444,7 @@ pub(crate) fn int_dots(qs: &[u8; 256], k: usize, x: &[i8; 32]) -> [i32; 2] {
 /// (`$dots`) differ between them, so all give the same bits.
 #[cfg(target_arch = "x86_64")]
 macro_rules! q8_group {
-    ($features:literal, |$q:ident, $x:ident, $s:ident| $dots:expr) => {
+    ($features:literal, |$q:ident, $x:ident, $s:ident| $dots:expr, $load:path) => {
         #[target_feature(enable = $features)]
         pub(super) unsafe fn group<const XR: usize>(
             w: &[super::Q8x8],
@@ -454,7 +454,7 @@ macro_rules! q8_group {
             for (i, b) in w.iter().enumerate() {
                 crate::cpu::prefetch_ahead(b);
                 let dw = _mm256_cvtph_ps(_mm_loadu_si128(b.d.as_ptr() as *const __m128i));
-                let $q = super::avx2::load(&b.qs);
+                let $q = $load(&b.qs);
                 for (a, xr) in acc.iter_mut().zip(x) {
                     let $x = xr.qs.get_unchecked(i);
                     let $s = xr.starts.get_unchecked(i);
@@ -500,40 +500,62 @@ pub(crate) mod vnni {
         (lo, hi)
     }
 
-    q8_group!("avx2,fma,f16c,avx512vnni,avx512vl", |q, x, s| dots(
-        &q, x, s
-    ));
+    q8_group!(
+        "avx2,fma,f16c,avx512vnni,avx512vl",
+        |q, x, s| dots(&q, x, s),
+        super::avx2::load
+    );
 }
 
 /// The same integer lanes without VNNI: weights back to signed, then the
-/// sign trick (`|w| · sign(x, w)`) so `maddubs` cannot saturate.
+/// sign trick (`|w| · sign(x, w)`) so `maddubs` cannot saturate. The
+/// weights' part of it (signed, and their magnitudes) is made once per
+/// block for all the activation rows of a call.
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use std::arch::x86_64::*;
 
+    /// A block's weights, signed again, and their magnitudes, four columns
+    /// of eight rows a register.
+    pub(crate) struct Signed {
+        w: [__m256i; 8],
+        abs: [__m256i; 8],
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    pub(crate) unsafe fn dots(q: &[__m256i; 8], x: &[i8; 32]) -> (__m256i, __m256i) {
+    pub(crate) unsafe fn dots(q: &Signed, x: &[i8; 32]) -> (__m256i, __m256i) {
         let ones = _mm256_set1_epi16(1);
-        let c80 = _mm256_set1_epi8(0x80u8 as i8);
         let mut s = [_mm256_setzero_si256(); 2];
         for g in 0..8 {
-            let w = _mm256_xor_si256(q[g], c80);
             let xg =
                 _mm256_set1_epi32(std::ptr::read_unaligned(x.as_ptr().add(4 * g) as *const i32));
-            let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xg, w));
+            let p = _mm256_maddubs_epi16(q.abs[g], _mm256_sign_epi8(xg, q.w[g]));
             s[g / 4] = _mm256_add_epi32(s[g / 4], _mm256_madd_epi16(p, ones));
         }
         (s[0], s[1])
     }
 
+    /// A block's values as they are stored (unsigned, `q + 128`).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
     pub(crate) unsafe fn load(qs: &[u8; 256]) -> [__m256i; 8] {
         std::array::from_fn(|g| _mm256_loadu_si256(qs.as_ptr().add(32 * g) as *const __m256i))
     }
 
-    q8_group!("avx2,fma,f16c", |q, x, _s| dots(&q, x));
+    /// A block's values signed again, with their magnitudes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) unsafe fn signed(qs: &[u8; 256]) -> Signed {
+        let c80 = _mm256_set1_epi8(0x80u8 as i8);
+        let w = load(qs).map(|q| _mm256_xor_si256(q, c80));
+        Signed {
+            w,
+            abs: w.map(|v| _mm256_sign_epi8(v, v)),
+        }
+    }
+
+    q8_group!("avx2,fma,f16c", |q, x, _s| dots(&q, x), signed);
 }
 
 /// The same integer lanes on aarch64, four weight rows a register: the
