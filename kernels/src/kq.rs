@@ -154,7 +154,7 @@ mod simd {
                     for r in 0..XR {
                         let xr = x.get_unchecked(r);
                         let $x = xr.qs.get_unchecked(i);
-                        let $s = xr.starts.get_unchecked(i);
+                        let $s = *xr.starts.get_unchecked(i);
                         let (lo, hi) = $dots;
                         let dx = _mm256_set1_ps(*xr.scales.get_unchecked(i));
                         let sx = _mm256_set1_ps(*xr.sx.get_unchecked(i));

@@ -457,7 +457,7 @@ macro_rules! q8_group {
                 let $q = $load(&b.qs);
                 for (a, xr) in acc.iter_mut().zip(x) {
                     let $x = xr.qs.get_unchecked(i);
-                    let $s = xr.starts.get_unchecked(i);
+                    let $s = *xr.starts.get_unchecked(i);
                     let (lo, hi) = $dots;
                     let s = _mm256_cvtepi32_ps(_mm256_add_epi32(lo, hi));
                     let d = _mm256_mul_ps(dw, _mm256_set1_ps(*xr.scales.get_unchecked(i)));
@@ -489,7 +489,7 @@ pub(crate) mod vnni {
     pub(crate) unsafe fn dots(
         q: &[__m256i; 8],
         x: &[i8; 32],
-        start: &[i32; 2],
+        start: [i32; 2],
     ) -> (__m256i, __m256i) {
         let mut lo = _mm256_set1_epi32(start[0]);
         let mut hi = _mm256_set1_epi32(start[1]);
