@@ -7,6 +7,8 @@
 //! `m · dx · Σx`. As in [`crate::q8`], every path (VNNI, AVX2, NEON, scalar) performs the same f32
 //! operations in the same order, so batching never changes a result.
 
+#[cfg(target_arch = "x86_64")]
+use crate::q8::TileBlock;
 use crate::q8::{int_dots, slot, Packed, Q8Row};
 
 /// Eight K-quant weight rows × one block of 32 columns, interleaved as in
@@ -61,6 +63,10 @@ impl Packed for K8 {
     #[cfg(target_arch = "x86_64")]
     unsafe fn vnni<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
         simd::group_vnni(w, xs)
+    }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn vnni16(w: &[Self], t: &[TileBlock]) -> [[f32; 8]; 16] {
+        simd::group16_vnni(w, t)
     }
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx2<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
@@ -131,7 +137,7 @@ mod neon {
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::K8;
-    use crate::q8::{avx2, vnni, Q8Row};
+    use crate::q8::{avx2, vnni, Q8Row, TileBlock};
     use std::arch::x86_64::*;
 
     /// Generates the group kernel for one instruction set; only the integer
@@ -183,6 +189,45 @@ mod simd {
         |q, x, _s| avx2::dots(&q, x),
         avx2::signed
     );
+
+    /// [`group_vnni`] for the sixteen rows of a whole tile, each row's
+    /// accumulator in a register of its own: the `acc` chains over the
+    /// blocks, then the `corr` chains (each chain's operations and order
+    /// as there; thirty-two accumulators do not fit the registers at once).
+    /// 1.3× `group_vnni` on the MLP's down shape.
+    #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+    pub(super) unsafe fn group16_vnni(w: &[K8], t: &[TileBlock]) -> [[f32; 8]; 16] {
+        let mut acc = [_mm256_setzero_ps(); 16];
+        for (b, x) in w.iter().zip(t) {
+            crate::cpu::prefetch_ahead(b);
+            let s0 = _mm256_loadu_ps(b.s0.as_ptr());
+            let s1 = _mm256_loadu_ps(b.s1.as_ptr());
+            let q = avx2::load(&b.qs);
+            macro_rules! row {
+                ($r:literal) => {
+                    let (lo, hi) = vnni::dots(&q, &x.qs[$r], [x.halves[0][$r], x.halves[1][$r]]);
+                    let dx = _mm256_set1_ps(x.dx[$r]);
+                    let a = _mm256_fmadd_ps(_mm256_mul_ps(s0, dx), _mm256_cvtepi32_ps(lo), acc[$r]);
+                    acc[$r] = _mm256_fmadd_ps(_mm256_mul_ps(s1, dx), _mm256_cvtepi32_ps(hi), a);
+                };
+            }
+            crate::q8::sixteen!(row);
+        }
+        let mut corr = [_mm256_setzero_ps(); 16];
+        for (b, x) in w.iter().zip(t) {
+            let m = _mm256_loadu_ps(b.m.as_ptr());
+            macro_rules! row {
+                ($r:literal) => {
+                    let (dx, sx) = (_mm256_set1_ps(x.dx[$r]), _mm256_set1_ps(x.sx[$r]));
+                    corr[$r] = _mm256_fmadd_ps(_mm256_mul_ps(m, dx), sx, corr[$r]);
+                };
+            }
+            crate::q8::sixteen!(row);
+        }
+        std::array::from_fn(|r| {
+            std::mem::transmute::<__m256, [f32; 8]>(_mm256_sub_ps(acc[r], corr[r]))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -228,16 +273,25 @@ mod tests {
     fn every_path_agrees() {
         let (rows, cols) = (10, 512);
         let bpr = cols / 32;
-        let x: Vec<f32> = (0..8 * cols)
+        let x: Vec<f32> = (0..16 * cols)
             .map(|i| ((i * 13) % 29) as f32 / 14.0 - 1.0)
             .collect();
-        let acts = Activations::quantize(&x, 8, cols);
-        let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| acts.row(r));
+        let acts = Activations::quantize(&x, 16, cols);
+        let all: [Q8Row<'_>; 16] = std::array::from_fn(|r| acts.row(r));
+        let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| all[r]);
         for (name, signed) in [("q4k", false), ("q6k", true)] {
             let packed = groups(rows, bpr, signed);
             for g in 0..rows.div_ceil(8) {
                 let wg = &packed[g * bpr..(g + 1) * bpr];
+                let sixteen = K8::group(wg, &all);
+                #[cfg(target_arch = "x86_64")]
+                if crate::cpu::simd_level() == crate::cpu::Simd::Vnni {
+                    let t = acts.whole_tile(0).expect("VNNI hosts read whole tiles");
+                    let tiled = K8::tile_group(wg, t, &all);
+                    assert_eq!(tiled, sixteen, "{name}: whole tile vs sixteen rows");
+                }
                 let eight = K8::group(wg, &xs);
+                assert_eq!(eight, sixteen[..8], "{name}: eight rows vs sixteen");
                 for r in 0..8 {
                     let one = K8::group(wg, &[xs[r]]);
                     assert_eq!(one[0], eight[r], "{name}: one row vs eight");

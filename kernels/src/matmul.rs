@@ -13,7 +13,7 @@ use crate::kq::{unpack_k_row, K8};
 use crate::native::{pack_q4_0, pack_q4k, pack_q5_0, pack_q6k, Q4Kx8, Q4x8, Q5x8, Q6Kx8, Stored};
 use crate::ops::{dots, Bf16, Float};
 use crate::pair::{pair_up, pairs_of, Pair, PairK, PairQ8, Paired};
-use crate::q8::{pack_q8, unpack_q8_row, Activations, Packed, Q8Blocks, Q8Row, Q8x8};
+use crate::q8::{pack_q8, unpack_q8_row, Activations, Packed, Q8Blocks, Q8Row, Q8x8, TileBlock};
 
 /// Pair layouts with an AMX kernel ([`crate::amx::Kernel`] on x86-64).
 #[cfg(target_arch = "x86_64")]
@@ -582,6 +582,12 @@ const X_SLICE: usize = 64;
 /// weight rows (`W` of them).
 trait Rows<const W: usize> {
     fn rows<const XR: usize>(&self, xs: &[Q8Row<'_>; XR]) -> [[f32; W]; XR];
+    /// [`Rows::rows`] for the sixteen rows of a whole tile, `t` its blocks:
+    /// the same bits.
+    fn tile(&self, t: &[TileBlock], xs: &[Q8Row<'_>; 16]) -> [[f32; W]; 16] {
+        let _ = t;
+        self.rows(xs)
+    }
 }
 
 /// One group of eight interleaved rows.
@@ -590,6 +596,9 @@ struct Group<'a, S>(&'a [S]);
 impl<S: Packed> Rows<8> for Group<'_, S> {
     fn rows<const XR: usize>(&self, xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
         S::group(self.0, xs)
+    }
+    fn tile(&self, t: &[TileBlock], xs: &[Q8Row<'_>; 16]) -> [[f32; 8]; 16] {
+        S::tile_group(self.0, t, xs)
     }
 }
 
@@ -602,15 +611,16 @@ impl<P: Pair> Rows<16> for Pairs<'_, P> {
     }
 }
 
-/// Activation rows `b..s1` against one block of weight rows: sixteen at a
-/// time, then eight, four, and one at a time; `put(b0, v)` takes rows
-/// `b0..`. Sixteen rows a call read each weight block once for a batch of
-/// sixteen, where two calls of eight read it twice, the first from memory
-/// (batch 16 decode measured 1.17× with AVX-512 VNNI; the AVX2
-/// kernels, short of registers for sixteen rows, measured no slower).
+/// Activation rows `b..s1` of `acts` against one block of weight rows:
+/// sixteen at a time (from their whole tile where the rows carry one), then
+/// eight, four, and one at a time; `put(b0, v)` takes rows `b0..`. Sixteen
+/// rows a call read each weight block once for a batch of sixteen, where
+/// two calls of eight read it twice, the first from memory (batch 16 decode
+/// measured 1.17× with AVX-512 VNNI; the AVX2 kernels, short of registers
+/// for sixteen rows, measured no slower).
 fn in_tiles<const W: usize>(
     k: &impl Rows<W>,
-    xrows: &[Q8Row<'_>],
+    (acts, xrows): (&Activations, &[Q8Row<'_>]),
     mut b: usize,
     s1: usize,
     put: impl Fn(usize, &[[f32; W]]),
@@ -620,7 +630,11 @@ fn in_tiles<const W: usize>(
         xrows[b..b + XR].try_into().expect("XR rows")
     }
     while b + 16 <= s1 {
-        put(b, &k.rows(rows_at::<16>(xrows, b)));
+        let xs = rows_at::<16>(xrows, b);
+        match acts.whole_tile(b) {
+            Some(t) => put(b, &k.tile(t, xs)),
+            None => put(b, &k.rows(xs)),
+        }
         b += 16;
     }
     if b + 8 <= s1 {
@@ -684,7 +698,7 @@ where
                         let s1 = (s0 + X_SLICE).min(n);
                         for g in c0..c1 {
                             let wg = Group(&wide[(g - c0) * wbpr..(g - c0 + 1) * wbpr]);
-                            in_tiles(&wg, &xrows, s0.max(done), s1, |b, v| {
+                            in_tiles(&wg, (&acts, &xrows), s0.max(done), s1, |b, v| {
                                 write_tile(out, rows, b, g, v)
                             });
                         }
@@ -721,7 +735,7 @@ fn matmul_pairs<P: Pair + Tiled>(
             let s1 = (s0 + X_SLICE).min(n);
             for q in task.clone() {
                 let wq = Pairs(&w[q * bpr..(q + 1) * bpr]);
-                in_tiles(&wq, &xrows, s0.max(done), s1, |b, v| {
+                in_tiles(&wq, (&acts, &xrows), s0.max(done), s1, |b, v| {
                     write_tile(out, rows, b, 2 * q, v)
                 });
             }
