@@ -215,8 +215,7 @@ impl Activations {
                     let (d, qs) = quantize_block(xb);
                     q[i] = qs;
                     s[i] = d.to_f32();
-                    let lo: i32 = qs[..16].iter().map(|&v| v as i32).sum();
-                    let hi: i32 = qs[16..].iter().map(|&v| v as i32).sum();
+                    let [lo, hi] = half_sums(&qs);
                     st[i] = [-128 * lo, -128 * hi];
                     sx[i] = (lo + hi) as f32;
                 }
@@ -284,6 +283,28 @@ impl Activations {
             blocks: &self.tiles[t * self.bpr..(t + 1) * self.bpr][..bpr],
         }
     }
+}
+
+/// The sums of a block's values over columns 0..16 and 16..32. On x86-64
+/// by `psadbw` of the values made unsigned (the compiler's own sum took
+/// the bytes out one at a time, 6% of a prefill).
+fn half_sums(qs: &[i8; 32]) -> [i32; 2] {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        // SAFETY: SSE2 is part of x86-64; the loads are inside `qs`.
+        unsafe {
+            let flip = _mm_set1_epi8(i8::MIN);
+            let sum = |p: *const i8| {
+                let v = _mm_xor_si128(_mm_loadu_si128(p as *const __m128i), flip);
+                let s = _mm_sad_epu8(v, _mm_setzero_si128());
+                _mm_cvtsi128_si32(s) + _mm_extract_epi16::<4>(s) - 16 * 128
+            };
+            [sum(qs.as_ptr()), sum(qs.as_ptr().add(16))]
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    [&qs[..16], &qs[16..]].map(|h| h.iter().map(|&v| v as i32).sum())
 }
 
 /// Whether kernels read whole tiles of sixteen activation rows: AMX, or
@@ -874,6 +895,19 @@ mod tests {
         let mut b: Vec<T> = (0..v.len() / 32).map(|_| T::zeros()).collect();
         T::from_float(v, &mut b);
         b
+    }
+
+    #[test]
+    fn half_sums_are_the_sums() {
+        for k in 0..300usize {
+            let b: [i8; 32] = std::array::from_fn(|j| match k {
+                0 => i8::MIN,
+                1 => i8::MAX,
+                _ => ((j * 131 + k * 71) % 256) as u8 as i8,
+            });
+            let want = [&b[..16], &b[16..]].map(|h| h.iter().map(|&v| v as i32).sum::<i32>());
+            assert_eq!(half_sums(&b), want, "block {k}");
+        }
     }
 
     #[test]
