@@ -365,6 +365,11 @@ pub fn quantize_block(x: &[f32]) -> (f16, [i8; 32]) {
         // SAFETY: the VNNI level implies AVX-512F, BW and VL.
         return unsafe { quantize_block_avx512(x) };
     }
+    #[cfg(target_arch = "x86_64")]
+    if simd_level() == Simd::Avx2 {
+        // SAFETY: the AVX2 level was detected.
+        return unsafe { quantize_block_avx2(x) };
+    }
     #[cfg(target_arch = "aarch64")]
     if crate::cpu::neon() {
         // SAFETY: NEON is part of every aarch64 target.
@@ -411,6 +416,50 @@ unsafe fn quantize_block_avx512(x: &[f32; 32]) -> (f16, [i8; 32]) {
     let q = |v: __m512| _mm512_cvtepi32_epi8(crate::ops::round_small(_mm512_mul_ps(v, id)));
     let out = std::mem::transmute::<[__m128i; 2], [i8; 32]>([q(a), q(b)]);
     (f16::from_f32(d), out)
+}
+
+/// [`quantize_block_scalar`] in four 256-bit registers, as
+/// [`quantize_block_avx512`] does it in two (the rounding is the same
+/// `trunc(t + copysign(0.49999997, t))`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn quantize_block_avx2(x: &[f32; 32]) -> (f16, [i8; 32]) {
+    use std::arch::x86_64::*;
+    let v: [__m256; 4] = std::array::from_fn(|i| _mm256_loadu_ps(x.as_ptr().add(8 * i)));
+    let magnitude = _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFF_FFFF));
+    let a = v.map(|r| _mm256_and_ps(r, magnitude));
+    // Ordered and at most f32::MAX: finite. A block with NaN or an infinity
+    // gets the NaN scale and zero values, as the scalar path gives it.
+    let big = _mm256_set1_ps(f32::MAX);
+    let finite = a.iter().fold(!0, |m, r| {
+        m & _mm256_movemask_ps(_mm256_cmp_ps::<_CMP_LE_OQ>(*r, big))
+    });
+    if finite != 0xff {
+        return (f16::from_f32(f32::NAN), [0; 32]);
+    }
+    let m = _mm256_max_ps(_mm256_max_ps(a[0], a[1]), _mm256_max_ps(a[2], a[3]));
+    let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
+    let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
+    let d = _mm_cvtss_f32(m).max(0.0) / 127.0;
+    let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+    let half = _mm256_castsi256_ps(_mm256_set1_epi32(0.5f32.to_bits() as i32 - 1));
+    let sign = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
+    let q = v.map(|r| {
+        let t = _mm256_mul_ps(r, id);
+        _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_or_ps(half, _mm256_and_ps(t, sign))))
+    });
+    // |q| ≤ 127, so the saturating packs are exact; they interleave the
+    // 128-bit halves, which the permute puts back in order.
+    let bytes = _mm256_packs_epi16(
+        _mm256_packs_epi32(q[0], q[1]),
+        _mm256_packs_epi32(q[2], q[3]),
+    );
+    let ordered = _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    (
+        f16::from_f32(d),
+        std::mem::transmute::<__m256i, [i8; 32]>(ordered),
+    )
 }
 
 /// Weights stored eight rows interleaved: the group kernels of each
@@ -934,6 +983,12 @@ mod tests {
             let (d, q) = quantize_block(b);
             let (d2, q2) = quantize_block_scalar(b);
             assert_eq!((d.to_bits(), q), (d2.to_bits(), q2), "{b:?}");
+            #[cfg(target_arch = "x86_64")]
+            if is_x86_feature_detected!("avx2") {
+                // SAFETY: AVX2 was detected.
+                let (d3, q3) = unsafe { quantize_block_avx2(b) };
+                assert_eq!((d3.to_bits(), q3), (d2.to_bits(), q2), "AVX2: {b:?}");
+            }
         }
     }
 
@@ -947,6 +1002,16 @@ mod tests {
                 let (d2, q2) = quantize_block_scalar(&b);
                 assert!(d.is_nan() && d2.is_nan(), "{bad} at {at}");
                 assert_eq!(q, q2, "{bad} at {at}");
+                #[cfg(target_arch = "x86_64")]
+                if is_x86_feature_detected!("avx2") {
+                    // SAFETY: AVX2 was detected.
+                    let (d3, q3) = unsafe { quantize_block_avx2(&b) };
+                    assert_eq!(
+                        (d3.to_bits(), q3),
+                        (d2.to_bits(), q2),
+                        "AVX2: {bad} at {at}"
+                    );
+                }
             }
         }
     }
