@@ -235,7 +235,7 @@ impl Device for Cpu {
 
     fn argmax(&self, x: &Activations) -> Vec<u32> {
         x.data
-            .chunks_exact(x.width)
+            .par_chunks_exact(x.width)
             .map(super::argmax_checked)
             .collect()
     }
