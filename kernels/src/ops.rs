@@ -231,6 +231,23 @@ pub(crate) unsafe fn round_small(t: std::arch::x86_64::__m512) -> std::arch::x86
     ))
 }
 
+/// [`round_small`] of eight values, for the `avx2` family.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn round_small8(t: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256i {
+    use std::arch::x86_64::*;
+    let half = _mm256_set1_epi32(0.5f32.to_bits() as i32 - 1);
+    let sign = _mm256_and_si256(_mm256_castps_si256(t), _mm256_set1_epi32(i32::MIN));
+    _mm256_cvttps_epi32(_mm256_add_ps(
+        t,
+        _mm256_castsi256_ps(_mm256_or_si256(half, sign)),
+    ))
+}
+
 /// RMSNorm of one row in place: `x * rsqrt(mean(x²) + eps) * weight`.
 pub fn rms_norm(x: &mut [f32], weight: &[f32], eps: f32) {
     let ss = dot_f32(x, x);

@@ -419,8 +419,8 @@ unsafe fn quantize_block_avx512(x: &[f32; 32]) -> (f16, [i8; 32]) {
 }
 
 /// [`quantize_block_scalar`] in four 256-bit registers, as
-/// [`quantize_block_avx512`] does it in two (the rounding is the same
-/// `trunc(t + copysign(0.49999997, t))`).
+/// [`quantize_block_avx512`] does it in two; rounding is
+/// [`crate::ops::round_small8`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn quantize_block_avx2(x: &[f32; 32]) -> (f16, [i8; 32]) {
@@ -443,12 +443,7 @@ unsafe fn quantize_block_avx2(x: &[f32; 32]) -> (f16, [i8; 32]) {
     let m = _mm_max_ss(m, _mm_shuffle_ps::<1>(m, m));
     let d = _mm_cvtss_f32(m).max(0.0) / 127.0;
     let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-    let half = _mm256_castsi256_ps(_mm256_set1_epi32(0.5f32.to_bits() as i32 - 1));
-    let sign = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
-    let q = v.map(|r| {
-        let t = _mm256_mul_ps(r, id);
-        _mm256_cvttps_epi32(_mm256_add_ps(t, _mm256_or_ps(half, _mm256_and_ps(t, sign))))
-    });
+    let q = v.map(|r| crate::ops::round_small8(_mm256_mul_ps(r, id)));
     // |q| ≤ 127, so the saturating packs are exact; they interleave the
     // 128-bit halves, which the permute puts back in order.
     let bytes = _mm256_packs_epi16(
