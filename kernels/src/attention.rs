@@ -10,6 +10,8 @@
 //! was computed during prefill or as an incremental decode step, and
 //! whatever else is in the batch.
 
+use std::ops::Range;
+
 use crate::ops::exp_approx;
 
 /// Positions per key block (one vector of lanes).
@@ -57,7 +59,7 @@ pub fn attend(
         &[len],
         kt,
         v,
-        kvh,
+        kvh..kvh + 1,
         n_kv_heads,
         head_dim,
         scores,
@@ -66,33 +68,40 @@ pub fn attend(
 }
 
 /// [`attend`] for several query rows of one sequence at once (row `i` over
-/// positions `0..lens[i]`), each with exactly its own result: the rows share
-/// each key block and each run of value rows while those are in cache, so a
-/// chunk of prefill reads the cache once per few rows instead of once a row.
+/// positions `0..lens[i]`) and the KV heads `kv_heads` (each row holds their
+/// query heads in order, `kv_heads.len() × group` of them), each with exactly
+/// its own result: the rows share each key block and each run of value rows
+/// while those are in cache, so a chunk of prefill reads the cache once per
+/// few rows instead of once a row; and the heads together read each block
+/// and each value row whole, where one head alone reads a fraction of each.
 #[allow(clippy::too_many_arguments)]
 pub fn attend_rows(
     qs: &[&[f32]],
     lens: &[usize],
     kt: &[f32],
     v: &[f32],
-    kvh: usize,
+    kv_heads: Range<usize>,
     n_kv_heads: usize,
     head_dim: usize,
     scores: &mut Vec<f32>,
     outs: &mut [&mut [f32]],
 ) {
     let max = lens.iter().copied().max().unwrap_or(0);
-    let group = qs.first().map_or(0, |q| q.len() / head_dim.max(1));
+    let width = qs.first().map_or(0, |q| q.len());
+    let per_kv = kv_heads.len() * head_dim;
     assert!(
         qs.len() == lens.len()
             && outs.len() == lens.len()
             && kt.len() >= max.div_ceil(KEY_BLOCK) * key_block_len(n_kv_heads, head_dim)
             && v.len() >= max * n_kv_heads * head_dim
+            && !kv_heads.is_empty()
+            && kv_heads.end <= n_kv_heads
+            && width > 0
+            && width.is_multiple_of(per_kv)
             && qs
                 .iter()
                 .zip(outs.iter())
-                .all(|(q, o)| q.len() == group * head_dim && o.len() == q.len())
-            && kvh < n_kv_heads,
+                .all(|(q, o)| q.len() == width && o.len() == width),
         "attention operands of their shapes"
     );
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
@@ -102,19 +111,24 @@ pub fn attend_rows(
         match head_dim {
             64 => {
                 return unsafe {
-                    wide::attend::<64, 4>(qs, lens, kt, v, kvh, n_kv_heads, scores, outs)
+                    wide::attend::<64, 4>(qs, lens, kt, v, kv_heads, n_kv_heads, scores, outs)
                 }
             }
             128 => {
                 return unsafe {
-                    wide::attend::<128, 8>(qs, lens, kt, v, kvh, n_kv_heads, scores, outs)
+                    wide::attend::<128, 8>(qs, lens, kt, v, kv_heads, n_kv_heads, scores, outs)
                 }
             }
             _ => {}
         }
     }
+    let group = width / kv_heads.len();
     for ((q, &len), out) in qs.iter().zip(lens).zip(outs.iter_mut()) {
-        attend_scalar(q, kt, v, len, kvh, n_kv_heads, head_dim, scores, out);
+        for (i, kvh) in kv_heads.clone().enumerate() {
+            let at = i * group..(i + 1) * group;
+            let (q, out) = (&q[at.clone()], &mut out[at]);
+            attend_scalar(q, kt, v, len, kvh, n_kv_heads, head_dim, scores, out);
+        }
     }
 }
 
@@ -243,14 +257,17 @@ fn weighted_values<const HD: usize, const G: usize>(
 
 /// [`attend_scalar`] in sixteen-lane registers ([`crate::lanes`]: AVX-512 or
 /// NEON), sixteen positions (scores) or sixteen head dimensions (values) a
-/// register: each lane performs the scalar path's operations in its order. Up to eight query heads go through a key
-/// block together, and through a run of value rows 32 dimensions at a time,
-/// so each key or value vector loaded serves every head; rows of one sequence
-/// take each key block and each run of value rows in turn while it is in L1.
+/// register: each lane performs the scalar path's operations in its order.
+/// Up to eight query heads go through a key block together, and through a
+/// run of value rows 32 dimensions at a time, so each key or value vector
+/// loaded serves every head; rows of one sequence, then the call's KV heads,
+/// take each key block and each run of value rows in turn while it is in L1,
+/// and the blocks and rows a little further on are asked for ahead.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 mod wide {
     use super::{key_block_len, KEY_BLOCK as L};
     use crate::lanes::{self as simd, F32x16};
+    use std::ops::Range;
 
     /// Runs `$f` with the const `$h` set to `$n` heads, eight for more.
     macro_rules! by_heads {
@@ -275,6 +292,12 @@ mod wide {
     /// (their value rows, 16 KB, stay in L1 from one row to the next).
     const VALUE_RUN: usize = 64;
 
+    /// Key blocks ahead of use to prefetch.
+    const KEYS_AHEAD: usize = 2;
+
+    /// Value rows ahead of use to prefetch.
+    const ROWS_AHEAD: usize = 16;
+
     /// `V` = `HD / 16` registers a head.
     ///
     /// # Safety
@@ -287,65 +310,92 @@ mod wide {
         lens: &[usize],
         kt: &[f32],
         v: &[f32],
-        kvh: usize,
+        kv_heads: Range<usize>,
         n_kv_heads: usize,
         scores: &mut Vec<f32>,
         outs: &mut [&mut [f32]],
     ) {
-        let group = qs[0].len() / HD;
+        // Row r's heads 0..heads, `group` to a KV head (in `kv_heads` order).
+        let heads = qs[0].len() / HD;
+        let group = heads / kv_heads.len();
         let scale = 1.0 / (HD as f32).sqrt();
         let max = lens.iter().copied().max().unwrap_or(0);
         let per = key_block_len(n_kv_heads, HD);
-        // Row r's head g: scores at `(r · group + g) · padded`.
+        // Row r's head h: scores at `(r · heads + h) · padded`.
         let padded = max.div_ceil(L) * L;
         // Every score read is written first (a row reads only its own
         // blocks), so the buffer is grown but never cleared.
-        let need = qs.len() * group * padded;
+        let need = qs.len() * heads * padded;
         if scores.len() < need {
             scores.resize(need, 0.0);
         }
         let s = scores.as_mut_ptr();
-        for b in 0..max.div_ceil(L) {
-            let kb = kt.as_ptr().add(b * per + kvh * HD * L);
-            for (r, q) in qs.iter().enumerate() {
-                if b * L >= lens[r] {
-                    continue;
+        let blocks = max.div_ceil(L);
+        // The heads' part of a key block: `HD` lines a head, contiguous.
+        let part = kv_heads.start * HD * L;
+        for b in 0..blocks {
+            // One KV head's part of a block is 4 KB (at 64 dimensions) and
+            // the next block's is a page away, past where the hardware
+            // prefetcher follows a stream: a decode row alone waited on
+            // memory at every block.
+            if b + KEYS_AHEAD < blocks {
+                let next = kt.as_ptr().add((b + KEYS_AHEAD) * per + part);
+                for line in 0..kv_heads.len() * HD {
+                    crate::cpu::prefetch_line(next.add(line * L));
                 }
-                let at = |g: usize| s.add((r * group + g) * padded + b * L);
-                for g in (0..group).step_by(8) {
-                    by_heads!(group - g, H => block_scores::<HD, H>(q, g, kb, scale, at(g), padded));
+            }
+            for (i, kvh) in kv_heads.clone().enumerate() {
+                let kb = kt.as_ptr().add(b * per + kvh * HD * L);
+                for (r, q) in qs.iter().enumerate() {
+                    if b * L >= lens[r] {
+                        continue;
+                    }
+                    for g in (i * group..(i + 1) * group).step_by(8) {
+                        let at = s.add((r * heads + g) * padded + b * L);
+                        by_heads!((i + 1) * group - g, H => block_scores::<HD, H>(q, g, kb, scale, at, padded));
+                    }
                 }
             }
         }
         for (r, &len) in lens.iter().enumerate() {
-            for g in 0..group {
-                softmax(s.add((r * group + g) * padded), len, len.div_ceil(L));
+            for h in 0..heads {
+                softmax(s.add((r * heads + h) * padded), len, len.div_ceil(L));
             }
         }
         // The outputs hold the value sums between runs of positions.
         for o in outs.iter_mut() {
             o.fill(0.0);
         }
-        let vp = v.as_ptr().add(kvh * HD);
         let kv_dim = n_kv_heads * HD;
         for t0 in (0..max).step_by(VALUE_RUN) {
-            for c in (0..V).step_by(2) {
-                for (r, o) in outs.iter_mut().enumerate() {
-                    let ts = t0..(t0 + VALUE_RUN).min(lens[r]);
-                    if ts.is_empty() {
-                        continue;
-                    }
-                    for g in (0..group).step_by(8) {
-                        let run = Run {
-                            p: s.add((r * group + g) * padded),
-                            padded,
-                            v: vp.add(16 * c),
-                            kv_dim,
-                            ts: ts.clone(),
-                            out: o.as_mut_ptr().add(g * HD + 16 * c),
-                            hd: HD,
-                        };
-                        by_heads!(group - g, H => weighted::<H>(run));
+            for (i, kvh) in kv_heads.clone().enumerate() {
+                let vp = v.as_ptr().add(kvh * HD);
+                for c in (0..V).step_by(2) {
+                    // The first pass over a run asks for the rows' lines a
+                    // little later, every head's.
+                    let mut ahead = i == 0 && c == 0;
+                    for (r, o) in outs.iter_mut().enumerate() {
+                        let ts = t0..(t0 + VALUE_RUN).min(lens[r]);
+                        if ts.is_empty() {
+                            continue;
+                        }
+                        for g in (i * group..(i + 1) * group).step_by(8) {
+                            let run = Run {
+                                p: s.add((r * heads + g) * padded),
+                                padded,
+                                v: vp.add(16 * c),
+                                kv_dim,
+                                ts: ts.clone(),
+                                out: o.as_mut_ptr().add(g * HD + 16 * c),
+                                hd: HD,
+                                ahead: if std::mem::take(&mut ahead) {
+                                    kv_heads.len() * HD / L
+                                } else {
+                                    0
+                                },
+                            };
+                            by_heads!((i + 1) * group - g, H => weighted::<H>(run));
+                        }
                     }
                 }
             }
@@ -419,7 +469,9 @@ mod wide {
 
     /// A run of positions `ts` of 32 value dimensions for a few heads:
     /// probabilities at `p` (heads `padded` apart), value rows at `v` (`kv_dim`
-    /// apart), sums at `out` (heads `hd` apart).
+    /// apart), sums at `out` (heads `hd` apart); `ahead` lines of the value
+    /// row [`ROWS_AHEAD`] later are prefetched (none but on a run's first
+    /// pass).
     struct Run {
         p: *const f32,
         padded: usize,
@@ -428,6 +480,7 @@ mod wide {
         ts: std::ops::Range<usize>,
         out: *mut f32,
         hd: usize,
+        ahead: usize,
     }
 
     /// `out[h] += Σ_t p[h][t] · v[t]` over the run's positions in order, for
@@ -442,6 +495,7 @@ mod wide {
             ts,
             out,
             hd,
+            ahead,
         }: Run,
     ) {
         let mut acc: [[F32x16; 2]; H] = std::array::from_fn(|h| {
@@ -450,6 +504,10 @@ mod wide {
         });
         for t in ts {
             let row = v.add(t * kv_dim);
+            let later = row.wrapping_add(ROWS_AHEAD * kv_dim);
+            for line in 0..ahead {
+                crate::cpu::prefetch_line(later.wrapping_add(line * L));
+            }
             let vt = [simd::load(row), simd::load(row.add(16))];
             for (h, a) in acc.iter_mut().enumerate() {
                 let w = simd::splat(*p.add(h * padded + t));
@@ -588,17 +646,42 @@ mod tests {
         }
     }
 
+    /// A transposed key cache and its values for positions `0..len`.
+    fn cache(nkv: usize, hd: usize, len: usize) -> (Vec<f32>, Vec<f32>) {
+        let val = |i: usize| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5;
+        let mut kt = Vec::new();
+        for t in 0..len {
+            let k: Vec<f32> = (0..nkv * hd).map(|i| val(t * 131 + i) * 3.0).collect();
+            push_key(&mut kt, t, &k, nkv, hd);
+        }
+        let v: Vec<f32> = (0..len * nkv * hd).map(|i| val(i * 71 + 5)).collect();
+        (kt, v)
+    }
+
+    fn bits(x: &[f32]) -> Vec<u32> {
+        x.iter().map(|v| v.to_bits()).collect()
+    }
+
+    /// One row of one KV head's heads by the scalar path, as bits.
+    fn alone(
+        q: &[f32],
+        kt: &[f32],
+        v: &[f32],
+        len: usize,
+        kvh: usize,
+        nkv: usize,
+        hd: usize,
+    ) -> Vec<u32> {
+        let mut out = vec![0f32; q.len()];
+        attend_scalar(q, kt, v, len, kvh, nkv, hd, &mut Vec::new(), &mut out);
+        bits(&out)
+    }
+
     #[test]
     fn rows_together_equal_rows_alone() {
         let val = |i: usize| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5;
         for (nkv, hd, group) in [(2, 64, 7), (1, 128, 3), (2, 32, 2), (1, 64, 9)] {
-            let max = 150;
-            let mut kt = Vec::new();
-            for t in 0..max {
-                let k: Vec<f32> = (0..nkv * hd).map(|i| val(t * 131 + i) * 3.0).collect();
-                push_key(&mut kt, t, &k, nkv, hd);
-            }
-            let v: Vec<f32> = (0..max * nkv * hd).map(|i| val(i * 71 + 5)).collect();
+            let (kt, v) = cache(nkv, hd, 150);
             // A prefill chunk's consecutive positions, and lengths apart.
             let lens = [61, 62, 63, 64, 65, 1, 150, 80];
             let qs: Vec<Vec<f32>> = (0..lens.len())
@@ -618,31 +701,62 @@ mod tests {
                     &lens,
                     &kt,
                     &v,
-                    kvh,
+                    kvh..kvh + 1,
                     nkv,
                     hd,
                     &mut Vec::new(),
                     &mut outs,
                 );
                 for (r, &len) in lens.iter().enumerate() {
-                    let mut alone = vec![0f32; group * hd];
-                    attend_scalar(
-                        &qs[r],
+                    assert_eq!(
+                        bits(&together[r]),
+                        alone(&qs[r], &kt, &v, len, kvh, nkv, hd),
+                        "hd {hd} group {group} row {r}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn heads_together_equal_heads_alone() {
+        let val = |i: usize| ((i * 7919) % 1009) as f32 / 1009.0 - 0.5;
+        // Every KV head of the cache together, and a middle pair, against
+        // each head alone; chunk rows and a decode row; the wide head sizes
+        // and a scalar one.
+        for (nkv, hd, group) in [(2, 64, 7), (4, 64, 3), (3, 128, 2), (4, 32, 2), (2, 64, 9)] {
+            let (kt, v) = cache(nkv, hd, 150);
+            for lens in [vec![61, 62, 63, 64, 65], vec![150]] {
+                for heads in [0..nkv, 1..nkv.min(3)] {
+                    let width = heads.len() * group * hd;
+                    let qs: Vec<Vec<f32>> = (0..lens.len())
+                        .map(|r| (0..width).map(|i| val(i * 3 + r * 17 + 1) * 2.0).collect())
+                        .collect();
+                    let q_refs: Vec<&[f32]> = qs.iter().map(|q| q.as_slice()).collect();
+                    let mut together = vec![vec![0f32; width]; lens.len()];
+                    let mut outs: Vec<&mut [f32]> =
+                        together.iter_mut().map(|o| o.as_mut_slice()).collect();
+                    attend_rows(
+                        &q_refs,
+                        &lens,
                         &kt,
                         &v,
-                        len,
-                        kvh,
+                        heads.clone(),
                         nkv,
                         hd,
                         &mut Vec::new(),
-                        &mut alone,
+                        &mut outs,
                     );
-                    let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-                    assert_eq!(
-                        bits(&together[r]),
-                        bits(&alone),
-                        "hd {hd} group {group} row {r}"
-                    );
+                    for (i, kvh) in heads.clone().enumerate() {
+                        let at = i * group * hd..(i + 1) * group * hd;
+                        for (r, &len) in lens.iter().enumerate() {
+                            assert_eq!(
+                                bits(&together[r][at.clone()]),
+                                alone(&qs[r][at.clone()], &kt, &v, len, kvh, nkv, hd),
+                                "hd {hd} group {group} heads {heads:?} row {r}"
+                            );
+                        }
+                    }
                 }
             }
         }

@@ -311,6 +311,24 @@ pub(crate) fn prefetch_ahead<T>(b: *const T) {
     }
 }
 
+/// Asks for the cache line holding `p` (a hint: any address is harmless,
+/// nothing is read).
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+#[inline(always)]
+pub(crate) fn prefetch_line<T>(p: *const T) {
+    // SAFETY: a prefetch never faults and changes no state a program sees;
+    // SSE is part of x86-64, PRFM of every aarch64.
+    #[cfg(target_arch = "x86_64")]
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8)
+    };
+    #[cfg(target_arch = "aarch64")]
+    unsafe {
+        std::arch::asm!("prfm pldl1keep, [{p}]", p = in(reg) p, options(nostack, readonly, preserves_flags))
+    };
+}
+
 /// Keeps the memory a forward pass frees for the next one. A prefill pass
 /// allocates activations of megabytes per product (512 rows × 4,864 f32 is
 /// 10 MB); glibc serves blocks that large with fresh pages from the kernel

@@ -157,10 +157,14 @@ impl Device for Cpu {
         let (n, kv) = (rows.len(), heads.kv);
         let layers: Vec<(&[f32], &[f32])> = caches.iter().map(|c| c.layer(layer)).collect();
         // One task per (run of up to ROWS_TOGETHER rows of one sequence, KV
-        // head): the query heads sharing that KV head, for rows that read the
-        // same cache while it is in L1/L2. Each task's outputs are contiguous
-        // in `by_task` ([run][kv head][row][group]), copied back after.
-        let group = q.width / kv;
+        // heads): the query heads sharing those KV heads, for rows that read
+        // the same cache while it is in L1/L2. A task takes every KV head
+        // (reading each key block and value row whole, where one head reads
+        // a part of each a page apart) unless that would leave threads idle:
+        // a lone decode row still spreads its heads. Each task's outputs are
+        // contiguous in `by_task` ([run][part][row][the part's heads]),
+        // copied back after.
+        let (group, dim) = (q.width / kv, heads.dim);
         let runs: Vec<Range<usize>> = rows
             .spans
             .iter()
@@ -170,37 +174,59 @@ impl Device for Cpu {
                     .map(move |r| r..(r + ROWS_TOGETHER).min(span.end))
             })
             .collect();
+        let threads = rayon::current_num_threads();
+        let per_task = if runs.len() >= 4 * threads || runs.len().is_multiple_of(threads) {
+            kv
+        } else {
+            1
+        };
+        let parts: Vec<Range<usize>> = (0..kv)
+            .step_by(per_task)
+            .map(|h| h..(h + per_task).min(kv))
+            .collect();
         let mut by_task = vec![0f32; n * q.width];
-        let mut tasks: Vec<(&Range<usize>, usize, &mut [f32])> =
-            Vec::with_capacity(runs.len() * kv);
+        let mut tasks: Vec<(&Range<usize>, &Range<usize>, &mut [f32])> =
+            Vec::with_capacity(runs.len() * parts.len());
         let mut rest = by_task.as_mut_slice();
         for run in &runs {
-            for kvh in 0..kv {
-                let (mine, more) = rest.split_at_mut(run.len() * group);
-                tasks.push((run, kvh, mine));
+            for part in &parts {
+                let (mine, more) = rest.split_at_mut(run.len() * part.len() * group);
+                tasks.push((run, part, mine));
                 rest = more;
             }
         }
         tasks
             .par_iter_mut()
-            .for_each_init(Vec::new, |scores, (run, kvh, o)| {
+            .for_each_init(Vec::new, |scores, (run, part, o)| {
                 let (kt, v) = layers[rows.item[run.start]];
+                let cols = part.start * group..part.end * group;
                 let qs: Vec<&[f32]> = run
                     .clone()
-                    .map(|r| &q.data[r * q.width + *kvh * group..r * q.width + (*kvh + 1) * group])
+                    .map(|r| &q.data[r * q.width..(r + 1) * q.width][cols.clone()])
                     .collect();
                 let lens: Vec<usize> = run.clone().map(|r| rows.pos[r] + 1).collect();
-                let mut outs: Vec<&mut [f32]> = o.chunks_exact_mut(group).collect();
-                attend_rows(&qs, &lens, kt, v, *kvh, kv, heads.dim, scores, &mut outs);
+                let mut outs: Vec<&mut [f32]> = o.chunks_exact_mut(cols.len()).collect();
+                attend_rows(
+                    &qs,
+                    &lens,
+                    kt,
+                    v,
+                    (*part).clone(),
+                    kv,
+                    dim,
+                    scores,
+                    &mut outs,
+                );
             });
         let mut out = Activations::zeros(n, q.width);
-        let mut at = by_task.chunks_exact(group);
+        let mut at = by_task.as_slice();
         for run in &runs {
-            for kvh in 0..kv {
+            for part in &parts {
+                let cols = part.start * group..part.end * group;
                 for r in run.clone() {
-                    let o = at.next().expect("one output per row and KV head");
-                    out.data[r * q.width + kvh * group..r * q.width + (kvh + 1) * group]
-                        .copy_from_slice(o);
+                    let (o, more) = at.split_at(cols.len());
+                    out.data[r * q.width..(r + 1) * q.width][cols.clone()].copy_from_slice(o);
+                    at = more;
                 }
             }
         }
