@@ -175,11 +175,7 @@ impl Device for Cpu {
             })
             .collect();
         let threads = rayon::current_num_threads();
-        let per_task = if runs.len() >= 4 * threads || runs.len().is_multiple_of(threads) {
-            kv
-        } else {
-            1
-        };
+        let per_task = if runs.len() >= threads { kv } else { 1 };
         let parts: Vec<Range<usize>> = (0..kv)
             .step_by(per_task)
             .map(|h| h..(h + per_task).min(kv))
