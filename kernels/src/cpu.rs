@@ -303,11 +303,9 @@ const PREFETCH: usize = 2048;
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_ahead<T>(b: *const T) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    let p = (b as *const i8).wrapping_add(PREFETCH);
+    let p = (b as *const u8).wrapping_add(PREFETCH);
     for line in 0..std::mem::size_of::<T>().div_ceil(64) {
-        // SAFETY: a prefetch never faults; SSE is part of x86-64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64 * line)) };
+        prefetch_line(p.wrapping_add(64 * line));
     }
 }
 
