@@ -6,6 +6,8 @@
 //! Layer: on top. It drives the engine directly and runs the ladder's cells,
 //! to measure both.
 
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Write};
 use std::path::Path;
 use std::time::Instant;
 
@@ -158,16 +160,124 @@ fn filler(words: usize, salt: usize) -> String {
         .join(" ")
 }
 
-/// Prefill, batched decode and the growing conversation on `engine`.
+/// Marks the timed parts of the engine figures for a profiler: under
+/// `perf record -D -1 --control fifo:CTL,ACK`, statebench writes `enable`
+/// to CTL as each timed part starts and `disable` as it ends, and waits for
+/// perf's acknowledgement on ACK each time, so the profile holds the
+/// figures alone: not the model's load, the host's ceilings or the prompts
+/// each decode measurement prefills first.
+#[derive(Default)]
+pub struct Marks(Option<Fifos>);
+
+/// perf's control FIFO, written, and its acknowledgement FIFO, read.
+struct Fifos {
+    ctl: std::path::PathBuf,
+    to: File,
+    from: BufReader<File>,
+}
+
+impl Marks {
+    /// Marks written to `ctl`, each acknowledged on `ack` (FIFOs that a
+    /// running `perf record --control fifo:CTL,ACK` reads and writes;
+    /// opening blocks until perf has them open too).
+    pub fn perf(ctl: &Path, ack: &Path) -> Result<Marks, BackendError> {
+        let io = |path: &Path| {
+            let path = path.to_path_buf();
+            move |source| BackendError::Io { path, source }
+        };
+        let to = open_written_fifo(ctl).map_err(io(ctl))?;
+        // perf holds its end of `ack` open from before it reads `ctl`, so
+        // this open does not wait.
+        let from = File::open(ack).map_err(io(ack))?;
+        Ok(Marks(Some(Fifos {
+            ctl: ctl.to_path_buf(),
+            to,
+            from: BufReader::new(from),
+        })))
+    }
+
+    fn send(&mut self, command: &str) -> Result<(), BackendError> {
+        let Some(f) = &mut self.0 else {
+            return Ok(());
+        };
+        let mut line = String::new();
+        writeln!(f.to, "{command}")
+            .and_then(|()| f.to.flush())
+            .and_then(|()| f.from.read_line(&mut line))
+            .and_then(|n| match n {
+                0 => Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!("perf did not acknowledge `{command}` (has it stopped?)"),
+                )),
+                _ => Ok(()),
+            })
+            .map_err(|source| BackendError::Io {
+                path: f.ctl.clone(),
+                source,
+            })
+    }
+
+    /// `f`, with the profiler enabled while it runs.
+    fn timed<T>(&mut self, f: impl FnOnce() -> Result<T, BackendError>) -> Result<T, BackendError> {
+        self.send("enable")?;
+        let r = f();
+        self.send("disable")?;
+        r
+    }
+}
+
+/// `path` opened for writing, refused at once where no process has it open
+/// for reading (a FIFO's open waits for its reader; a profiler that never
+/// started would leave statebench waiting).
+fn open_written_fifo(path: &Path) -> io::Result<File> {
+    let mut o = OpenOptions::new();
+    o.write(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        o.custom_flags(libc::O_NONBLOCK);
+    }
+    let f = o.open(path).map_err(|e| match e.raw_os_error() {
+        #[cfg(unix)]
+        Some(libc::ENXIO) => io::Error::new(
+            e.kind(),
+            "no profiler reads it (start `perf record -D -1 --control fifo:CTL,ACK` first)",
+        ),
+        _ => e,
+    })?;
+    // Back to blocking writes: each mark waits for its acknowledgement anyway.
+    #[cfg(unix)]
+    {
+        use std::os::fd::AsRawFd;
+        // SAFETY: fcntl on a descriptor this function owns; only the
+        // status flags change.
+        let ok = unsafe {
+            let fd = f.as_raw_fd();
+            let flags = libc::fcntl(fd, libc::F_GETFL);
+            flags >= 0 && libc::fcntl(fd, libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
+        };
+        if !ok {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(f)
+}
+
+/// Prefill, batched decode and the growing conversation on `engine`; the
+/// timed parts of prefill and decode marked on `marks`.
 pub fn engine<D: Device>(
     engine: &mut Engine<D>,
     o: &EngineBenchOptions,
+    marks: &mut Marks,
 ) -> Result<EngineBench, BackendError> {
-    let prefill = prefill(engine, o.prefill_tokens)?;
+    let prefill = prefill(engine, o.prefill_tokens, marks)?;
     let decode = o
         .batches
         .iter()
-        .map(|&b| Ok((b, decode(engine, b, o.decode_context, o.decode_steps)?)))
+        .map(|&b| {
+            let r = decode(engine, b, o.decode_context, o.decode_steps, marks)?;
+            Ok((b, r))
+        })
         .collect::<Result<_, BackendError>>()?;
     let (conversation, mean_warm_secs) = conversation(engine, o.turns, o.turn_tokens)?;
     Ok(EngineBench {
@@ -178,18 +288,37 @@ pub fn engine<D: Device>(
     })
 }
 
-/// One prompt of exactly `n` tokens, cold cache.
-fn prefill<D: Device>(engine: &Engine<D>, n: usize) -> Result<Rate, BackendError> {
+/// Timed passes of the prefill measurement, after one untimed pass.
+pub const PREFILL_PASSES: usize = 3;
+
+/// One prompt of exactly `n` tokens into an empty cache: the mean pass of
+/// [`PREFILL_PASSES`], after one pass untimed: the first pass of a process also pays for
+/// faulting in the activations' memory, which every later pass reuses (as
+/// `llama-bench`, which warms up and averages five runs, also measures).
+fn prefill<D: Device>(
+    engine: &Engine<D>,
+    n: usize,
+    marks: &mut Marks,
+) -> Result<Rate, BackendError> {
     let mut toks = engine.encode(&filler(n * 2, 0))?;
     toks.truncate(n);
-    let t = Instant::now();
-    engine.forward(&mut [BatchItem {
-        tokens: &toks,
-        cache: &mut Default::default(),
-    }])?;
+    let pass = || {
+        engine.forward(&mut [BatchItem {
+            tokens: &toks,
+            cache: &mut Default::default(),
+        }])
+    };
+    pass()?;
+    let secs = marks.timed(|| {
+        let t = Instant::now();
+        for _ in 0..PREFILL_PASSES {
+            pass()?;
+        }
+        Ok(t.elapsed().as_secs_f64())
+    })?;
     Ok(Rate {
         tokens: toks.len(),
-        secs: t.elapsed().as_secs_f64(),
+        secs: secs / PREFILL_PASSES as f64,
     })
 }
 
@@ -201,6 +330,7 @@ fn decode<D: Device>(
     b: usize,
     context: usize,
     steps: usize,
+    marks: &mut Marks,
 ) -> Result<Rate, BackendError> {
     let mut prompts = Vec::with_capacity(b);
     for i in 0..b {
@@ -225,21 +355,24 @@ fn decode<D: Device>(
     // the device (a GPU copies back token ids, not a vocabulary of logits
     // a row) and fed to the next step.
     let mut feed: Vec<[u32; 1]> = (0..b).map(|i| [(i as u32 * 17 + 220) % 1000]).collect();
-    let t = Instant::now();
-    for _ in 0..steps {
-        let mut items: Vec<BatchItem<'_, D::Cache>> = feed
-            .iter()
-            .zip(caches.iter_mut())
-            .map(|(f, cache)| BatchItem { tokens: f, cache })
-            .collect();
-        let next = engine.forward_greedy(&mut items)?;
-        for (f, t) in feed.iter_mut().zip(next) {
-            f[0] = t;
+    let secs = marks.timed(|| {
+        let t = Instant::now();
+        for _ in 0..steps {
+            let mut items: Vec<BatchItem<'_, D::Cache>> = feed
+                .iter()
+                .zip(caches.iter_mut())
+                .map(|(f, cache)| BatchItem { tokens: f, cache })
+                .collect();
+            let next = engine.forward_greedy(&mut items)?;
+            for (f, t) in feed.iter_mut().zip(next) {
+                f[0] = t;
+            }
         }
-    }
+        Ok(t.elapsed().as_secs_f64())
+    })?;
     Ok(Rate {
         tokens: b * steps,
-        secs: t.elapsed().as_secs_f64(),
+        secs,
     })
 }
 

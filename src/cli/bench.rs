@@ -1,12 +1,14 @@
 //! `statebench bench`: the engine's figures, or with `--cell` a live cell
 //! batched against one episode-arm at a time.
 
+use std::path::PathBuf;
+
 use anyhow::Result;
 use clap::{Args, ValueEnum};
 
 use statebench::backend::shared::SharedBackend;
 use statebench::backend::{Backend, ModelIdentity};
-use statebench::bench::{self, EngineBenchOptions};
+use statebench::bench::{self, EngineBenchOptions, Marks};
 use statebench::engine::device::{Device, DeviceChoice};
 use statebench::engine::Engine;
 use statebench::ladder::episode::BriefVariant;
@@ -19,7 +21,8 @@ use super::{emit, BackendArgs, ModelArgs};
 pub struct BenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Prompt length of the prefill measurement.
+    /// Prompt length of the prefill measurement (timed over three passes
+    /// after one untimed, which faults in the activations' memory).
     #[arg(long, default_value_t = 512)]
     pub prefill_tokens: usize,
     /// Decode steps measured per batch size.
@@ -53,6 +56,13 @@ pub struct BenchArgs {
     /// and as its cells one after another, and report episodes per hour.
     #[arg(long, conflicts_with = "cell")]
     pub grid: bool,
+    /// Profile the engine figures alone: the control and acknowledgement
+    /// FIFOs of `perf record -D -1 --control fifo:CTL,ACK`, which statebench
+    /// tells to sample only while prefill and decode are timed
+    /// (`scripts/profile-cpu.sh` runs it for every figure).
+    #[arg(long, value_name = "CTL,ACK", value_delimiter = ',', num_args = 1,
+          conflicts_with_all = ["cell", "grid"])]
+    pub perf_control: Vec<PathBuf>,
     /// Episode-arms in flight at most in the --grid benchmark (both runs).
     #[arg(long, default_value_t = 32)]
     pub live: usize,
@@ -82,11 +92,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if a.grid {
         return grid(a);
     }
-    super::check::with_engine!(a.model, |e| engine(&a, &mut e))
+    // Before the model loads, so a profiler that is not there is named at once.
+    let mut marks = match a.perf_control.as_slice() {
+        [] => Marks::default(),
+        [ctl, ack] => Marks::perf(ctl, ack)?,
+        _ => anyhow::bail!("--perf-control takes two paths, CTL,ACK"),
+    };
+    super::check::with_engine!(a.model, |e| engine(&a, &mut e, &mut marks))
 }
 
 /// The engine's figures on one device.
-fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
+fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>, marks: &mut Marks) -> Result<()> {
     let id = engine.model_id()?;
     let device = engine.model().device.info();
     println!(
@@ -133,6 +149,7 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
             turns: a.turns,
             turn_tokens: a.turn_tokens,
         },
+        marks,
     )?;
     // Matrix products only: the layers' for every token, the output head
     // for the last.
@@ -142,12 +159,13 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
         None => String::new(),
     };
     println!(
-        "prefill: {} tokens in {:.2}s = {:.1} tok/s | {:.1} GMAC/s{of_peak} (matrix products: {:.1} MMAC a token, the output head once)",
+        "prefill: {} tokens in {:.2}s = {:.1} tok/s | {:.1} GMAC/s{of_peak} (matrix products: {:.1} MMAC a token, the output head once; the mean of {} passes after one untimed)",
         b.prefill.tokens,
         b.prefill.secs,
         b.prefill.per_sec(),
         macs / 1e9,
         layer_macs as f64 / 1e6,
+        bench::PREFILL_PASSES,
     );
     let base = b
         .decode
@@ -181,20 +199,23 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>) -> Result<()> {
             tps / *n as f64,
         );
     }
-    println!(
-        "conversation: {} turns, {} reply tokens each; seconds per turn (prompt tokens, reused):",
-        a.turns, a.turn_tokens
-    );
-    for t in &b.conversation {
+    // No conversation measured, no lines about it.
+    if a.turns > 0 {
         println!(
-            "  turn {:>3}: with reuse {:.2}s ({} prompt, {} reused) | without reuse {:.2}s ({} prompt, 0 reused)",
-            t.turn, t.warm_secs, t.warm.prompt_tokens, t.warm.cached_tokens, t.cold_secs, t.cold.prompt_tokens
+            "conversation: {} turns, {} reply tokens each; seconds per turn (prompt tokens, reused):",
+            a.turns, a.turn_tokens
+        );
+        for t in &b.conversation {
+            println!(
+                "  turn {:>3}: with reuse {:.2}s ({} prompt, {} reused) | without reuse {:.2}s ({} prompt, 0 reused)",
+                t.turn, t.warm_secs, t.warm.prompt_tokens, t.warm.cached_tokens, t.cold_secs, t.cold.prompt_tokens
+            );
+        }
+        println!(
+            "  mean per turn with reuse over all {} turns: {:.2}s",
+            a.turns, b.mean_warm_secs
         );
     }
-    println!(
-        "  mean per turn with reuse over all {} turns: {:.2}s",
-        a.turns, b.mean_warm_secs
-    );
     if a.interleave_tokens > 0 {
         let whole = usize::try_from(a.model.prefill_chunk).unwrap_or(usize::MAX);
         let mixed = usize::try_from(a.model.mixed_prefill_chunk).unwrap_or(usize::MAX);
