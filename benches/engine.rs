@@ -3,12 +3,14 @@
 //! its weights at the file's bits and widened at load; the MLP shapes at
 //! batch 8, 16, 64 and 512, widened in groups of eight rows and in pairs of
 //! groups, each on AMX tiles and on the vector kernels side by side (where
-//! the CPU has AMX); attention of one row over 256 and 2,048
-//! positions; and one decode step of the default model when it is present.
+//! the CPU has AMX); a layer's q, k and v and its gate and up, one
+//! product at a time against all of one input's together; attention of one
+//! row over 256 and 2,048 positions; and one decode step of the default
+//! model when it is present.
 
 use candle_core::quantized::GgmlDType;
 use criterion::{criterion_group, criterion_main, Criterion};
-use statebench_kernels::Matrix;
+use statebench_kernels::{matmul_each, Matrix};
 
 /// One quantized projection of a model shape at batch 1, 4 and 16.
 fn projection(c: &mut Criterion, dtype: GgmlDType, rows: usize, cols: usize, name: &str) {
@@ -42,6 +44,59 @@ fn matmul(c: &mut Criterion) {
     // The MLP down projection, which the default file stores as Q4_K / Q6_K.
     projection(c, GgmlDType::Q4K, 896, 4864, "q4_k");
     projection(c, GgmlDType::Q6K, 896, 4864, "q6_k");
+}
+
+/// The default model's products that read one input (q, k, v: Q5_0, Q5_0,
+/// Q8_0; gate and up: Q5_0), widened, at decode batches and a prefill
+/// chunk: one `matmul` each (a quantization of the input and a wait on the
+/// pool each) against `matmul_each` (one of each). The same bits.
+fn shared_input(c: &mut Criterion) {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool");
+    let cols = 896;
+    let mat = |dtype, rows: usize, salt: usize| {
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919 + salt) % 101) as f32 / 101.0 - 0.5)
+            .collect();
+        Matrix::quantize(dtype, rows, cols, &w)
+            .expect("quantize")
+            .widen()
+    };
+    let qkv = [
+        mat(GgmlDType::Q5_0, 896, 1),
+        mat(GgmlDType::Q5_0, 128, 2),
+        mat(GgmlDType::Q8_0, 128, 3),
+    ];
+    let gate_up = [mat(GgmlDType::Q5_0, 4864, 4), mat(GgmlDType::Q5_0, 4864, 5)];
+    for (name, ms) in [("q k v", &qkv[..]), ("gate up", &gate_up[..])] {
+        let ws: Vec<&Matrix> = ms.iter().collect();
+        for n in [1usize, 4, 16, 64] {
+            let x: Vec<f32> = (0..n * cols)
+                .map(|i| (i % 13) as f32 / 13.0 - 0.4)
+                .collect();
+            let mut ys: Vec<Vec<f32>> = ms.iter().map(|m| vec![0f32; n * m.rows()]).collect();
+            c.bench_function(&format!("{name} batch {n}, one product at a time"), |b| {
+                b.iter(|| {
+                    pool.install(|| {
+                        for (m, y) in ms.iter().zip(ys.iter_mut()) {
+                            m.matmul(&x, n, y)
+                        }
+                    })
+                })
+            });
+            c.bench_function(&format!("{name} batch {n}, together"), |b| {
+                b.iter(|| {
+                    pool.install(|| {
+                        let mut outs: Vec<&mut [f32]> =
+                            ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+                        matmul_each(&ws, &x, n, &mut outs)
+                    })
+                })
+            });
+        }
+    }
 }
 
 /// Decode- and prefill-sized batches, weights in groups of eight rows and
@@ -144,6 +199,6 @@ fn decode_step(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10);
-    targets = matmul, tiles, attention, big_matmul, decode_step
+    targets = matmul, tiles, shared_input, attention, big_matmul, decode_step
 }
 criterion_main!(benches);

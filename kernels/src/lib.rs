@@ -31,7 +31,7 @@ pub mod q8;
 
 pub use attention::attend;
 pub use cpu::{amx_tiles, isa, Isa, IsaError, ISA_VAR};
-pub use matmul::{Matrix, MatrixError, WeightData};
+pub use matmul::{matmul_each, Matrix, MatrixError, WeightData};
 pub use ops::{dot_f32, rms_norm, rope_neox, silu_mul, RopeTable};
 
 /// The sources of the engine's CUDA kernels (`kernels/cuda/`), compiled at

@@ -406,17 +406,90 @@ impl Matrix {
             WeightData::F16(w) => matmul_float(w, self.rows, self.cols, x, n, y),
             WeightData::Q4_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q5_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
-            WeightData::Q8_0(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
-            WeightData::K(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
-            WeightData::Q4_0(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
-            WeightData::Q5_0(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
-            WeightData::Q4K(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
-            WeightData::Q6K(w) => matmul_packed(w, self.rows, self.cols, x, n, y),
             WeightData::Q5K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
-            WeightData::Q8Pairs(w) => matmul_pairs(w, self.rows, self.cols, x, n, y),
-            WeightData::KPairs(w) => matmul_pairs(w, self.rows, self.cols, x, n, y),
+            _ => matmul_each(&[self], x, n, &mut [y]),
         }
     }
+
+    /// The parallel tasks of `y = x Wᵀ` from activations already quantized
+    /// to Q8_0, for the formats whose kernels read them; `None` for the
+    /// rest.
+    fn q8_job<'a>(&'a self, q8: Q8Input<'a>, y: &'a mut [f32]) -> Option<Job<'a>> {
+        let (r, c) = (self.rows, self.cols);
+        Some(match &self.data {
+            WeightData::Q8_0(w) => packed_job(w, r, c, q8, y),
+            WeightData::K(w) => packed_job(w, r, c, q8, y),
+            WeightData::Q4_0(w) => packed_job(w, r, c, q8, y),
+            WeightData::Q5_0(w) => packed_job(w, r, c, q8, y),
+            WeightData::Q4K(w) => packed_job(w, r, c, q8, y),
+            WeightData::Q6K(w) => packed_job(w, r, c, q8, y),
+            WeightData::Q8Pairs(w) => pairs_job(w, r, c, q8, y),
+            WeightData::KPairs(w) => pairs_job(w, r, c, q8, y),
+            _ => return None,
+        })
+    }
+}
+
+/// `ys[i] = x · wsᵢᵀ` for matrices that read the same `n × cols` input
+/// (a layer's q, k and v; its gate and up): where each one's kernels read
+/// Q8_0 activations, `x` is quantized once and every matrix's tasks run as
+/// one parallel region, one wait on the pool instead of one a matrix. The
+/// same bits as [`Matrix::matmul`] on each.
+pub fn matmul_each(ws: &[&Matrix], x: &[f32], n: usize, ys: &mut [&mut [f32]]) {
+    assert_eq!(ws.len(), ys.len(), "one output per matrix");
+    let cols = ws.first().map_or(0, |w| w.cols);
+    for (w, y) in ws.iter().zip(ys.iter()) {
+        assert_eq!(w.cols, cols, "matmul_each: matrices of one input width");
+        assert_eq!(x.len(), n * cols, "matmul input length");
+        assert_eq!(y.len(), n * w.rows, "matmul output length");
+    }
+    let q8 = |w: &&Matrix| {
+        !matches!(
+            w.data,
+            WeightData::F32(_)
+                | WeightData::Bf16(_)
+                | WeightData::F16(_)
+                | WeightData::Q4_1(_)
+                | WeightData::Q5_1(_)
+                | WeightData::Q5K(_)
+        )
+    };
+    if !ws.iter().all(q8) {
+        for (w, y) in ws.iter().zip(ys.iter_mut()) {
+            w.matmul(x, n, y);
+        }
+        return;
+    }
+    let acts = Activations::quantize(x, n, cols);
+    let xrows: Vec<Q8Row<'_>> = (0..n).map(|b| acts.row(b)).collect();
+    let jobs: Vec<Job<'_>> = ws
+        .iter()
+        .zip(ys.iter_mut())
+        .map(|(w, y)| w.q8_job((&acts, &xrows), y).expect("a Q8_0-input format"))
+        .collect();
+    // Task `t` overall: the job whose range holds it, and its task there.
+    let mut starts = Vec::with_capacity(jobs.len());
+    let mut total = 0;
+    for j in &jobs {
+        starts.push(total);
+        total += j.tasks;
+    }
+    (0..total).into_par_iter().for_each(|t| {
+        let i = starts.partition_point(|&s| s <= t) - 1;
+        (jobs[i].run)(t - starts[i]);
+    });
+}
+
+/// Activations quantized to Q8_0 and their rows, as the kernels read them.
+type Q8Input<'a> = (&'a Activations, &'a [Q8Row<'a>]);
+
+/// One product's parallel tasks: `run(t)` for `t` in `0..tasks` writes
+/// disjoint output rows.
+struct Job<'a> {
+    tasks: usize,
+    run: Box<dyn Fn(usize) + Sync + 'a>,
+    /// The output the tasks write through a raw pointer, held as borrowed.
+    _out: std::marker::PhantomData<&'a mut [f32]>,
 }
 
 /// Dequantizes row `r` of natively stored weights through its widened group
@@ -664,21 +737,25 @@ fn in_tiles<const W: usize>(
 /// rows (then eight, four, one at a time for the rest of a slice); on
 /// AMX, whole tiles of sixteen rows go to the tiles, the groups paired once
 /// per product.
-fn matmul_packed<S: Stored>(w: &[S], rows: usize, cols: usize, x: &[f32], n: usize, y: &mut [f32])
+fn packed_job<'a, S: Stored>(
+    w: &'a [S],
+    rows: usize,
+    cols: usize,
+    (acts, xrows): Q8Input<'a>,
+    y: &'a mut [f32],
+) -> Job<'a>
 where
     S::Wide: Paired,
     <S::Wide as Paired>::Pair: Tiled,
 {
-    let (bpr, wbpr) = (cols / S::COLS, cols / 32);
-    let acts = Activations::quantize(x, n, cols);
-    let xrows: Vec<Q8Row<'_>> = (0..n).map(|b| acts.row(b)).collect();
+    let (bpr, wbpr, n) = (cols / S::COLS, cols / 32, xrows.len());
     let out = OutPtr(y.as_mut_ptr());
     let groups = rows.div_ceil(8);
     let per_task = ROWS_PER_TASK / 8;
     let amx = n >= 16 && crate::cpu::amx_tiles();
-    (0..groups.div_ceil(per_task))
-        .into_par_iter()
-        .for_each(|t| {
+    Job {
+        tasks: groups.div_ceil(per_task),
+        run: Box::new(move |t| {
             let task_groups = t * per_task..((t + 1) * per_task).min(groups);
             // Widen one group at a time while one slice covers the batch (its
             // blocks then stay in L1), else the task's groups once for all
@@ -695,7 +772,7 @@ where
                             }
                             let p = &mut p[..need];
                             pair_up(wide, wbpr, p);
-                            tiles_amx(p, wbpr, &acts, 0..n, X_SLICE, |b, q, v| {
+                            tiles_amx(p, wbpr, acts, 0..n, X_SLICE, |b, q, v| {
                                 write_tile(out, rows, b, c0 + 2 * q, v)
                             })
                         })
@@ -706,49 +783,52 @@ where
                         let s1 = (s0 + X_SLICE).min(n);
                         for g in c0..c1 {
                             let wg = Group(&wide[(g - c0) * wbpr..(g - c0 + 1) * wbpr]);
-                            in_tiles(&wg, (&acts, &xrows), s0.max(done), s1, |b, v| {
+                            in_tiles(&wg, (acts, xrows), s0.max(done), s1, |b, v| {
                                 write_tile(out, rows, b, g, v)
                             });
                         }
                     }
                 });
             }
-        });
+        }),
+        _out: std::marker::PhantomData,
+    }
 }
 
 /// Weights held sixteen rows at a time ([`crate::pair`]): on AMX whole tiles
 /// of sixteen activation rows go to the tiles straight from the weights;
 /// the rest, or every row without AMX, to the pair kernels.
-fn matmul_pairs<P: Pair + Tiled>(
-    w: &[P],
+fn pairs_job<'a, P: Pair + Tiled>(
+    w: &'a [P],
     rows: usize,
     cols: usize,
-    x: &[f32],
-    n: usize,
-    y: &mut [f32],
-) {
-    let bpr = cols / 32;
-    let acts = Activations::quantize(x, n, cols);
-    let xrows: Vec<Q8Row<'_>> = (0..n).map(|b| acts.row(b)).collect();
+    (acts, xrows): Q8Input<'a>,
+    y: &'a mut [f32],
+) -> Job<'a> {
+    let (bpr, n) = (cols / 32, xrows.len());
     let out = OutPtr(y.as_mut_ptr());
     let pairs = rows.div_ceil(16);
     let per_task = ROWS_PER_TASK / 16;
-    (0..pairs.div_ceil(per_task)).into_par_iter().for_each(|t| {
-        let task = t * per_task..((t + 1) * per_task).min(pairs);
-        let wt = &w[task.start * bpr..task.end * bpr];
-        let done = tiles_amx(wt, bpr, &acts, 0..n, X_SLICE, |b, q, v| {
-            write_tile(out, rows, b, 2 * (task.start + q), v)
-        });
-        for s0 in (0..n).step_by(X_SLICE) {
-            let s1 = (s0 + X_SLICE).min(n);
-            for q in task.clone() {
-                let wq = Pairs(&w[q * bpr..(q + 1) * bpr]);
-                in_tiles(&wq, (&acts, &xrows), s0.max(done), s1, |b, v| {
-                    write_tile(out, rows, b, 2 * q, v)
-                });
+    Job {
+        tasks: pairs.div_ceil(per_task),
+        run: Box::new(move |t| {
+            let task = t * per_task..((t + 1) * per_task).min(pairs);
+            let wt = &w[task.start * bpr..task.end * bpr];
+            let done = tiles_amx(wt, bpr, acts, 0..n, X_SLICE, |b, q, v| {
+                write_tile(out, rows, b, 2 * (task.start + q), v)
+            });
+            for s0 in (0..n).step_by(X_SLICE) {
+                let s1 = (s0 + X_SLICE).min(n);
+                for q in task.clone() {
+                    let wq = Pairs(&w[q * bpr..(q + 1) * bpr]);
+                    in_tiles(&wq, (acts, xrows), s0.max(done), s1, |b, v| {
+                        write_tile(out, rows, b, 2 * q, v)
+                    });
+                }
             }
-        }
-    });
+        }),
+        _out: std::marker::PhantomData,
+    }
 }
 
 /// On AMX, the whole tiles of sixteen rows of `rows` (which starts at a
@@ -859,6 +939,56 @@ mod tests {
         m.matmul(&x, 2, &mut y);
         assert!(y[..8].iter().all(|v| v.is_finite()), "{y:?}");
         assert!(y[8..].iter().all(|v| v.is_nan()), "{y:?}");
+    }
+
+    #[test]
+    fn products_of_one_input_together_equal_each_alone() {
+        // A layer's q, k, v (or gate, up): matrices of different heights,
+        // formats and layouts that read one input, in one parallel region;
+        // and with a float matrix among them, each on its own.
+        let cols = 256;
+        let mats = |dts: &[(GgmlDType, usize)]| -> Vec<Matrix> {
+            dts.iter()
+                .enumerate()
+                .map(|(i, &(dt, rows))| {
+                    let w: Vec<f32> = (0..rows * cols)
+                        .map(|j| ((j * 7919 + i * 13) % 101) as f32 / 101.0 - 0.5)
+                        .collect();
+                    let m = Matrix::quantize(dt, rows, cols, &w).unwrap();
+                    match i % 3 {
+                        0 => m,
+                        1 => m.widen(),
+                        _ => m.widen().paired(),
+                    }
+                })
+                .collect()
+        };
+        let q8 = mats(&[
+            (GgmlDType::Q5_0, 96),
+            (GgmlDType::Q6K, 40),
+            (GgmlDType::Q4K, 41),
+            (GgmlDType::Q8_0, 200),
+        ]);
+        let mut mixed = mats(&[(GgmlDType::Q5_0, 96), (GgmlDType::Q6K, 40)]);
+        let wf: Vec<f32> = (0..24 * cols).map(|j| (j % 9) as f32 / 9.0 - 0.5).collect();
+        mixed.push(Matrix::from_f32(24, cols, wf).unwrap());
+        for ms in [&q8, &mixed] {
+            for n in [1, 5, 20, 150] {
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
+                    .collect();
+                let ws: Vec<&Matrix> = ms.iter().collect();
+                let mut ys: Vec<Vec<f32>> = ms.iter().map(|m| vec![0f32; n * m.rows()]).collect();
+                let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.as_mut_slice()).collect();
+                matmul_each(&ws, &x, n, &mut outs);
+                for (m, y) in ms.iter().zip(&ys) {
+                    let mut alone = vec![0f32; n * m.rows()];
+                    m.matmul(&x, n, &mut alone);
+                    let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                    assert_eq!(bits(y), bits(&alone), "{} at {n} rows", m.type_name());
+                }
+            }
+        }
     }
 
     #[test]

@@ -103,6 +103,26 @@ impl<D: Device> Linear<D> {
         }
         y
     }
+
+    /// Projections of the same input, run together where the device can
+    /// ([`Device::matmul_each`]); the same results as one `forward` each.
+    pub(crate) fn forward_each<const N: usize>(
+        dev: &D,
+        ls: [&Linear<D>; N],
+        x: &D::Act,
+    ) -> [D::Act; N] {
+        let ys = dev.matmul_each(&ls.map(|l| &l.w), x);
+        let mut ys: [D::Act; N] = match ys.try_into() {
+            Ok(ys) => ys,
+            Err(_) => panic!("matmul_each: one output per matrix"),
+        };
+        for (y, l) in ys.iter_mut().zip(ls) {
+            if let Some(b) = &l.b {
+                dev.add_bias(y, b);
+            }
+        }
+        ys
+    }
 }
 
 /// What one layer's attention needs besides its weights: the batch's items
@@ -142,9 +162,8 @@ pub(crate) fn attention_inputs<D: Device>(
     s: &mut Step<'_, '_, D>,
 ) -> D::Act {
     let Heads { q: nh, kv: nkv, .. } = s.heads;
-    let mut q = attn.q.forward(dev, h); // rows × (nh · dim)
-    let mut k = attn.k.forward(dev, h); // rows × (nkv · dim)
-    let v = attn.v.forward(dev, h); // rows × (nkv · dim)
+    // rows × (nh · dim), rows × (nkv · dim), rows × (nkv · dim)
+    let [mut q, mut k, v] = Linear::forward_each(dev, [&attn.q, &attn.k, &attn.v], h);
     if let (Some(qn), Some(kn)) = (&attn.q_norm, &attn.k_norm) {
         q = dev.rms_norm(&q, qn, s.eps);
         k = dev.rms_norm(&k, kn, s.eps);
@@ -165,8 +184,8 @@ pub struct Mlp<D: Device> {
 
 impl<D: Device> Mlp<D> {
     pub(crate) fn forward(&self, dev: &D, h: &D::Act) -> D::Act {
-        let mut g = self.gate.forward(dev, h); // rows × intermediate
-        let u = self.up.forward(dev, h);
+        // rows × intermediate, each
+        let [mut g, u] = Linear::forward_each(dev, [&self.gate, &self.up], h);
         dev.silu_mul(&mut g, &u);
         self.down.forward(dev, &g)
     }

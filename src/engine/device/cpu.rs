@@ -109,6 +109,14 @@ impl Device for Cpu {
         y
     }
 
+    fn matmul_each(&self, ws: &[&Matrix], x: &Activations) -> Vec<Activations> {
+        let n = x.rows();
+        let mut ys: Vec<Activations> = ws.iter().map(|w| Activations::zeros(n, w.rows())).collect();
+        let mut outs: Vec<&mut [f32]> = ys.iter_mut().map(|y| y.data.as_mut_slice()).collect();
+        statebench_kernels::matmul_each(ws, &x.data, n, &mut outs);
+        ys
+    }
+
     fn add_bias(&self, y: &mut Activations, bias: &Vec<f32>) {
         for row in y.data.chunks_exact_mut(y.width) {
             for (v, b) in row.iter_mut().zip(bias) {

@@ -326,6 +326,11 @@ pub trait Device: Sync + Send {
     fn rms_norm(&self, x: &Self::Act, weight: &Self::Vector, eps: f32) -> Self::Act;
     /// `x Wᵀ`: `rows × in` → `rows × out`.
     fn matmul(&self, w: &Self::Weight, x: &Self::Act) -> Self::Act;
+    /// `x Wᵀ` for each `W` of `ws`, matrices that read the same input (a
+    /// layer's q, k and v; its gate and up); a device may run them together.
+    fn matmul_each(&self, ws: &[&Self::Weight], x: &Self::Act) -> Vec<Self::Act> {
+        ws.iter().map(|w| self.matmul(w, x)).collect()
+    }
     /// The output head's logits, `rows × vocab` (f32 on every device).
     fn logits(&self, head: &Self::Weight, x: &Self::Act) -> Self::Act {
         self.matmul(head, x)
