@@ -178,8 +178,8 @@ struct Fifos {
 
 impl Marks {
     /// Marks written to `ctl`, each acknowledged on `ack` (FIFOs that a
-    /// running `perf record --control fifo:CTL,ACK` reads and writes;
-    /// opening blocks until perf has them open too).
+    /// running `perf record --control fifo:CTL,ACK` reads and writes);
+    /// refused at once where nothing reads `ctl`.
     pub fn perf(ctl: &Path, ack: &Path) -> Result<Marks, BackendError> {
         let io = |path: &Path| {
             let path = path.to_path_buf();
@@ -291,10 +291,10 @@ pub fn engine<D: Device>(
 /// Timed passes of the prefill measurement, after one untimed pass.
 pub const PREFILL_PASSES: usize = 3;
 
-/// One prompt of exactly `n` tokens into an empty cache: the mean pass of
-/// [`PREFILL_PASSES`], after one pass untimed: the first pass of a process also pays for
-/// faulting in the activations' memory, which every later pass reuses (as
-/// `llama-bench`, which warms up and averages five runs, also measures).
+/// One prompt of exactly `n` tokens into an empty cache, the mean of
+/// [`PREFILL_PASSES`] passes after one untimed: the first pass of a process
+/// also pays for faulting in the activations' memory, which every later
+/// pass reuses (`llama-bench` likewise warms up and averages five runs).
 fn prefill<D: Device>(
     engine: &Engine<D>,
     n: usize,
