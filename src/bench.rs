@@ -7,7 +7,7 @@
 //! to measure both.
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, BufRead, BufReader, Write};
+use std::io::{self, BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::time::Instant;
 
@@ -203,7 +203,9 @@ impl Marks {
         let mut line = String::new();
         writeln!(f.to, "{command}")
             .and_then(|()| f.to.flush())
-            .and_then(|()| f.from.read_line(&mut line))
+            // perf answers `ack`; a line is read to its end or 256 bytes,
+            // whatever else writes to the FIFO.
+            .and_then(|()| f.from.by_ref().take(256).read_line(&mut line))
             .and_then(|n| match n {
                 0 => Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
