@@ -400,6 +400,9 @@ impl Matrix {
     pub fn matmul(&self, x: &[f32], n: usize, y: &mut [f32]) {
         assert_eq!(x.len(), n * self.cols, "matmul input length");
         assert_eq!(y.len(), n * self.rows, "matmul output length");
+        if self.reads_q8() {
+            return matmul_each(&[self], x, n, &mut [y]);
+        }
         match &self.data {
             WeightData::F32(w) => matmul_float(w, self.rows, self.cols, x, n, y),
             WeightData::Bf16(w) => matmul_float(w, self.rows, self.cols, x, n, y),
@@ -407,7 +410,30 @@ impl Matrix {
             WeightData::Q4_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q5_1(w) => matmul_q(w, self.rows, self.cols, x, n, y),
             WeightData::Q5K(w) => matmul_q(w, self.rows, self.cols, x, n, y),
-            _ => matmul_each(&[self], x, n, &mut [y]),
+            _ => unreachable!("a format that reads Q8_0 activations"),
+        }
+    }
+
+    /// Whether this format's kernels read activations quantized to Q8_0
+    /// (and so can share one quantized input with other matrices) rather
+    /// than f32. The one place formats are sorted so: no wildcard, so a new
+    /// format must be placed here.
+    fn reads_q8(&self) -> bool {
+        match self.data {
+            WeightData::Q8_0(_)
+            | WeightData::K(_)
+            | WeightData::Q4_0(_)
+            | WeightData::Q5_0(_)
+            | WeightData::Q4K(_)
+            | WeightData::Q6K(_)
+            | WeightData::Q8Pairs(_)
+            | WeightData::KPairs(_) => true,
+            WeightData::F32(_)
+            | WeightData::Bf16(_)
+            | WeightData::F16(_)
+            | WeightData::Q4_1(_)
+            | WeightData::Q5_1(_)
+            | WeightData::Q5K(_) => false,
         }
     }
 
@@ -443,18 +469,7 @@ pub fn matmul_each(ws: &[&Matrix], x: &[f32], n: usize, ys: &mut [&mut [f32]]) {
         assert_eq!(x.len(), n * cols, "matmul input length");
         assert_eq!(y.len(), n * w.rows, "matmul output length");
     }
-    let q8 = |w: &&Matrix| {
-        !matches!(
-            w.data,
-            WeightData::F32(_)
-                | WeightData::Bf16(_)
-                | WeightData::F16(_)
-                | WeightData::Q4_1(_)
-                | WeightData::Q5_1(_)
-                | WeightData::Q5K(_)
-        )
-    };
-    if !ws.iter().all(q8) {
+    if !ws.iter().all(|w| w.reads_q8()) {
         for (w, y) in ws.iter().zip(ys.iter_mut()) {
             w.matmul(x, n, y);
         }
