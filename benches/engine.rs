@@ -4,7 +4,9 @@
 //! batch 8, 16, 64 and 512, widened in groups of eight rows and in pairs of
 //! groups, each on AMX tiles and on the vector kernels side by side (where
 //! the CPU has AMX); a layer's q, k and v and its gate and up, one
-//! product at a time against all of one input's together; attention of one
+//! product at a time against all of one input's together; the MLP shapes
+//! on the AVX2 kernels' short path for small weights and their general
+//! path; attention of one
 //! row over 256 and 2,048 positions; and one decode step of the default
 //! model when it is present.
 
@@ -12,11 +14,22 @@ use candle_core::quantized::GgmlDType;
 use criterion::{criterion_group, criterion_main, Criterion};
 use statebench_kernels::{matmul_each, Matrix};
 
+/// The default model's MLP shapes: the Q5_0 gate and up, the Q4_K down.
+const MLP: [(GgmlDType, usize, usize, &str); 2] = [
+    (GgmlDType::Q5_0, 4864, 896, "q5_0"),
+    (GgmlDType::Q4K, 896, 4864, "q4_k"),
+];
+
+/// Weights of a `rows × cols` matrix, spread over ±0.5.
+fn weights(rows: usize, cols: usize) -> Vec<f32> {
+    (0..rows * cols)
+        .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
+        .collect()
+}
+
 /// One quantized projection of a model shape at batch 1, 4 and 16.
 fn projection(c: &mut Criterion, dtype: GgmlDType, rows: usize, cols: usize, name: &str) {
-    let w: Vec<f32> = (0..rows * cols)
-        .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
-        .collect();
+    let w = weights(rows, cols);
     // Both layouts side by side: the file's own bits, and widened at load
     // (same results, more memory, no unpacking per product).
     let native = Matrix::quantize(dtype, rows, cols, &w).expect("quantize");
@@ -112,13 +125,8 @@ fn tiles(c: &mut Criterion) {
             .num_threads(2)
             .build()
             .expect("pool");
-        for (dtype, rows, cols, name) in [
-            (GgmlDType::Q5_0, 4864, 896, "q5_0"),
-            (GgmlDType::Q4K, 896, 4864, "q4_k"),
-        ] {
-            let w: Vec<f32> = (0..rows * cols)
-                .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
-                .collect();
+        for (dtype, rows, cols, name) in MLP {
+            let w = weights(rows, cols);
             let quantized = || Matrix::quantize(dtype, rows, cols, &w).expect("quantize");
             let groups = quantized().widen();
             let pairs = quantized().widen().paired();
@@ -135,6 +143,35 @@ fn tiles(c: &mut Criterion) {
                         });
                     }
                 }
+            }
+        }
+    }
+}
+
+/// Weights within ±16 (the MLP's Q5_0 gate and up; its Q4_K down, which
+/// keeps the general path either way, as a control), widened, at decode
+/// batches and a prefill chunk: the AVX2 kernels' short path for them
+/// against their general path (the same bits). Where the CPU has VNNI
+/// both run the VNNI kernels; run it with `STATEBENCH_CPU_ISA=avx2` there.
+fn short_path(c: &mut Criterion) {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool");
+    for (dtype, rows, cols, name) in MLP {
+        let m = Matrix::quantize(dtype, rows, cols, &weights(rows, cols))
+            .expect("quantize")
+            .widen();
+        for n in [1usize, 4, 16, 64] {
+            let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
+            let mut y = vec![0f32; n * rows];
+            for (path, on) in [("short", true), ("general", false)] {
+                let id = format!("{name} {rows}x{cols} batch {n} widened, {path} path");
+                c.bench_function(&id, |b| {
+                    statebench_kernels::cpu::set_short_path(on);
+                    b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)));
+                    statebench_kernels::cpu::set_short_path(true);
+                });
             }
         }
     }
@@ -199,6 +236,6 @@ fn decode_step(c: &mut Criterion) {
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10);
-    targets = matmul, tiles, shared_input, attention, big_matmul, decode_step
+    targets = matmul, tiles, shared_input, short_path, attention, big_matmul, decode_step
 }
 criterion_main!(benches);

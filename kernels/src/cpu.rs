@@ -3,7 +3,6 @@
 //! far ahead of use the kernels ask for weights. The kernel modules read it;
 //! it reads none of them.
 
-#[cfg(target_arch = "x86_64")]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
@@ -93,7 +92,7 @@ fn widest() -> Isa {
 }
 
 #[cfg(target_arch = "x86_64")]
-fn avx2_fma_f16c() -> bool {
+pub(crate) fn avx2_fma_f16c() -> bool {
     is_x86_feature_detected!("avx2")
         && is_x86_feature_detected!("fma")
         && is_x86_feature_detected!("f16c")
@@ -235,6 +234,20 @@ pub(crate) fn wide_lanes() -> bool {
 
 #[cfg(target_arch = "x86_64")]
 static AMX_ENABLED: AtomicBool = AtomicBool::new(true);
+
+static SHORT_PATH: AtomicBool = AtomicBool::new(true);
+
+/// Turns the AVX2 kernels' short path for weights within ±16 (Q4_0, Q5_0)
+/// off or back on for this process. The same bits either way;
+/// benchmarks use it to run both paths in one process.
+pub fn set_short_path(on: bool) {
+    SHORT_PATH.store(on, Ordering::Relaxed);
+}
+
+/// Whether [`set_short_path`] left the short path on.
+pub(crate) fn short_path() -> bool {
+    SHORT_PATH.load(Ordering::Relaxed)
+}
 
 /// Turns the AMX kernels off or back on for this process. Results are the
 /// same bits either way; benchmarks and tests use it to run both paths in

@@ -87,6 +87,9 @@ pub struct Matrix {
     rows: usize,
     cols: usize,
     data: WeightData,
+    /// Every weight is within ±16 (Q4_0 and Q5_0, natively stored or
+    /// widened): the AVX2 kernels then take a shorter path to the same bits.
+    small: bool,
 }
 
 fn blocks_from_bytes<T: GgmlType>(bytes: &[u8], n_blocks: usize) -> Result<Vec<T>, MatrixError> {
@@ -107,6 +110,17 @@ fn blocks_from_bytes<T: GgmlType>(bytes: &[u8], n_blocks: usize) -> Result<Vec<T
 }
 
 impl Matrix {
+    /// A matrix of `data` as its format stores it.
+    fn new(rows: usize, cols: usize, data: WeightData) -> Self {
+        let small = matches!(data, WeightData::Q4_0(_) | WeightData::Q5_0(_));
+        Self {
+            rows,
+            cols,
+            data,
+            small,
+        }
+    }
+
     /// A float matrix from row-major data.
     pub fn from_f32(rows: usize, cols: usize, data: Vec<f32>) -> Result<Self, MatrixError> {
         if data.len() != rows * cols {
@@ -115,11 +129,7 @@ impl Matrix {
                 data.len()
             )));
         }
-        Ok(Self {
-            rows,
-            cols,
-            data: WeightData::F32(data),
-        })
+        Ok(Self::new(rows, cols, WeightData::F32(data)))
     }
 
     /// A bf16 matrix from row-major bits, kept at 16 bits a weight.
@@ -147,11 +157,7 @@ impl Matrix {
                 "{n} values for {rows}x{cols}"
             )));
         }
-        Ok(Self {
-            rows,
-            cols,
-            data: data(),
-        })
+        Ok(Self::new(rows, cols, data()))
     }
 
     /// A matrix from raw GGML bytes of type `dtype` (rows of `cols` elements).
@@ -209,7 +215,7 @@ impl Matrix {
             GgmlDType::Q6K => WeightData::Q6K(pack_q6k(&blocks_from_bytes(bytes, nb)?, rows, bpr)),
             other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
         };
-        Ok(Self { rows, cols, data })
+        Ok(Self::new(rows, cols, data))
     }
 
     /// Quantizes row-major f32 data to `dtype` (for tests and benchmarks).
@@ -248,7 +254,7 @@ impl Matrix {
             GgmlDType::Q6K => WeightData::Q6K(pack_q6k(&q(data, bs), rows, bpr)),
             other => return Err(MatrixError::UnsupportedType(format!("{other:?}"))),
         };
-        Ok(Self { rows, cols, data })
+        Ok(Self::new(rows, cols, data))
     }
 
     /// The same matrix with Q4_0, Q5_0, Q4_K and Q6_K weights widened once,
@@ -273,7 +279,8 @@ impl Matrix {
             WeightData::Q6K(w) => WeightData::K(all(w, rows, cols)),
             _ => return self,
         };
-        Self { rows, cols, data }
+        // The same values, so as small as they were.
+        Self { data, ..self }
     }
 
     /// The same matrix with Q8_0 and widened K-quant weights held sixteen
@@ -288,13 +295,14 @@ impl Matrix {
             pair_up(w, bpr, &mut out);
             out
         }
-        let (rows, cols) = (self.rows, self.cols);
+        let cols = self.cols;
         let data = match &self.data {
             WeightData::Q8_0(w) => WeightData::Q8Pairs(all(w, cols)),
             WeightData::K(w) => WeightData::KPairs(all(w, cols)),
             _ => return self,
         };
-        Self { rows, cols, data }
+        // The same values, so as small as they were.
+        Self { data, ..self }
     }
 
     /// Float weights (f32, bf16, f16) quantized to ggml's Q8_0 (blocks of
@@ -441,14 +449,14 @@ impl Matrix {
     /// to Q8_0, for the formats whose kernels read them; `None` for the
     /// rest.
     fn q8_job<'a>(&'a self, q8: Q8Input<'a>, y: &'a mut [f32]) -> Option<Job<'a>> {
-        let (r, c) = (self.rows, self.cols);
+        let (r, c, small) = (self.rows, self.cols, self.small);
         Some(match &self.data {
-            WeightData::Q8_0(w) => packed_job(w, r, c, q8, y),
-            WeightData::K(w) => packed_job(w, r, c, q8, y),
-            WeightData::Q4_0(w) => packed_job(w, r, c, q8, y),
-            WeightData::Q5_0(w) => packed_job(w, r, c, q8, y),
-            WeightData::Q4K(w) => packed_job(w, r, c, q8, y),
-            WeightData::Q6K(w) => packed_job(w, r, c, q8, y),
+            WeightData::Q8_0(w) => packed_job(w, r, c, small, q8, y),
+            WeightData::K(w) => packed_job(w, r, c, small, q8, y),
+            WeightData::Q4_0(w) => packed_job(w, r, c, small, q8, y),
+            WeightData::Q5_0(w) => packed_job(w, r, c, small, q8, y),
+            WeightData::Q4K(w) => packed_job(w, r, c, small, q8, y),
+            WeightData::Q6K(w) => packed_job(w, r, c, small, q8, y),
             WeightData::Q8Pairs(w) => pairs_job(w, r, c, q8, y),
             WeightData::KPairs(w) => pairs_job(w, r, c, q8, y),
             _ => return None,
@@ -687,11 +695,17 @@ trait Rows<const W: usize> {
 }
 
 /// One group of eight interleaved rows.
-struct Group<'a, S>(&'a [S]);
+/// One group of eight weight rows, and whether all its weights are within
+/// ±16 ([`Packed::group_small`]).
+struct Group<'a, S>(&'a [S], bool);
 
 impl<S: Packed> Rows<8> for Group<'_, S> {
     fn rows<const XR: usize>(&self, xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
-        S::group(self.0, xs)
+        if self.1 {
+            S::group_small(self.0, xs)
+        } else {
+            S::group(self.0, xs)
+        }
     }
     fn tile(&self, t: &[TileBlock], xs: &[Q8Row<'_>; 16]) -> [[f32; 8]; 16] {
         S::tile_group(self.0, t, xs)
@@ -756,6 +770,7 @@ fn packed_job<'a, S: Stored>(
     w: &'a [S],
     rows: usize,
     cols: usize,
+    small: bool,
     (acts, xrows): Q8Input<'a>,
     y: &'a mut [f32],
 ) -> Job<'a>
@@ -768,6 +783,7 @@ where
     let groups = rows.div_ceil(8);
     let per_task = ROWS_PER_TASK / 8;
     let amx = n >= 16 && crate::cpu::amx_tiles();
+    let small = small && crate::cpu::short_path();
     Job {
         tasks: groups.div_ceil(per_task),
         run: Box::new(move |t| {
@@ -797,7 +813,7 @@ where
                     for s0 in (0..n).step_by(X_SLICE) {
                         let s1 = (s0 + X_SLICE).min(n);
                         for g in c0..c1 {
-                            let wg = Group(&wide[(g - c0) * wbpr..(g - c0 + 1) * wbpr]);
+                            let wg = Group(&wide[(g - c0) * wbpr..(g - c0 + 1) * wbpr], small);
                             in_tiles(&wg, (acts, xrows), s0.max(done), s1, |b, v| {
                                 write_tile(out, rows, b, g, v)
                             });

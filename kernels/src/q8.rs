@@ -474,6 +474,18 @@ pub trait Packed: Sized + Sync {
     /// The CPU has AVX2, FMA and F16C; every row covers `w`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx2<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR];
+    /// AVX2 kernel for weights within ±16 (Q4_0's and Q5_0's): the same
+    /// bits as [`Packed::avx2`] for them, in fewer instructions where a
+    /// layout has one (wrong sums for larger weights); by default the
+    /// general kernel. The K-quants' layout keeps the default: with its f32
+    /// steps per half-block the short path measured no faster.
+    ///
+    /// # Safety
+    /// As [`Packed::avx2`].
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2_small<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        Self::avx2(w, xs)
+    }
     /// NEON kernel with `sdot`.
     ///
     /// # Safety
@@ -536,6 +548,21 @@ pub trait Packed: Sized + Sync {
         }
         std::array::from_fn(|r| Self::scalar(w, xs[r]))
     }
+
+    /// [`Packed::group`] where every weight of `w` is within ±16: the same
+    /// bits, on AVX2 by [`Packed::avx2_small`].
+    fn group_small<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        #[cfg(target_arch = "x86_64")]
+        if simd_level() == Simd::Avx2 {
+            assert!(
+                xs.iter().all(|x| x.covers(w.len())),
+                "activation rows too short"
+            );
+            // SAFETY: the CPU has AVX2, FMA and F16C; lengths were checked.
+            return unsafe { Self::avx2_small(w, xs) };
+        }
+        Self::group(w, xs)
+    }
 }
 
 impl Packed for Q8x8 {
@@ -561,6 +588,10 @@ impl Packed for Q8x8 {
     #[cfg(target_arch = "x86_64")]
     unsafe fn avx2<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
         avx2::group(w, xs)
+    }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn avx2_small<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
+        avx2::group_small(w, xs)
     }
     #[cfg(target_arch = "aarch64")]
     unsafe fn sdot<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 8]; XR] {
@@ -600,9 +631,9 @@ pub(crate) use sixteen;
 /// (`$dots`) differ between them, so all give the same bits.
 #[cfg(target_arch = "x86_64")]
 macro_rules! q8_group {
-    ($features:literal, |$q:ident, $x:ident, $s:ident| $dots:expr, $load:path) => {
+    ($name:ident, $features:literal, |$q:ident, $x:ident, $s:ident| $dots:expr, $load:path) => {
         #[target_feature(enable = $features)]
-        pub(super) unsafe fn group<const XR: usize>(
+        pub(super) unsafe fn $name<const XR: usize>(
             w: &[super::Q8x8],
             x: &[super::Q8Row<'_>; XR],
         ) -> [[f32; 8]; XR] {
@@ -657,6 +688,7 @@ pub(crate) mod vnni {
     }
 
     q8_group!(
+        group,
         "avx2,fma,f16c,avx512vnni,avx512vl",
         |q, x, s| dots(&q, x, s),
         super::avx2::load
@@ -736,7 +768,52 @@ pub(crate) mod avx2 {
         }
     }
 
-    q8_group!("avx2,fma,f16c", |q, x, _s| dots(&q, x), signed);
+    /// A block's weights offset to `q + 16` (0..=32 where every weight is
+    /// within ±16), as [`dots_small`] reads them.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) unsafe fn small(qs: &[u8; 256]) -> [__m256i; 8] {
+        // Stored as `q + 128`; bytes wrap, so `q + 16` for every q ≥ -16.
+        let c = _mm256_set1_epi8(112);
+        load(qs).map(|q| _mm256_sub_epi8(q, c))
+    }
+
+    /// [`dots`] for weights within ±16 (`q` from [`small`]): they are
+    /// `maddubs`' unsigned side as they are, so no sign step, and four
+    /// groups' pair sums fit 16 bits (|sum| ≤ 4 · 2 · 32 · 127 = 32,512)
+    /// before one widening add instead of four. `start` is the row's
+    /// [`crate::q8::Q8Row::starts`] (`-128 · Σx`); an eighth of it,
+    /// `-16 · Σx`, takes the offset back out. Exact integers, so the same
+    /// lanes as [`dots`].
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    pub(crate) unsafe fn dots_small(
+        q: &[__m256i; 8],
+        x: &[i8; 32],
+        start: [i32; 2],
+    ) -> (__m256i, __m256i) {
+        let ones = _mm256_set1_epi16(1);
+        let mut s = [_mm256_setzero_si256(); 2];
+        for (h, sh) in s.iter_mut().enumerate() {
+            let mut p = _mm256_setzero_si256();
+            for (g, qg) in q.iter().enumerate().skip(4 * h).take(4) {
+                let xg = _mm256_set1_epi32(std::ptr::read_unaligned(
+                    x.as_ptr().add(4 * g) as *const i32
+                ));
+                p = _mm256_add_epi16(p, _mm256_maddubs_epi16(*qg, xg));
+            }
+            *sh = _mm256_add_epi32(_mm256_set1_epi32(start[h] >> 3), _mm256_madd_epi16(p, ones));
+        }
+        (s[0], s[1])
+    }
+
+    q8_group!(group, "avx2,fma,f16c", |q, x, _s| dots(&q, x), signed);
+    q8_group!(
+        group_small,
+        "avx2,fma,f16c",
+        |q, x, s| dots_small(&q, x, s),
+        small
+    );
 }
 
 /// The same integer lanes on aarch64, four weight rows a register: the
@@ -1023,6 +1100,106 @@ mod tests {
             let (d, qs) = quantize_block(xb);
             assert_eq!((d.to_bits(), qs), (b.d.to_bits(), b.qs));
         }
+    }
+
+    /// Weights within ±16 (Q4_0, Q5_0) take the short AVX2 path: the same
+    /// bits as the scalar path and the general one, at the extremes where
+    /// its 16-bit sums are closest to overflowing (every weight ±16, so 0
+    /// or 32 after the offset, every activation ±127) and on mixed data,
+    /// for one to sixteen rows at once; and the K-quants' layout, which
+    /// keeps the general path, through the same calls.
+    #[test]
+    fn small_weights_take_a_short_path_to_the_same_bits() {
+        let bpr = 6;
+        // Block i, row k, column c: the extremes first, then mixed values.
+        let q = |i: usize, k: usize, c: usize| -> i8 {
+            match i {
+                0 => 16,
+                1 => -16,
+                2 => {
+                    if (c + k).is_multiple_of(2) {
+                        16
+                    } else {
+                        -16
+                    }
+                }
+                3 => 0,
+                _ => ((i * 131 + k * 37 + c * 11) % 33) as i8 - 16,
+            }
+        };
+        let qs = |i: usize| {
+            let mut qs = [0u8; 256];
+            for k in 0..8 {
+                for c in 0..32 {
+                    qs[slot(k, c)] = (q(i, k, c) as u8) ^ 0x80;
+                }
+            }
+            qs
+        };
+        let q8: Vec<Q8x8> = (0..bpr)
+            .map(|i| Q8x8 {
+                d: std::array::from_fn(|k| f16::from_f32(0.01 + k as f32 / 64.0)),
+                qs: qs(i),
+            })
+            .collect();
+        let k8: Vec<crate::kq::K8> = (0..bpr)
+            .map(|i| crate::kq::K8 {
+                s0: std::array::from_fn(|k| 0.02 + k as f32 / 50.0),
+                s1: std::array::from_fn(|k| 0.03 + k as f32 / 70.0),
+                m: std::array::from_fn(|k| 0.1 * k as f32),
+                qs: qs(i),
+            })
+            .collect();
+        // Rows of ±1 (every value quantizes to ±127), then mixed rows.
+        let cols = 32 * bpr;
+        let x: Vec<f32> = (0..16 * cols)
+            .map(|i| match i / cols {
+                0 => 1.0,
+                1 => -1.0,
+                2 => {
+                    if i % 3 == 0 {
+                        1.0
+                    } else {
+                        -1.0
+                    }
+                }
+                _ => ((i * 13) % 29) as f32 / 14.0 - 1.0,
+            })
+            .collect();
+        let acts = Activations::quantize(&x, 16, cols);
+        assert!(
+            acts.row(0).qs.iter().flatten().all(|&v| v == 127),
+            "±127 rows"
+        );
+        let all: [Q8Row<'_>; 16] = std::array::from_fn(|r| acts.row(r));
+        fn agree<P: Packed + Sync>(name: &str, w: &[P], all: &[Q8Row<'_>; 16]) {
+            let sixteen = P::group_small(w, all);
+            assert_eq!(sixteen, P::group(w, all), "{name}: sixteen rows");
+            let eight = P::group_small(w, &std::array::from_fn::<_, 8, _>(|r| all[r]));
+            let four = P::group_small(w, &std::array::from_fn::<_, 4, _>(|r| all[4 + r]));
+            for r in 0..16 {
+                let one = P::group_small(w, &[all[r]]);
+                assert_eq!(one[0], P::scalar(w, all[r]), "{name} row {r}: scalar");
+                assert_eq!(one[0], sixteen[r], "{name} row {r}: one vs sixteen");
+                if r < 8 {
+                    assert_eq!(eight[r], sixteen[r], "{name} row {r}: eight vs sixteen");
+                }
+                if (4..8).contains(&r) {
+                    assert_eq!(four[r - 4], sixteen[r], "{name} row {r}: four vs sixteen");
+                }
+                // The short path itself, wherever the CPU has AVX2 (on a
+                // VNNI host `group_small` takes VNNI).
+                #[cfg(target_arch = "x86_64")]
+                if crate::cpu::avx2_fma_f16c() {
+                    // SAFETY: AVX2, FMA and F16C were detected; the rows
+                    // cover `w`.
+                    let short = unsafe { P::avx2_small(w, &[all[r]]) };
+                    assert_eq!(short[0], one[0], "{name} row {r}: AVX2 short path");
+                }
+            }
+        }
+        agree("Q8_0 layout", &q8, &all);
+        agree("K-quant layout", &k8, &all);
     }
 
     #[test]
