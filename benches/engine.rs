@@ -6,13 +6,20 @@
 //! the CPU has AMX); a layer's q, k and v and its gate and up, one
 //! product at a time against all of one input's together; the MLP shapes
 //! on the AVX2 kernels' short path for small weights and their general
-//! path; attention of one
-//! row over 256 and 2,048 positions; and one decode step of the default
-//! model when it is present.
+//! path; attention of one row over 256 and 2,048 positions; and one decode
+//! step of the default model when it is present.
 
 use candle_core::quantized::GgmlDType;
 use criterion::{criterion_group, criterion_main, Criterion};
 use statebench_kernels::{matmul_each, Matrix};
+
+/// The pool every product here runs on: two threads, as the book's figures.
+fn two_threads() -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .expect("pool")
+}
 
 /// The default model's MLP shapes: the Q5_0 gate and up, the Q4_K down.
 const MLP: [(GgmlDType, usize, usize, &str); 2] = [
@@ -37,10 +44,7 @@ fn projection(c: &mut Criterion, dtype: GgmlDType, rows: usize, cols: usize, nam
         .expect("quantize")
         .widen();
     drop(w);
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .expect("pool");
+    let pool = two_threads();
     for n in [1usize, 4, 16] {
         let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
         let mut y = vec![0f32; n * rows];
@@ -64,10 +68,7 @@ fn matmul(c: &mut Criterion) {
 /// chunk: one `matmul` each (a quantization of the input and a wait on the
 /// pool each) against `matmul_each` (one of each). The same bits.
 fn shared_input(c: &mut Criterion) {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .expect("pool");
+    let pool = two_threads();
     let cols = 896;
     let mat = |dtype, rows: usize, salt: usize| {
         let w: Vec<f32> = (0..rows * cols)
@@ -121,10 +122,7 @@ fn tiles(c: &mut Criterion) {
             eprintln!("no AMX tiles on this CPU; skipping the tile benchmarks");
             return;
         }
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(2)
-            .build()
-            .expect("pool");
+        let pool = two_threads();
         for (dtype, rows, cols, name) in MLP {
             let w = weights(rows, cols);
             let quantized = || Matrix::quantize(dtype, rows, cols, &w).expect("quantize");
@@ -154,10 +152,7 @@ fn tiles(c: &mut Criterion) {
 /// against their general path (the same bits). Where the CPU has VNNI
 /// both run the VNNI kernels; run it with `STATEBENCH_CPU_ISA=avx2` there.
 fn short_path(c: &mut Criterion) {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
-        .build()
-        .expect("pool");
+    let pool = two_threads();
     for (dtype, rows, cols, name) in MLP {
         let m = Matrix::quantize(dtype, rows, cols, &weights(rows, cols))
             .expect("quantize")

@@ -694,9 +694,8 @@ trait Rows<const W: usize> {
     }
 }
 
-/// One group of eight interleaved rows.
-/// One group of eight weight rows, and whether all its weights are within
-/// ±16 ([`Packed::group_small`]).
+/// One group of eight interleaved weight rows, and whether all its weights
+/// are within ±16 ([`Packed::group_small`]).
 struct Group<'a, S>(&'a [S], bool);
 
 impl<S: Packed> Rows<8> for Group<'_, S> {
