@@ -1,9 +1,9 @@
 //! Kernel benchmarks: the default model's projection shapes (Q5_0 MLP up,
 //! Q4_K / Q6_K MLP down, Q8_0 output head) at batch 1, 4 and 16, each with
 //! its weights at the file's bits and widened at load; the MLP shapes at
-//! batch 8, 16, 64 and 512, widened in groups of eight rows and in pairs of
-//! groups, each on AMX tiles and on the vector kernels side by side (where
-//! the CPU has AMX); a layer's q, k and v and its gate and up, one
+//! batch 1 to 512, widened in groups of eight rows and in pairs of groups,
+//! on the vector kernels (where the CPU has AVX-512) and, from sixteen
+//! rows, on AMX tiles (where it has them); a layer's q, k and v and its gate and up, one
 //! product at a time against all of one input's together; the MLP shapes
 //! on the AVX2 kernels' short path for small weights and their general
 //! path; attention of one row over 256 and 2,048 positions; and one decode
@@ -114,30 +114,42 @@ fn shared_input(c: &mut Criterion) {
 }
 
 /// Decode- and prefill-sized batches, weights in groups of eight rows and
-/// in pairs of groups, with the AMX kernels on and off (the same bits).
+/// in pairs of groups, with the AMX kernels on and off where the CPU has
+/// them (the same bits); the vector kernels alone on AVX-512 without AMX.
 fn tiles(c: &mut Criterion) {
     #[cfg(target_arch = "x86_64")]
     {
-        if !statebench_kernels::amx_tiles() {
-            eprintln!("no AMX tiles on this CPU; skipping the tile benchmarks");
+        use statebench_kernels::Isa;
+        let amx = statebench_kernels::amx_tiles();
+        if !amx && statebench_kernels::isa().map_or(true, |i| i < Isa::Avx512) {
+            eprintln!("no AVX-512 on this CPU; skipping the tile benchmarks");
             return;
         }
+        let kernels: &[(&str, bool)] = if amx {
+            &[("amx", true), ("vector", false)]
+        } else {
+            &[("vector", false)]
+        };
         let pool = two_threads();
         for (dtype, rows, cols, name) in MLP {
             let w = weights(rows, cols);
             let quantized = || Matrix::quantize(dtype, rows, cols, &w).expect("quantize");
             let groups = quantized().widen();
             let pairs = quantized().widen().paired();
-            for n in [8usize, 16, 64, 512] {
+            for n in [1usize, 4, 8, 16, 64, 512] {
                 let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
                 let mut y = vec![0f32; n * rows];
                 for (layout, m) in [("groups", &groups), ("pairs", &pairs)] {
-                    for (kernels, on) in [("amx", true), ("vector", false)] {
+                    for &(kernels, on) in kernels {
+                        // Below a whole tile the AMX path is the vector one.
+                        if on && n < 16 {
+                            continue;
+                        }
                         let id = format!("{name} {rows}x{cols} batch {n} {layout} {kernels}");
                         c.bench_function(&id, |b| {
                             statebench_kernels::cpu::set_amx_tiles(on);
                             b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)));
-                            statebench_kernels::cpu::set_amx_tiles(true);
+                            statebench_kernels::cpu::set_amx_tiles(amx);
                         });
                     }
                 }

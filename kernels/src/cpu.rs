@@ -271,6 +271,31 @@ pub fn amx_tiles() -> bool {
     false
 }
 
+/// Whether widened weights are best held sixteen rows at a time
+/// ([`crate::pair`]): where the AMX tiles run (they read that layout as it
+/// lies), and under AVX-512 VNNI where a 512-bit `vpdpbusd` does the work
+/// of two 256-bit ones ([`wide_dot_gain`] at least 1.5), which the pair
+/// kernels' 512-bit registers then take. Not on AMD Zen 4, say, which
+/// splits 512-bit operations in two: the groups' kernels stay. The same
+/// bits either way.
+pub fn pairs_pay() -> bool {
+    amx_tiles() || wide_dot_gain().is_some_and(|g| g >= 1.5)
+}
+
+/// The multiply-accumulates of a 512-bit `vpdpbusd` over those of a
+/// 256-bit one in the same time on this core, measured once per process (a
+/// few milliseconds): about 2 on Intel's server cores (two 512-bit pipes),
+/// about 1 on AMD Zen 4. `None` without AVX-512 VNNI under the cap.
+pub fn wide_dot_gain() -> Option<f64> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        static GAIN: OnceLock<Option<f64>> = OnceLock::new();
+        *GAIN.get_or_init(crate::peak::wide_dot_gain)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    None
+}
+
 #[cfg(target_arch = "x86_64")]
 fn cpu_has_amx_int8() -> bool {
     use std::arch::x86_64::{__cpuid_count, _xgetbv};

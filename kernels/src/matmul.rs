@@ -286,8 +286,9 @@ impl Matrix {
     /// The same matrix with Q8_0 and widened K-quant weights held sixteen
     /// rows at a time ([`crate::pair`]): the AMX tiles then multiply them
     /// without a copy per product, and the vector kernels read the same
-    /// layout (the same bits either way). Worth it where [`crate::amx_tiles`]
-    /// holds; other matrices are returned as they are.
+    /// layout (the same bits either way). Worth it where
+    /// [`crate::cpu::pairs_pay`] holds; other matrices are returned as they
+    /// are.
     pub fn paired(self) -> Self {
         fn all<P: Pair>(w: &[P::Group], cols: usize) -> Vec<P> {
             let bpr = cols / 32;
@@ -717,6 +718,9 @@ struct Pairs<'a, P>(&'a [P]);
 impl<P: Pair> Rows<16> for Pairs<'_, P> {
     fn rows<const XR: usize>(&self, xs: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR] {
         P::group(self.0, xs)
+    }
+    fn tile(&self, t: &[TileBlock], xs: &[Q8Row<'_>; 16]) -> [[f32; 16]; 16] {
+        P::tile(self.0, t, xs)
     }
 }
 

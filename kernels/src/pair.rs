@@ -8,7 +8,8 @@
 //! that advances sixteen dot products at once. Matrices held this way are
 //! multiplied without a copy per product: the tiles take whole tiles of
 //! sixteen activation rows, the kernels here the rest (and every row where
-//! the tiles are off). Per output element the arithmetic is that of the
+//! the tiles are off: on AVX-512 VNNI without AMX the layout is held for
+//! these 512-bit kernels alone where they pay, [`crate::cpu::pairs_pay`]). Per output element the arithmetic is that of the
 //! groups' kernels — the same exact integer block dots, the same f32
 //! operations in the same order — so every result is the same bits.
 
@@ -17,7 +18,7 @@ use std::thread::LocalKey;
 
 use crate::kq::K8;
 use crate::native::Wide;
-use crate::q8::{Q8Row, Q8x8};
+use crate::q8::{Q8Row, Q8x8, TileBlock};
 
 /// Two groups' Q8 block: values as in the module docs, `d[8 h + k]` row
 /// `k` of group `h`'s scale.
@@ -100,6 +101,27 @@ pub trait Pair: Copy + Send + Sync + 'static {
     /// The CPU has AVX-512F, BW and VNNI; every row covers `w`.
     #[cfg(target_arch = "x86_64")]
     unsafe fn vnni<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR];
+    /// [`Pair::vnni`] for the sixteen rows of a whole tile, `t` its blocks.
+    ///
+    /// # Safety
+    /// As [`Pair::vnni`]; `t` covers `w`.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn vnni16(w: &[Self], t: &[TileBlock]) -> [[f32; 16]; 16];
+
+    /// [`Pair::group`] for the sixteen rows `xs` of a whole tile, `t` its
+    /// blocks (the same rows): the same bits, the rows' data read from the
+    /// tile where the CPU has AVX-512 VNNI.
+    fn tile(w: &[Self], t: &[TileBlock], xs: &[Q8Row<'_>; 16]) -> [[f32; 16]; 16] {
+        #[cfg(target_arch = "x86_64")]
+        if crate::cpu::simd_level() == crate::cpu::Simd::Vnni {
+            assert!(t.len() >= w.len(), "activation tile too short");
+            // SAFETY: the VNNI level implies AVX-512F, BW and VNNI; lengths
+            // were checked.
+            return unsafe { Self::vnni16(w, t) };
+        }
+        let _ = t;
+        Self::group(w, xs)
+    }
 
     /// `out[r][j] = dot(row j of the pair, xs[r])` for `XR` activation rows.
     fn group<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR] {
@@ -245,6 +267,10 @@ impl Pair for PairQ8 {
     unsafe fn vnni<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR] {
         vnni::q8(w, xs)
     }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn vnni16(w: &[Self], t: &[TileBlock]) -> [[f32; 16]; 16] {
+        vnni::q8_16(w, t)
+    }
 }
 
 impl Pair for PairK {
@@ -299,6 +325,10 @@ impl Pair for PairK {
     unsafe fn vnni<const XR: usize>(w: &[Self], xs: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR] {
         vnni::k(w, xs)
     }
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn vnni16(w: &[Self], t: &[TileBlock]) -> [[f32; 16]; 16] {
+        vnni::k16(w, t)
+    }
 }
 
 /// The pair kernels in 512-bit registers: per block the eight registers of
@@ -308,7 +338,7 @@ impl Pair for PairK {
 #[cfg(target_arch = "x86_64")]
 mod vnni {
     use super::{PairK, PairQ8};
-    use crate::q8::Q8Row;
+    use crate::q8::{Q8Row, TileBlock};
     use std::arch::x86_64::*;
 
     /// A block's values, unsigned (`q + 128`), four columns a register.
@@ -377,6 +407,65 @@ mod vnni {
             std::mem::transmute::<__m512, [f32; 16]>(_mm512_sub_ps(acc[r], corr[r]))
         })
     }
+
+    /// [`q8`] for the sixteen rows of a whole tile: every row's accumulator
+    /// in a register of its own and one chain's start for the whole block,
+    /// as [`crate::q8::vnni::group16`] does for eight weight rows.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn q8_16(w: &[PairQ8], t: &[TileBlock]) -> [[f32; 16]; 16] {
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for (b, x) in w.iter().zip(t) {
+            crate::cpu::prefetch_ahead(b);
+            let dw = _mm512_load_ps(b.d.as_ptr());
+            let q = load(&b.qs);
+            macro_rules! row {
+                ($r:literal) => {
+                    let (lo, hi) = dots(&q, &x.qs[$r], [x.start[$r], 0]);
+                    let s = _mm512_cvtepi32_ps(_mm512_add_epi32(lo, hi));
+                    let d = _mm512_mul_ps(dw, _mm512_set1_ps(x.dx[$r]));
+                    acc[$r] = _mm512_fmadd_ps(d, s, acc[$r]);
+                };
+            }
+            crate::q8::sixteen!(row);
+        }
+        acc.map(|a| std::mem::transmute::<__m512, [f32; 16]>(a))
+    }
+
+    /// [`k`] for the sixteen rows of a whole tile: the `acc` chains over the
+    /// blocks, then the `corr` chains, as [`crate::kq`]'s `group16_vnni`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    pub(super) unsafe fn k16(w: &[PairK], t: &[TileBlock]) -> [[f32; 16]; 16] {
+        let mut acc = [_mm512_setzero_ps(); 16];
+        for (b, x) in w.iter().zip(t) {
+            crate::cpu::prefetch_ahead(b);
+            let s0 = _mm512_load_ps(b.s0.as_ptr());
+            let s1 = _mm512_load_ps(b.s1.as_ptr());
+            let q = load(&b.qs);
+            macro_rules! row {
+                ($r:literal) => {
+                    let (lo, hi) = dots(&q, &x.qs[$r], [x.halves[0][$r], x.halves[1][$r]]);
+                    let dx = _mm512_set1_ps(x.dx[$r]);
+                    let a = _mm512_fmadd_ps(_mm512_mul_ps(s0, dx), _mm512_cvtepi32_ps(lo), acc[$r]);
+                    acc[$r] = _mm512_fmadd_ps(_mm512_mul_ps(s1, dx), _mm512_cvtepi32_ps(hi), a);
+                };
+            }
+            crate::q8::sixteen!(row);
+        }
+        let mut corr = [_mm512_setzero_ps(); 16];
+        for (b, x) in w.iter().zip(t) {
+            let m = _mm512_load_ps(b.m.as_ptr());
+            macro_rules! row {
+                ($r:literal) => {
+                    let (dx, sx) = (_mm512_set1_ps(x.dx[$r]), _mm512_set1_ps(x.sx[$r]));
+                    corr[$r] = _mm512_fmadd_ps(_mm512_mul_ps(m, dx), sx, corr[$r]);
+                };
+            }
+            crate::q8::sixteen!(row);
+        }
+        std::array::from_fn(|r| {
+            std::mem::transmute::<__m512, [f32; 16]>(_mm512_sub_ps(acc[r], corr[r]))
+        })
+    }
 }
 
 #[cfg(test)]
@@ -427,8 +516,29 @@ mod tests {
             .collect();
         let acts = Activations::quantize(&x, 8, cols);
         let xs: [Q8Row<'_>; 8] = std::array::from_fn(|r| acts.row(r));
+        let x16: Vec<f32> = (0..16 * cols)
+            .map(|i| ((i * 7) % 31) as f32 / 15.0 - 1.0)
+            .collect();
+        let acts16 = Activations::quantize(&x16, 16, cols);
+        let xs16: [Q8Row<'_>; 16] = std::array::from_fn(|r| acts16.row(r));
         for q in 0..rows.div_ceil(16) {
             let pw = &pairs[q * bpr..(q + 1) * bpr];
+            let sixteen = G::Pair::group(pw, &xs16);
+            for (r, &xr) in xs16.iter().enumerate() {
+                assert_eq!(
+                    G::Pair::group(pw, &[xr])[0],
+                    sixteen[r],
+                    "pair {q}: one row vs sixteen"
+                );
+            }
+            // Where the CPU runs the whole-tile kernels, the rows carry a tile.
+            if let Some(t) = acts16.whole_tile(0) {
+                assert_eq!(
+                    G::Pair::tile(pw, t, &xs16),
+                    sixteen,
+                    "pair {q}: whole tile vs rows"
+                );
+            }
             let eight = G::Pair::group(pw, &xs);
             let four = G::Pair::group(pw, &[xs[0], xs[1], xs[2], xs[3]]);
             for (r, &xr) in xs.iter().enumerate() {

@@ -147,6 +147,43 @@ unsafe fn vnni_loop(n: usize) {
     });
 }
 
+/// [`crate::cpu::wide_dot_gain`]: twelve independent chains of 512-bit
+/// `vpdpbusd`, then of 256-bit ones, on this thread, the best of three
+/// short runs of each, interleaved.
+#[cfg(target_arch = "x86_64")]
+pub(crate) fn wide_dot_gain() -> Option<f64> {
+    use crate::cpu::{simd_level, Simd};
+    if simd_level() != Simd::Vnni {
+        return None;
+    }
+    const ROUNDS: usize = 1 << 16;
+    let time = |f: unsafe fn(usize)| {
+        let start = Instant::now();
+        // SAFETY: the VNNI level implies AVX-512F, BW, VL and VNNI.
+        unsafe { f(ROUNDS) };
+        start.elapsed().as_secs_f64()
+    };
+    let (mut wide, mut narrow) = (f64::INFINITY, f64::INFINITY);
+    for _ in 0..3 {
+        wide = wide.min(time(vnni_loop));
+        narrow = narrow.min(time(vnni_loop_256));
+    }
+    // Twice the MACs an instruction: the gain is the narrow loop's time
+    // over half the wide one's.
+    Some(2.0 * narrow / wide)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vl")]
+unsafe fn vnni_loop_256(n: usize) {
+    use std::arch::x86_64::*;
+    let a = std::hint::black_box(_mm256_set1_epi8(3));
+    let b = std::hint::black_box(_mm256_set1_epi8(-2));
+    chains(n, _mm256_setzero_si256(), |c| {
+        *c = _mm256_dpbusd_epi32(*c, a, b);
+    });
+}
+
 /// The kernels' AVX2 step, written out so that the products of loop-invariant
 /// operands are not hoisted out of the loop.
 #[cfg(target_arch = "x86_64")]

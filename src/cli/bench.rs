@@ -135,6 +135,18 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>, marks: &mut Marks) -
             stream.per_sec / 1e9,
             stream.how
         );
+        if let Some(g) = statebench_kernels::cpu::wide_dot_gain() {
+            println!(
+                "host: a 512-bit vpdpbusd does {g:.2}x the work of a 256-bit one here, so widened weights are held {}",
+                if statebench_kernels::amx_tiles() {
+                    "sixteen rows at a time (as the AMX tiles read them)"
+                } else if statebench_kernels::cpu::pairs_pay() {
+                    "sixteen rows at a time (512-bit kernels)"
+                } else {
+                    "in groups of eight rows (256-bit kernels)"
+                }
+            );
+        }
     }
     let cfg = &engine.model().cfg;
     let (layer_macs, head_macs) = (cfg.layer_macs_per_token(), cfg.head_macs());

@@ -102,9 +102,10 @@ impl Quantize {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum WeightLayout {
     /// Widened once at load (8.5 bits a weight for Q4_0/Q5_0, 11 for
-    /// Q4_K/Q6_K; on CPUs with AMX tiles held sixteen rows at a time as the
-    /// tiles read them, 9 bits for the Q8_0 form): no unpacking per product,
-    /// the faster from a few rows a batch up.
+    /// Q4_K/Q6_K; on CPUs with AMX tiles, or whose 512-bit dot-product
+    /// instructions do twice the work of 256-bit ones, held sixteen rows at a
+    /// time as the tiles read them, 9 bits for the Q8_0 form): no unpacking
+    /// per product, the faster from a few rows a batch up.
     #[default]
     Widened,
     /// The file's own bits, unpacked per product into cache: the file's size

@@ -319,11 +319,11 @@ impl Holding {
             (Some(Quantize::Q8_0), w) => {
                 HostWeight::Matrix(w.into_matrix().and_then(Matrix::to_q8_0).map_err(bad)?)
             }
-            // Where the CPU has AMX tiles, sixteen rows at a time: the tiles
-            // then take the weights as they lie.
+            // Sixteen rows at a time where the AMX tiles or 512-bit dots
+            // take them (the same bits either way).
             (None, HostWeight::Matrix(m)) if self.layout == WeightLayout::Widened => {
                 let m = m.widen();
-                HostWeight::Matrix(if statebench_kernels::amx_tiles() {
+                HostWeight::Matrix(if statebench_kernels::cpu::pairs_pay() {
                     m.paired()
                 } else {
                     m
