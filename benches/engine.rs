@@ -3,11 +3,11 @@
 //! its weights at the file's bits and widened at load; the MLP shapes at
 //! batch 1 to 512, widened in groups of eight rows and in pairs of groups,
 //! on the vector kernels (where the CPU has AVX-512) and, from sixteen
-//! rows, on AMX tiles (where it has them); a layer's q, k and v and its gate and up, one
-//! product at a time against all of one input's together; the MLP shapes
-//! on the AVX2 kernels' short path for small weights and their general
-//! path; attention of one row over 256 and 2,048 positions; and one decode
-//! step of the default model when it is present.
+//! rows, on AMX tiles (where it has them); a layer's q, k and v and its
+//! gate and up, one product at a time against all of one input's together;
+//! the MLP shapes on the AVX2 kernels' short path for small weights and
+//! their general path; attention of one row over 256 and 2,048 positions;
+//! and one decode step of the default model when it is present.
 
 use candle_core::quantized::GgmlDType;
 use criterion::{criterion_group, criterion_main, Criterion};

@@ -9,9 +9,10 @@
 //! multiplied without a copy per product: the tiles take whole tiles of
 //! sixteen activation rows, the kernels here the rest (and every row where
 //! the tiles are off: on AVX-512 VNNI without AMX the layout is held for
-//! these 512-bit kernels alone where they pay, [`crate::cpu::pairs_pay`]). Per output element the arithmetic is that of the
-//! groups' kernels — the same exact integer block dots, the same f32
-//! operations in the same order — so every result is the same bits.
+//! these 512-bit kernels alone where they pay, [`crate::cpu::pairs_pay`]).
+//! Per output element the arithmetic is that of the groups' kernels — the
+//! same exact integer block dots, the same f32 operations in the same order
+//! — so every result is the same bits.
 
 use std::cell::RefCell;
 use std::thread::LocalKey;

@@ -137,7 +137,7 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>, marks: &mut Marks) -
         );
         if let Some(g) = statebench_kernels::cpu::wide_dot_gain() {
             println!(
-                "host: a 512-bit vpdpbusd does {g:.2}x the work of a 256-bit one here, so widened weights are held {}",
+                "host: a 512-bit vpdpbusd does {g:.2}x the work of a 256-bit one here; widened weights are held {}",
                 if statebench_kernels::amx_tiles() {
                     "sixteen rows at a time (as the AMX tiles read them)"
                 } else if statebench_kernels::cpu::pairs_pay() {
