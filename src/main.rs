@@ -6,6 +6,10 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// Weights on huge pages where Linux offers them (`statebench_kernels::alloc`).
+#[global_allocator]
+static ALLOC: statebench_kernels::alloc::HugePages = statebench_kernels::alloc::HugePages;
+
 fn main() -> ExitCode {
     match cli::run(cli::Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,

@@ -260,6 +260,19 @@ fn bench_reads_its_figures_against_the_hosts_ceilings() {
         } else {
             558.0
         };
+        // The weights asked for huge pages; where Linux hands them out on
+        // request, they got some (the allocator is the binary's).
+        let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
+        if let Ok(thp) = thp {
+            let line = lines("host: transparent huge pages")[0];
+            let setting = thp.split_once('[').unwrap().1.split_once(']').unwrap().0;
+            assert!(
+                line.contains(&format!("pages {setting};")),
+                "{line} ({thp})"
+            );
+            let on_huge = figure(line, &format!("{setting};"));
+            assert_eq!(on_huge > 0.0, setting != "never", "{line}");
+        }
         let decode = lines("decode: batch");
         assert_eq!(decode.len(), 2, "{out}");
         for d in decode {

@@ -14,6 +14,7 @@ pub const ARITHMETIC: &str = "statebench-kernels/3: exact integer 32-column bloc
      one f32 fma per block; attention scores as four interleaved partial sums, \
      softmax sums over sixteen lanes";
 
+pub mod alloc;
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
 pub mod attention;

@@ -51,7 +51,9 @@ pub fn int8_dot() -> Option<Rate> {
 /// summing it and prefetching as the kernels do; the best of three passes.
 pub fn stream_read() -> Rate {
     const BYTES: usize = 512 << 20;
-    let words: Vec<u64> = (0..BYTES / 8).into_par_iter().map(|i| i as u64).collect();
+    // On the pages the weights are held on (`crate::alloc`).
+    let words: Vec<u64> =
+        crate::alloc::huge_pages(|| (0..BYTES / 8).into_par_iter().map(|i| i as u64).collect());
     let threads = rayon::current_num_threads();
     let part = words.len().div_ceil(threads);
     let best = (0..3)

@@ -147,6 +147,14 @@ fn engine<D: Device>(a: &BenchArgs, engine: &mut Engine<D>, marks: &mut Marks) -
                 }
             );
         }
+        // Weights on 4 KiB pages stream slower (a page walk every 4 KiB):
+        // a host that refuses huge pages shows it here.
+        if let Some((bytes, setting)) = statebench_kernels::alloc::huge_page_use() {
+            println!(
+                "host: transparent huge pages {setting}; {:.0} MB of this process on 2 MiB pages (the weights asked for them)",
+                bytes as f64 / 1e6
+            );
+        }
     }
     let cfg = &engine.model().cfg;
     let (layer_macs, head_macs) = (cfg.layer_macs_per_token(), cfg.head_macs());
