@@ -336,15 +336,42 @@ fn request_tile_state() -> bool {
 #[cfg(target_arch = "x86_64")]
 const PREFETCH: usize = 2048;
 
-/// Asks for the lines of the `T` that lies [`PREFETCH`] bytes past `b` (a
-/// hint: an address past the data is harmless).
+/// Asks, with `HINT`, for the lines of the `T` that lies `ahead` bytes past
+/// `b` (a hint: an address past the data is harmless).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_lines<T, const HINT: i32>(b: *const T, ahead: usize) {
+    let p = (b as *const u8).wrapping_add(ahead);
+    for line in 0..std::mem::size_of::<T>().div_ceil(64) {
+        // SAFETY: a prefetch never faults and changes no state a program
+        // sees; SSE is part of x86-64.
+        unsafe { std::arch::x86_64::_mm_prefetch::<HINT>(p.wrapping_add(64 * line) as *const i8) };
+    }
+}
+
+/// Asks for the lines of the `T` that lies [`PREFETCH`] bytes past `b`,
+/// into L1.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
 pub(crate) fn prefetch_ahead<T>(b: *const T) {
-    let p = (b as *const u8).wrapping_add(PREFETCH);
-    for line in 0..std::mem::size_of::<T>().div_ceil(64) {
-        prefetch_line(p.wrapping_add(64 * line));
-    }
+    prefetch_lines::<T, { std::arch::x86_64::_MM_HINT_T0 }>(b, PREFETCH)
+}
+
+/// The pair kernels' distance ([`crate::pair`], blocks of 576 bytes).
+#[cfg(target_arch = "x86_64")]
+const PREFETCH_PAIRS: usize = 4096;
+
+/// [`prefetch_ahead`] for the pair kernels: twice as far, and into the
+/// outer caches only (`prefetcht2`), so that a line in flight holds no L1
+/// fill buffer, of which the core has few, for all of its trip from
+/// memory. On an Intel Xeon without AMX (2 threads, 4 interleaved rounds
+/// each, weights on huge pages) decode batch 4 measured 134.8–140.4 tok/s
+/// against 121.3–131.3 with `prefetch_ahead`, batch 1 40.6–43.7 against
+/// 34.7–43.2.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+pub(crate) fn prefetch_far<T>(b: *const T) {
+    prefetch_lines::<T, { std::arch::x86_64::_MM_HINT_T2 }>(b, PREFETCH_PAIRS)
 }
 
 /// Asks for the cache line holding `p` (a hint: any address is harmless,

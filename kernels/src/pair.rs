@@ -371,7 +371,7 @@ mod vnni {
     pub(super) unsafe fn q8<const XR: usize>(w: &[PairQ8], x: &[Q8Row<'_>; XR]) -> [[f32; 16]; XR] {
         let mut acc = [_mm512_setzero_ps(); XR];
         for (i, b) in w.iter().enumerate() {
-            crate::cpu::prefetch_ahead(b);
+            crate::cpu::prefetch_far(b);
             let dw = _mm512_load_ps(b.d.as_ptr());
             let q = load(&b.qs);
             for (a, xr) in acc.iter_mut().zip(x) {
@@ -389,7 +389,7 @@ mod vnni {
         let mut acc = [_mm512_setzero_ps(); XR];
         let mut corr = [_mm512_setzero_ps(); XR];
         for (i, b) in w.iter().enumerate() {
-            crate::cpu::prefetch_ahead(b);
+            crate::cpu::prefetch_far(b);
             let s0 = _mm512_load_ps(b.s0.as_ptr());
             let s1 = _mm512_load_ps(b.s1.as_ptr());
             let m = _mm512_load_ps(b.m.as_ptr());
@@ -416,7 +416,7 @@ mod vnni {
     pub(super) unsafe fn q8_16(w: &[PairQ8], t: &[TileBlock]) -> [[f32; 16]; 16] {
         let mut acc = [_mm512_setzero_ps(); 16];
         for (b, x) in w.iter().zip(t) {
-            crate::cpu::prefetch_ahead(b);
+            crate::cpu::prefetch_far(b);
             let dw = _mm512_load_ps(b.d.as_ptr());
             let q = load(&b.qs);
             macro_rules! row {
@@ -438,7 +438,7 @@ mod vnni {
     pub(super) unsafe fn k16(w: &[PairK], t: &[TileBlock]) -> [[f32; 16]; 16] {
         let mut acc = [_mm512_setzero_ps(); 16];
         for (b, x) in w.iter().zip(t) {
-            crate::cpu::prefetch_ahead(b);
+            crate::cpu::prefetch_far(b);
             let s0 = _mm512_load_ps(b.s0.as_ptr());
             let s1 = _mm512_load_ps(b.s1.as_ptr());
             let q = load(&b.qs);
