@@ -6,11 +6,11 @@
 //! and a page walk every 4 KiB (seven blocks of sixteen rows), which the
 //! prefetches wait on; on 2 MiB pages the walks all but vanish (decode
 //! measured 1.10–1.15× at batch 1 and 1.07–1.14× at batch 4 on an Intel
-//! Xeon). Most distributions hand out huge
-//! pages only where a program asks (`transparent_hugepage/enabled` is
-//! `madvise`), so the engine asks for its weights. Other buffers stay on
-//! small pages: a KV cache grows a little at a time, and each of its
-//! buffers would hold up to 2 MiB more memory than it uses.
+//! Xeon). Most distributions hand out huge pages only where a program asks
+//! (`transparent_hugepage/enabled` is `madvise`), so the engine asks for
+//! its weights. Other buffers stay on small pages: a KV cache grows a
+//! little at a time, and each of its buffers would hold up to 2 MiB more
+//! memory than it uses.
 //!
 //! A binary opts in with
 //! `#[global_allocator] static A: statebench_kernels::alloc::HugePages = HugePages;`;

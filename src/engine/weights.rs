@@ -48,22 +48,23 @@ pub fn load<D: Device>(
     let hold = Holding { layout, quantize };
     // Every step streams the weights: on huge pages, without a page walk
     // every 4 KiB.
-    use statebench_kernels::alloc::huge_pages;
-    if path.is_dir() {
-        return huge_pages(|| load_safetensors_dir(path, spec, device, hold));
-    }
-    if path.is_file() {
-        return huge_pages(|| load_gguf(path, device, hold));
-    }
-    if looks_like_hub_id(spec) {
-        let dir = resolve_hub_id(spec)?;
-        return huge_pages(|| load_safetensors_dir(&dir, spec, device, hold));
-    }
-    Err(BackendError::MissingFile {
-        path: path.to_path_buf(),
-        hint:
-            "pass a .gguf file, a directory with config.json and safetensors, or a Hugging Face id"
+    statebench_kernels::alloc::huge_pages(|| {
+        if path.is_dir() {
+            return load_safetensors_dir(path, spec, device, hold);
+        }
+        if path.is_file() {
+            return load_gguf(path, device, hold);
+        }
+        if looks_like_hub_id(spec) {
+            let dir = resolve_hub_id(spec)?;
+            return load_safetensors_dir(&dir, spec, device, hold);
+        }
+        Err(BackendError::MissingFile {
+            path: path.to_path_buf(),
+            hint: "pass a .gguf file, a directory with config.json and safetensors, \
+                   or a Hugging Face id"
                 .into(),
+        })
     })
 }
 
