@@ -7,13 +7,19 @@
 //! gate and up, one product at a time against all of one input's together;
 //! the MLP shapes on the AVX2 kernels' short path for small weights and
 //! their general path; attention of one row over 256 and 2,048 positions;
-//! and one decode step of the default model when it is present.
+//! the pair kernels on one thread with their weights in L2 (arithmetic
+//! apart from memory); and one decode step of the default model when it is
+//! present.
 
 use candle_core::quantized::GgmlDType;
 use criterion::{criterion_group, criterion_main, Criterion};
 use statebench_kernels::{matmul_each, Matrix};
 
 /// The pool every product here runs on: two threads, as the book's figures.
+/// Each timing loop runs inside the pool (`pool.install(|| b.iter(..))`):
+/// a call into the pool from criterion's own thread per iteration would
+/// time that thread's sleep and wake-up too (on a one-thread pool, Q8_0
+/// batch 4 in cache measured 84 µs a call that way against 16 inside).
 fn two_threads() -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
         .num_threads(2)
@@ -50,7 +56,7 @@ fn projection(c: &mut Criterion, dtype: GgmlDType, rows: usize, cols: usize, nam
         let mut y = vec![0f32; n * rows];
         for (layout, m) in [("file bits", &native), ("widened", &widened)] {
             c.bench_function(&format!("{name} {rows}x{cols} batch {n} {layout}"), |b| {
-                b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)))
+                pool.install(|| b.iter(|| m.matmul(&x, n, &mut y)))
             });
         }
     }
@@ -92,8 +98,8 @@ fn shared_input(c: &mut Criterion) {
                 .collect();
             let mut ys: Vec<Vec<f32>> = ms.iter().map(|m| vec![0f32; n * m.rows()]).collect();
             c.bench_function(&format!("{name} batch {n}, one product at a time"), |b| {
-                b.iter(|| {
-                    pool.install(|| {
+                pool.install(|| {
+                    b.iter(|| {
                         for (m, y) in ms.iter().zip(ys.iter_mut()) {
                             m.matmul(&x, n, y)
                         }
@@ -101,8 +107,8 @@ fn shared_input(c: &mut Criterion) {
                 })
             });
             c.bench_function(&format!("{name} batch {n}, together"), |b| {
-                b.iter(|| {
-                    pool.install(|| {
+                pool.install(|| {
+                    b.iter(|| {
                         let mut outs: Vec<&mut [f32]> =
                             ys.iter_mut().map(|y| y.as_mut_slice()).collect();
                         matmul_each(&ws, &x, n, &mut outs)
@@ -148,7 +154,7 @@ fn tiles(c: &mut Criterion) {
                         let id = format!("{name} {rows}x{cols} batch {n} {layout} {kernels}");
                         c.bench_function(&id, |b| {
                             statebench_kernels::cpu::set_amx_tiles(on);
-                            b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)));
+                            pool.install(|| b.iter(|| m.matmul(&x, n, &mut y)));
                             statebench_kernels::cpu::set_amx_tiles(amx);
                         });
                     }
@@ -176,7 +182,7 @@ fn short_path(c: &mut Criterion) {
                 let id = format!("{name} {rows}x{cols} batch {n} widened, {path} path");
                 c.bench_function(&id, |b| {
                     statebench_kernels::cpu::set_short_path(on);
-                    b.iter(|| pool.install(|| m.matmul(&x, n, &mut y)));
+                    pool.install(|| b.iter(|| m.matmul(&x, n, &mut y)));
                     statebench_kernels::cpu::set_short_path(true);
                 });
             }
@@ -240,9 +246,49 @@ fn decode_step(c: &mut Criterion) {
     });
 }
 
+/// The pair kernels' arithmetic apart from memory: a 512 × 1,024 matrix
+/// (Q8_0 and Q4_K widened into pairs, about half a megabyte: it stays in
+/// L2) on one thread, in multiply-accumulates a second, to set against the
+/// int8 dot peak of one thread (`statebench bench --threads 1`). Unlike the
+/// products above, these figures barely move with the host's memory
+/// traffic.
+fn in_cache(c: &mut Criterion) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if !statebench_kernels::cpu::pairs_pay() {
+            eprintln!(
+                "weights are not held in pairs on this CPU; skipping the in-cache benchmarks"
+            );
+            return;
+        }
+        let (rows, cols) = (512, 1024);
+        let w = weights(rows, cols);
+        let one = rayon::ThreadPoolBuilder::new()
+            .num_threads(1)
+            .build()
+            .expect("pool");
+        let mut g = c.benchmark_group("pairs in cache, one thread");
+        for (dtype, name) in [(GgmlDType::Q8_0, "q8_0"), (GgmlDType::Q4K, "q4_k")] {
+            let m = Matrix::quantize(dtype, rows, cols, &w)
+                .expect("quantize")
+                .widen()
+                .paired();
+            for n in [4usize, 16, 64] {
+                let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
+                let mut y = vec![0f32; n * rows];
+                g.throughput(criterion::Throughput::Elements((rows * cols * n) as u64));
+                g.bench_function(format!("{name} {rows}x{cols} batch {n}"), |b| {
+                    one.install(|| b.iter(|| m.matmul(&x, n, &mut y)))
+                });
+            }
+        }
+        g.finish();
+    }
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().sample_size(10);
-    targets = matmul, tiles, shared_input, short_path, attention, big_matmul, decode_step
+    targets = matmul, tiles, in_cache, shared_input, short_path, attention, big_matmul, decode_step
 }
 criterion_main!(benches);
