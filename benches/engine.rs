@@ -15,14 +15,15 @@ use candle_core::quantized::GgmlDType;
 use criterion::{criterion_group, criterion_main, Criterion};
 use statebench_kernels::{matmul_each, Matrix};
 
-/// The pool every product here runs on: two threads, as the book's figures.
-/// Each timing loop runs inside the pool (`pool.install(|| b.iter(..))`):
-/// a call into the pool from criterion's own thread per iteration would
-/// time that thread's sleep and wake-up too (on a one-thread pool, Q8_0
-/// batch 4 in cache measured 84 µs a call that way against 16 inside).
-fn two_threads() -> rayon::ThreadPool {
+/// A pool of `threads` for the products here: two, as the book's figures,
+/// unless a group says otherwise. Each timing loop runs inside the pool
+/// (`pool.install(|| b.iter(..))`): a call into the pool from criterion's
+/// own thread per iteration would time that thread's sleep and wake-up too
+/// (on a one-thread pool, Q8_0 batch 4 in cache measured 84 µs a call that
+/// way against 16 inside).
+fn pool(threads: usize) -> rayon::ThreadPool {
     rayon::ThreadPoolBuilder::new()
-        .num_threads(2)
+        .num_threads(threads)
         .build()
         .expect("pool")
 }
@@ -50,7 +51,7 @@ fn projection(c: &mut Criterion, dtype: GgmlDType, rows: usize, cols: usize, nam
         .expect("quantize")
         .widen();
     drop(w);
-    let pool = two_threads();
+    let pool = pool(2);
     for n in [1usize, 4, 16] {
         let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
         let mut y = vec![0f32; n * rows];
@@ -74,7 +75,7 @@ fn matmul(c: &mut Criterion) {
 /// chunk: one `matmul` each (a quantization of the input and a wait on the
 /// pool each) against `matmul_each` (one of each). The same bits.
 fn shared_input(c: &mut Criterion) {
-    let pool = two_threads();
+    let pool = pool(2);
     let cols = 896;
     let mat = |dtype, rows: usize, salt: usize| {
         let w: Vec<f32> = (0..rows * cols)
@@ -136,7 +137,7 @@ fn tiles(c: &mut Criterion) {
         } else {
             &[("vector", false)]
         };
-        let pool = two_threads();
+        let pool = pool(2);
         for (dtype, rows, cols, name) in MLP {
             let w = weights(rows, cols);
             let quantized = || Matrix::quantize(dtype, rows, cols, &w).expect("quantize");
@@ -170,7 +171,7 @@ fn tiles(c: &mut Criterion) {
 /// against their general path (the same bits). Where the CPU has VNNI
 /// both run the VNNI kernels; run it with `STATEBENCH_CPU_ISA=avx2` there.
 fn short_path(c: &mut Criterion) {
-    let pool = two_threads();
+    let pool = pool(2);
     for (dtype, rows, cols, name) in MLP {
         let m = Matrix::quantize(dtype, rows, cols, &weights(rows, cols))
             .expect("quantize")
@@ -253,37 +254,29 @@ fn decode_step(c: &mut Criterion) {
 /// products above, these figures barely move with the host's memory
 /// traffic.
 fn in_cache(c: &mut Criterion) {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if !statebench_kernels::cpu::pairs_pay() {
-            eprintln!(
-                "weights are not held in pairs on this CPU; skipping the in-cache benchmarks"
-            );
-            return;
-        }
-        let (rows, cols) = (512, 1024);
-        let w = weights(rows, cols);
-        let one = rayon::ThreadPoolBuilder::new()
-            .num_threads(1)
-            .build()
-            .expect("pool");
-        let mut g = c.benchmark_group("pairs in cache, one thread");
-        for (dtype, name) in [(GgmlDType::Q8_0, "q8_0"), (GgmlDType::Q4K, "q4_k")] {
-            let m = Matrix::quantize(dtype, rows, cols, &w)
-                .expect("quantize")
-                .widen()
-                .paired();
-            for n in [4usize, 16, 64] {
-                let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
-                let mut y = vec![0f32; n * rows];
-                g.throughput(criterion::Throughput::Elements((rows * cols * n) as u64));
-                g.bench_function(format!("{name} {rows}x{cols} batch {n}"), |b| {
-                    one.install(|| b.iter(|| m.matmul(&x, n, &mut y)))
-                });
-            }
-        }
-        g.finish();
+    if !statebench_kernels::cpu::pairs_pay() {
+        eprintln!("weights are not held in pairs on this CPU; skipping the in-cache benchmarks");
+        return;
     }
+    let (rows, cols) = (512, 1024);
+    let w = weights(rows, cols);
+    let one = pool(1);
+    let mut g = c.benchmark_group("pairs in cache, one thread");
+    for (dtype, name) in [(GgmlDType::Q8_0, "q8_0"), (GgmlDType::Q4K, "q4_k")] {
+        let m = Matrix::quantize(dtype, rows, cols, &w)
+            .expect("quantize")
+            .widen()
+            .paired();
+        for n in [4usize, 16, 64] {
+            let x: Vec<f32> = (0..n * cols).map(|i| (i % 13) as f32 / 13.0).collect();
+            let mut y = vec![0f32; n * rows];
+            g.throughput(criterion::Throughput::Elements((rows * cols * n) as u64));
+            g.bench_function(format!("{name} {rows}x{cols} batch {n}"), |b| {
+                one.install(|| b.iter(|| m.matmul(&x, n, &mut y)))
+            });
+        }
+    }
+    g.finish();
 }
 
 criterion_group! {
