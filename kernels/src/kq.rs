@@ -137,7 +137,7 @@ mod neon {
 #[cfg(target_arch = "x86_64")]
 mod simd {
     use super::K8;
-    use crate::q8::{avx2, vnni, Q8Row, TileBlock};
+    use crate::q8::{avx2, lanes, vnni, Q8Row, TileBlock};
     use std::arch::x86_64::*;
 
     /// Generates the group kernel for one instruction set; only the integer
@@ -170,9 +170,10 @@ mod simd {
                         corr[r] = _mm256_fmadd_ps(_mm256_mul_ps(m, dx), sx, corr[r]);
                     }
                 }
-                std::array::from_fn(|r| {
-                    std::mem::transmute::<__m256, [f32; 8]>(_mm256_sub_ps(acc[r], corr[r]))
-                })
+                for (a, c) in acc.iter_mut().zip(corr) {
+                    *a = _mm256_sub_ps(*a, c);
+                }
+                lanes(acc)
             }
         };
     }
@@ -224,9 +225,10 @@ mod simd {
             }
             crate::q8::sixteen!(row);
         }
-        std::array::from_fn(|r| {
-            std::mem::transmute::<__m256, [f32; 8]>(_mm256_sub_ps(acc[r], corr[r]))
-        })
+        for (a, c) in acc.iter_mut().zip(corr) {
+            *a = _mm256_sub_ps(*a, c);
+        }
+        lanes(acc)
     }
 }
 

@@ -339,7 +339,7 @@ impl Pair for PairK {
 #[cfg(target_arch = "x86_64")]
 mod vnni {
     use super::{PairK, PairQ8};
-    use crate::q8::{Q8Row, TileBlock};
+    use crate::q8::{lanes, Q8Row, TileBlock};
     use std::arch::x86_64::*;
 
     /// A block's values, unsigned (`q + 128`), four columns a register.
@@ -381,7 +381,7 @@ mod vnni {
                 *a = _mm512_fmadd_ps(d, s, *a);
             }
         }
-        acc.map(|a| std::mem::transmute::<__m512, [f32; 16]>(a))
+        lanes(acc)
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
@@ -404,9 +404,10 @@ mod vnni {
                 corr[r] = _mm512_fmadd_ps(_mm512_mul_ps(m, dx), sx, corr[r]);
             }
         }
-        std::array::from_fn(|r| {
-            std::mem::transmute::<__m512, [f32; 16]>(_mm512_sub_ps(acc[r], corr[r]))
-        })
+        for (a, c) in acc.iter_mut().zip(corr) {
+            *a = _mm512_sub_ps(*a, c);
+        }
+        lanes(acc)
     }
 
     /// [`q8`] for the sixteen rows of a whole tile: every row's accumulator
@@ -429,7 +430,7 @@ mod vnni {
             }
             crate::q8::sixteen!(row);
         }
-        acc.map(|a| std::mem::transmute::<__m512, [f32; 16]>(a))
+        lanes(acc)
     }
 
     /// [`k`] for the sixteen rows of a whole tile: the `acc` chains over the
@@ -463,9 +464,10 @@ mod vnni {
             }
             crate::q8::sixteen!(row);
         }
-        std::array::from_fn(|r| {
-            std::mem::transmute::<__m512, [f32; 16]>(_mm512_sub_ps(acc[r], corr[r]))
-        })
+        for (a, c) in acc.iter_mut().zip(corr) {
+            *a = _mm512_sub_ps(*a, c);
+        }
+        lanes(acc)
     }
 }
 
