@@ -1087,4 +1087,87 @@ mod tests {
             }
         }
     }
+
+    /// Every product assigns each of its outputs, whatever they held: the
+    /// engine hands products spare buffers holding an earlier product's
+    /// values. Outputs start as NaN here; a value left unwritten would stay
+    /// NaN and differ from the product into zeros.
+    #[test]
+    fn products_write_every_output() {
+        let (rows, cols) = (41, 256);
+        let w: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7919) % 101) as f32 / 101.0 - 0.5)
+            .collect();
+        let bf16: Vec<u16> = w
+            .iter()
+            .map(|&v| half::bf16::from_f32(v).to_bits())
+            .collect();
+        let f16: Vec<u16> = w
+            .iter()
+            .map(|&v| half::f16::from_f32(v).to_bits())
+            .collect();
+        let mut mats = vec![
+            Matrix::from_f32(rows, cols, w.clone()).unwrap(),
+            Matrix::from_bf16(rows, cols, bf16).unwrap(),
+            Matrix::from_f16(rows, cols, f16).unwrap(),
+        ];
+        for dt in [
+            GgmlDType::Q4_0,
+            GgmlDType::Q5_0,
+            GgmlDType::Q8_0,
+            GgmlDType::Q4K,
+            GgmlDType::Q6K,
+        ] {
+            mats.push(Matrix::quantize(dt, rows, cols, &w).unwrap());
+            mats.push(Matrix::quantize(dt, rows, cols, &w).unwrap().widen());
+            mats.push(
+                Matrix::quantize(dt, rows, cols, &w)
+                    .unwrap()
+                    .widen()
+                    .paired(),
+            );
+        }
+        // The formats products read unquantized activations for, from a
+        // file's bytes.
+        fn ggml<T: GgmlType>(dt: GgmlDType, rows: usize, cols: usize, w: &[f32]) -> Matrix {
+            let mut b: Vec<T> = (0..w.len() / T::BLCK_SIZE).map(|_| T::zeros()).collect();
+            T::from_float(w, &mut b);
+            // SAFETY: GGML blocks are plain bytes and halves, with no padding.
+            let bytes = unsafe {
+                std::slice::from_raw_parts(b.as_ptr() as *const u8, std::mem::size_of_val(&b[..]))
+            };
+            Matrix::from_ggml(dt, rows, cols, bytes).unwrap()
+        }
+        mats.push(ggml::<BlockQ4_1>(GgmlDType::Q4_1, rows, cols, &w));
+        mats.push(ggml::<BlockQ5_1>(GgmlDType::Q5_1, rows, cols, &w));
+        mats.push(ggml::<BlockQ5K>(GgmlDType::Q5K, rows, cols, &w));
+        for m in &mats {
+            for n in [1, 4, 7, 16, 20, 70] {
+                let x: Vec<f32> = (0..n * cols)
+                    .map(|i| ((i * 31) % 17) as f32 / 17.0 - 0.5)
+                    .collect();
+                let mut zeros = vec![0f32; n * rows];
+                m.matmul(&x, n, &mut zeros);
+                let mut nans = vec![f32::NAN; n * rows];
+                m.matmul(&x, n, &mut nans);
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&zeros), bits(&nans), "{} batch {n}", m.type_name());
+                let mut each = [vec![f32::NAN; n * rows], vec![f32::NAN; n * rows]];
+                let [a, b] = &mut each;
+                matmul_each(&[m, m], &x, n, &mut [a.as_mut_slice(), b.as_mut_slice()]);
+                assert_eq!(
+                    bits(&zeros),
+                    bits(a),
+                    "{} together, batch {n}",
+                    m.type_name()
+                );
+                assert_eq!(
+                    bits(&zeros),
+                    bits(b),
+                    "{} together, batch {n}",
+                    m.type_name()
+                );
+            }
+        }
+    }
 }
