@@ -667,7 +667,7 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
                 let wr = &w[r * bpr..(r + 1) * bpr];
                 for b in tile..(tile + ROW_TILE).min(n) {
                     let v = if finite[b] {
-                        T::vec_dot(cols, wr, &xq[b * xbpr..(b + 1) * xbpr])
+                        candle_dot(cols, wr, &xq[b * xbpr..(b + 1) * xbpr])
                     } else {
                         f32::NAN
                     };
@@ -677,6 +677,18 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
             }
         }
     });
+}
+
+/// candle's dot of a weight row with a quantized activation row. On aarch64
+/// its NEON dot for Q5_K takes `sdot` whatever the CPU, and a CPU without
+/// the dot-product extension (a Cortex-A72) stops on it with SIGILL; there
+/// candle's portable dot runs instead.
+fn candle_dot<T: GgmlType>(n: usize, w: &[T], x: &[T::VecDotType]) -> f32 {
+    #[cfg(target_arch = "aarch64")]
+    if !std::arch::is_aarch64_feature_detected!("dotprod") {
+        return T::vec_dot_unopt(n, w, x);
+    }
+    T::vec_dot(n, w, x)
 }
 
 /// Activation rows per slice of the batch: a task's weights stay in cache
