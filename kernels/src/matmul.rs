@@ -659,6 +659,7 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
         .par_chunks(cols)
         .map(|r| r.iter().all(|v| v.is_finite()))
         .collect();
+    let portable = candle_dot_portable();
     let out = OutPtr(y.as_mut_ptr());
     let tasks = rows.div_ceil(ROWS_PER_TASK);
     (0..tasks).into_par_iter().for_each(|t| {
@@ -666,10 +667,13 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
             for r in t * ROWS_PER_TASK..((t + 1) * ROWS_PER_TASK).min(rows) {
                 let wr = &w[r * bpr..(r + 1) * bpr];
                 for b in tile..(tile + ROW_TILE).min(n) {
-                    let v = if finite[b] {
-                        candle_dot(cols, wr, &xq[b * xbpr..(b + 1) * xbpr])
-                    } else {
+                    let xb = &xq[b * xbpr..(b + 1) * xbpr];
+                    let v = if !finite[b] {
                         f32::NAN
+                    } else if portable {
+                        T::vec_dot_unopt(cols, wr, xb)
+                    } else {
+                        T::vec_dot(cols, wr, xb)
                     };
                     // SAFETY: as in `matmul_float`.
                     unsafe { *out.at(b * rows + r) = v };
@@ -679,16 +683,16 @@ fn matmul_q<T: GgmlType>(w: &[T], rows: usize, cols: usize, x: &[f32], n: usize,
     });
 }
 
-/// candle's dot of a weight row with a quantized activation row. On aarch64
-/// its NEON dot for Q5_K takes `sdot` whatever the CPU, and a CPU without
-/// the dot-product extension (a Cortex-A72) stops on it with SIGILL; there
-/// candle's portable dot runs instead.
-fn candle_dot<T: GgmlType>(n: usize, w: &[T], x: &[T::VecDotType]) -> f32 {
+/// Whether candle's products take its portable dot, asked once a product.
+/// On aarch64 candle's NEON dot for Q5_K takes `sdot` whatever the CPU, and
+/// a CPU without the dot-product extension (a Cortex-A72) stops on it with
+/// SIGILL; there the portable dot runs instead.
+fn candle_dot_portable() -> bool {
     #[cfg(target_arch = "aarch64")]
     if !std::arch::is_aarch64_feature_detected!("dotprod") {
-        return T::vec_dot_unopt(n, w, x);
+        return true;
     }
-    T::vec_dot(n, w, x)
+    false
 }
 
 /// Activation rows per slice of the batch: a task's weights stay in cache
