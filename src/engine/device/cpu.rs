@@ -191,11 +191,11 @@ impl Device for Cpu {
     }
 
     fn add_bias(&self, y: &mut Activations, bias: &Vec<f32>) {
-        for row in y.data.chunks_exact_mut(y.width) {
+        y.data.par_chunks_mut(y.width).for_each(|row| {
             for (v, b) in row.iter_mut().zip(bias) {
                 *v += b;
             }
-        }
+        });
     }
 
     fn rope(&self, x: &mut Activations, heads: usize, pos: &[usize], table: &RopeTable) {
@@ -318,9 +318,14 @@ impl Device for Cpu {
     }
 
     fn add(&self, x: &mut Activations, y: &Activations) {
-        for (a, b) in x.data.iter_mut().zip(&y.data) {
-            *a += b;
-        }
+        x.data
+            .par_chunks_mut(x.width)
+            .zip(y.data.par_chunks(x.width))
+            .for_each(|(a, b)| {
+                for (a, b) in a.iter_mut().zip(b) {
+                    *a += b;
+                }
+            });
     }
 
     fn gather(&self, x: &Activations, rows: &[usize]) -> Activations {
