@@ -242,9 +242,9 @@ impl Device for Cpu {
         // the same cache while it is in L1/L2. A task takes every KV head
         // (reading each key block and value row whole, where one head reads
         // a part of each a page apart) unless that would leave threads idle:
-        // a lone decode row still spreads its heads. Each task's outputs are
-        // contiguous in `by_task` ([run][part][row][the part's heads]),
-        // copied back after.
+        // a lone decode row still spreads its heads. Each task writes its
+        // rows' columns of its heads in place (the kernel overwrites them
+        // all), so the output needs no clearing and no copy after.
         let (group, dim) = (q.width / kv, heads.dim);
         let runs: Vec<Range<usize>> = rows
             .spans
@@ -255,26 +255,42 @@ impl Device for Cpu {
                     .map(move |r| r..(r + ROWS_TOGETHER).min(span.end))
             })
             .collect();
+        debug_assert_eq!(runs.iter().map(Range::len).sum::<usize>(), n);
         let threads = rayon::current_num_threads();
         let per_task = if runs.len() >= threads { kv } else { 1 };
         let parts: Vec<Range<usize>> = (0..kv)
             .step_by(per_task)
             .map(|h| h..(h + per_task).min(kv))
             .collect();
-        let mut by_task = vec![0f32; n * q.width];
-        let mut tasks: Vec<(&Range<usize>, &Range<usize>, &mut [f32])> =
-            Vec::with_capacity(runs.len() * parts.len());
-        let mut rest = by_task.as_mut_slice();
+        let mut out = Activations::overwritten(n, q.width);
+        // `cells[r][p]`: row `r`'s columns of part `p`.
+        let mut cells: Vec<Vec<&mut [f32]>> = out
+            .data
+            .chunks_exact_mut(q.width)
+            .map(|mut row| {
+                let mut cut = Vec::with_capacity(parts.len());
+                for part in &parts {
+                    let (mine, rest) = std::mem::take(&mut row).split_at_mut(part.len() * group);
+                    cut.push(mine);
+                    row = rest;
+                }
+                cut
+            })
+            .collect();
+        // (run, part, the run's rows' columns of the part)
+        let mut tasks = Vec::with_capacity(runs.len() * parts.len());
         for run in &runs {
-            for part in &parts {
-                let (mine, more) = rest.split_at_mut(run.len() * part.len() * group);
-                tasks.push((run, part, mine));
-                rest = more;
+            for (p, part) in parts.iter().enumerate() {
+                let outs: Vec<&mut [f32]> = run
+                    .clone()
+                    .map(|r| std::mem::take(&mut cells[r][p]))
+                    .collect();
+                tasks.push((run, part, outs));
             }
         }
         tasks
             .par_iter_mut()
-            .for_each_init(Vec::new, |scores, (run, part, o)| {
+            .for_each_init(Vec::new, |scores, (run, part, outs)| {
                 let (kt, v) = layers[rows.item[run.start]];
                 let cols = part.start * group..part.end * group;
                 let qs: Vec<&[f32]> = run
@@ -282,31 +298,9 @@ impl Device for Cpu {
                     .map(|r| &q.data[r * q.width..(r + 1) * q.width][cols.clone()])
                     .collect();
                 let lens: Vec<usize> = run.clone().map(|r| rows.pos[r] + 1).collect();
-                let mut outs: Vec<&mut [f32]> = o.chunks_exact_mut(cols.len()).collect();
-                attend_rows(
-                    &qs,
-                    &lens,
-                    kt,
-                    v,
-                    (*part).clone(),
-                    kv,
-                    dim,
-                    scores,
-                    &mut outs,
-                );
+                attend_rows(&qs, &lens, kt, v, (*part).clone(), kv, dim, scores, outs);
             });
-        let mut out = Activations::zeros(n, q.width);
-        let mut at = by_task.as_slice();
-        for run in &runs {
-            for part in &parts {
-                let cols = part.start * group..part.end * group;
-                for r in run.clone() {
-                    let (o, more) = at.split_at(cols.len());
-                    out.data[r * q.width..(r + 1) * q.width][cols.clone()].copy_from_slice(o);
-                    at = more;
-                }
-            }
-        }
+        drop(tasks);
         out
     }
 
