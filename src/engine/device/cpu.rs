@@ -263,30 +263,23 @@ impl Device for Cpu {
             .map(|h| h..(h + per_task).min(kv))
             .collect();
         let mut out = Activations::overwritten(n, q.width);
-        // `cells[r][p]`: row `r`'s columns of part `p`.
-        let mut cells: Vec<Vec<&mut [f32]>> = out
-            .data
-            .chunks_exact_mut(q.width)
-            .map(|mut row| {
-                let mut cut = Vec::with_capacity(parts.len());
-                for part in &parts {
-                    let (mine, rest) = std::mem::take(&mut row).split_at_mut(part.len() * group);
-                    cut.push(mine);
-                    row = rest;
-                }
-                cut
-            })
-            .collect();
-        // (run, part, the run's rows' columns of the part)
+        // (run, part, the run's rows' columns of the part); the runs take
+        // the rows in order.
+        let mut out_rows = out.data.chunks_exact_mut(q.width);
         let mut tasks = Vec::with_capacity(runs.len() * parts.len());
         for run in &runs {
-            for (p, part) in parts.iter().enumerate() {
-                let outs: Vec<&mut [f32]> = run
-                    .clone()
-                    .map(|r| std::mem::take(&mut cells[r][p]))
-                    .collect();
-                tasks.push((run, part, outs));
+            let mut outs: Vec<Vec<&mut [f32]>> = parts
+                .iter()
+                .map(|_| Vec::with_capacity(run.len()))
+                .collect();
+            for mut row in out_rows.by_ref().take(run.len()) {
+                for (part, o) in parts.iter().zip(&mut outs) {
+                    let (mine, rest) = row.split_at_mut(part.len() * group);
+                    o.push(mine);
+                    row = rest;
+                }
             }
+            tasks.extend(parts.iter().zip(outs).map(|(part, o)| (run, part, o)));
         }
         tasks
             .par_iter_mut()
@@ -300,7 +293,6 @@ impl Device for Cpu {
                 let lens: Vec<usize> = run.clone().map(|r| rows.pos[r] + 1).collect();
                 attend_rows(&qs, &lens, kt, v, (*part).clone(), kv, dim, scores, outs);
             });
-        drop(tasks);
         out
     }
 
